@@ -1,0 +1,74 @@
+#pragma once
+
+#include <vulkan/vulkan_core.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "komputed/core/device.h"
+#include "komputed/core/handle.h"
+#include "komputed/core/tensor.h"
+
+namespace komputed::core {
+
+// Number of workgroups dispatched in each dimension.
+struct Workgroup {
+  uint32_t x = 1;
+  uint32_t y = 1;
+  uint32_t z = 1;
+};
+
+// Everything an algorithm is made from.
+struct AlgorithmSpec {
+  std::vector<std::shared_ptr<Tensor>> tensors;  // binding i of set 0 = tensors[i]
+  std::vector<uint32_t> spirv;
+  Workgroup workgroup;
+  // Specialization constant i (constant_id = i) is at byte offset i * spec_constant_size.
+  std::vector<uint8_t> spec_constants;
+  uint32_t spec_constant_size = 4;
+  // One push-constant range of this many bytes (a multiple of 4), set before each dispatch.
+  std::vector<uint8_t> push_constants;
+};
+
+// A compute pipeline bound to its tensors (Kompute's Algorithm). Thread-safe.
+class Algorithm {
+ public:
+  // Errors (INVALID_ARGUMENT unless noted): invalid SPIR-V (never reaches the driver), push
+  // constants over the device limit or not a multiple of 4, spec constants not a whole number of
+  // constants, a zero workgroup or one over maxComputeWorkGroupCount, a tensor over
+  // maxStorageBufferRange, a tensor of another device (FAILED_PRECONDITION).
+  static absl::StatusOr<std::shared_ptr<Algorithm>> Create(std::shared_ptr<Device> device,
+                                                           AlgorithmSpec spec);
+  ~Algorithm();
+
+  // Replaces everything; on error nothing changes. Sequences that recorded this algorithm must
+  // re-record before their next submission.
+  absl::Status Rebuild(AlgorithmSpec spec);
+  // Replaces the push-constant values; INVALID_ARGUMENT unless the size is the same.
+  absl::Status SetPushConstants(std::vector<uint8_t> values);
+
+  AlgorithmSpec spec() const;
+  uint64_t generation() const;  // incremented by each Rebuild
+
+  // Records bind + push constants + dispatch (the caller adds barriers). The returned token keeps
+  // the pipeline (and its tensors) alive while the recording exists, across rebuilds;
+  // `generation` says which build was recorded.
+  std::shared_ptr<const void> RecordDispatch(VkCommandBuffer cb, uint64_t* generation) const;
+
+ private:
+  struct Pipeline;
+  explicit Algorithm(std::shared_ptr<Device> device);
+  absl::StatusOr<std::shared_ptr<Pipeline>> Build(const AlgorithmSpec& spec) const;
+
+  std::shared_ptr<Device> device_;
+  mutable absl::Mutex mu_;
+  AlgorithmSpec spec_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Pipeline> pipeline_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace komputed::core

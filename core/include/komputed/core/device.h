@@ -1,0 +1,160 @@
+#pragma once
+
+#include <vulkan/vulkan_core.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "komputed/core/handle.h"
+#include "komputed/core/vulkan_calls.h"
+
+namespace komputed::core {
+
+// Validation errors reported by VK_LAYER_KHRONOS_validation in this process so far.
+uint64_t ValidationErrorCount();
+
+// What a physical device is, as reported by the driver.
+struct PhysicalDeviceInfo {
+  uint32_t index = 0;  // position in vkEnumeratePhysicalDevices order
+  VkPhysicalDeviceProperties properties{};
+  VkPhysicalDeviceMemoryProperties memory{};
+  std::vector<VkQueueFamilyProperties> queue_families;
+  uint64_t max_buffer_size = 0;  // maintenance4's limit, or 0 when the device does not report it
+
+  bool HasCompute(uint32_t family) const {
+    return family < queue_families.size() &&
+           (queue_families[family].queueFlags & VK_QUEUE_COMPUTE_BIT) != 0;
+  }
+  // Total size of the device-local heaps.
+  uint64_t DeviceLocalBytes() const;
+};
+
+// A Vulkan instance, shared by every Device made from it. Thread-safe.
+class Instance {
+ public:
+  // validation: enable VK_LAYER_KHRONOS_validation (an error when it is not installed).
+  static absl::StatusOr<std::shared_ptr<Instance>> Create(bool validation);
+  // The instance of this process: validation is on when the environment variable
+  // KOMPUTED_VALIDATION is set to 1. Created on first use, lives until exit.
+  static absl::StatusOr<std::shared_ptr<Instance>> Shared();
+
+  ~Instance();
+  Instance(const Instance&) = delete;
+  Instance& operator=(const Instance&) = delete;
+
+  VkInstance handle() const { return instance_; }
+  bool validation() const { return validation_; }
+  const std::vector<VkPhysicalDevice>& physical_devices() const { return physical_devices_; }
+  std::vector<PhysicalDeviceInfo> Describe() const;
+  PhysicalDeviceInfo Describe(uint32_t index) const;
+
+ private:
+  Instance(VkInstance instance, bool validation, VkDebugUtilsMessengerEXT messenger);
+
+  VkInstance instance_;
+  bool validation_;
+  VkDebugUtilsMessengerEXT messenger_;
+  std::vector<VkPhysicalDevice> physical_devices_;
+};
+
+// How to open a device.
+struct DeviceOptions {
+  // Index into the physical device list. Unset: the first discrete GPU, then integrated, virtual,
+  // CPU, in that order.
+  std::optional<uint32_t> physical_device_index;
+  // One entry per queue: the family it comes from. Repeated entries of a family take its queues
+  // 0, 1, 2... Empty: one queue of the first compute-capable family.
+  std::vector<uint32_t> queue_families;
+  // Device extensions to enable; those the device lacks are skipped and listed in
+  // Device::skipped_extensions().
+  std::vector<std::string> extensions;
+  // Instance to use; unset: Instance::Shared().
+  std::shared_ptr<Instance> instance;
+  // The calls that can fail; unset: VulkanCalls::Default().
+  std::shared_ptr<VulkanCalls> calls;
+};
+
+// One queue of a device. Submissions to it are serialised by its mutex.
+struct Queue {
+  VkQueue handle = VK_NULL_HANDLE;
+  uint32_t family = 0;
+  uint32_t index = 0;  // within the family
+  uint32_t timestamp_valid_bits = 0;
+  absl::Mutex mu;
+};
+
+// A logical device with its queues. Owns the VkDevice; every object made on it holds a
+// shared_ptr to it, so it is destroyed after them. Thread-safe.
+class Device {
+ public:
+  static absl::StatusOr<std::shared_ptr<Device>> Create(const DeviceOptions& options);
+  // Every physical device of the shared instance.
+  static absl::StatusOr<std::vector<PhysicalDeviceInfo>> List();
+
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  VkDevice handle() const { return device_; }
+  VkPhysicalDevice physical_device() const { return physical_device_; }
+  const PhysicalDeviceInfo& info() const { return info_; }
+  const VkPhysicalDeviceProperties& properties() const { return info_.properties; }
+  const VkPhysicalDeviceLimits& limits() const { return info_.properties.limits; }
+  const std::vector<std::string>& enabled_extensions() const { return enabled_extensions_; }
+  const std::vector<std::string>& skipped_extensions() const { return skipped_extensions_; }
+  bool float64_supported() const { return float64_; }
+  VulkanCalls& calls() const { return *calls_; }
+
+  size_t queue_count() const { return queues_.size(); }
+  Queue& queue(size_t i) const { return *queues_[i]; }
+
+  // A memory type among `type_bits` with all of `required`, preferring one that also has
+  // `preferred`. NOT_FOUND when there is none.
+  absl::StatusOr<uint32_t> FindMemoryType(uint32_t type_bits, VkMemoryPropertyFlags required,
+                                          VkMemoryPropertyFlags preferred = 0) const;
+  uint64_t HeapSize(uint32_t memory_type) const;
+
+  // Submits one command buffer to queue `queue` with `fence`.
+  absl::Status Submit(size_t queue, VkCommandBuffer command_buffer, VkFence fence);
+  // Waits for `fence`; DEADLINE_EXCEEDED after `timeout`.
+  absl::Status Wait(VkFence fence, absl::Duration timeout);
+  // Records commands with `record`, runs them on queue 0 and waits (bounded by `timeout`). For
+  // one-off work such as filling new buffers.
+  absl::Status RunOnce(const std::function<void(VkCommandBuffer)>& record,
+                       absl::Duration timeout = absl::Minutes(1));
+
+  // Once a call has reported VK_ERROR_DEVICE_LOST every later submission fails with UNAVAILABLE.
+  bool lost() const { return lost_.load(); }
+  // Turns a failed result into a status, remembering device loss.
+  absl::Status Check(VkResult result, absl::string_view what);
+
+ private:
+  Device() = default;
+
+  std::shared_ptr<Instance> instance_;
+  std::shared_ptr<VulkanCalls> calls_;
+  VkPhysicalDevice physical_device_ = VK_NULL_HANDLE;
+  PhysicalDeviceInfo info_;
+  VkDevice device_ = VK_NULL_HANDLE;
+  std::vector<std::unique_ptr<Queue>> queues_;
+  std::vector<std::string> enabled_extensions_;
+  std::vector<std::string> skipped_extensions_;
+  bool float64_ = false;
+  std::atomic<bool> lost_{false};
+
+  absl::Mutex once_mu_;  // guards the RunOnce pool and fence
+  CommandPoolHandle once_pool_ ABSL_GUARDED_BY(once_mu_);
+  FenceHandle once_fence_ ABSL_GUARDED_BY(once_mu_);
+};
+
+}  // namespace komputed::core

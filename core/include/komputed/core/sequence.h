@@ -1,0 +1,125 @@
+#pragma once
+
+#include <vulkan/vulkan_core.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <variant>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "komputed/core/algorithm.h"
+#include "komputed/core/device.h"
+#include "komputed/core/handle.h"
+#include "komputed/core/tensor.h"
+
+namespace komputed::core {
+
+// The operations a sequence records. Each holds its objects, so they outlive the recording.
+namespace op {
+// Host data → device, for tensors with staging (others: nothing to do). At least one tensor.
+struct SyncToDevice {
+  std::vector<std::shared_ptr<Tensor>> tensors;
+};
+// Device → host data, for tensors with staging, with the barriers around it.
+struct SyncToHost {
+  std::vector<std::shared_ptr<Tensor>> tensors;
+};
+// tensors[0] → every other tensor, on the device; afterwards the source's host data is copied
+// into each destination that has a staging buffer. Same element type and size required.
+struct Copy {
+  std::vector<std::shared_ptr<Tensor>> tensors;
+};
+// A dispatch of the algorithm; push_constants, when given, replace the algorithm's values (and
+// stay with it) before recording.
+struct Dispatch {
+  std::shared_ptr<Algorithm> algorithm;
+  std::optional<std::vector<uint8_t>> push_constants;
+};
+// A buffer memory barrier per tensor.
+struct MemoryBarrier {
+  std::vector<std::shared_ptr<Tensor>> tensors;
+  VkAccessFlags src_access = 0;
+  VkAccessFlags dst_access = 0;
+  VkPipelineStageFlags src_stage = 0;
+  VkPipelineStageFlags dst_stage = 0;
+  bool primary = true;
+};
+}  // namespace op
+
+using Op = std::variant<op::SyncToDevice, op::SyncToHost, op::Copy, op::Dispatch,
+                        op::MemoryBarrier>;
+
+// A command buffer on one queue with its fence (Kompute's Sequence). Recording appends to the
+// command buffer; after a submission, the next Record starts a new command buffer. Submit/Wait
+// may re-run the same commands any number of times. Thread-safe; Record, Submit, Clear and
+// Rerecord fail with FAILED_PRECONDITION while a submission is in flight.
+class Sequence {
+ public:
+  // total_timestamps > 0: a GPU timestamp before the first op and after each op, up to that
+  // many; FAILED_PRECONDITION when the queue has no timestamps.
+  static absl::StatusOr<std::unique_ptr<Sequence>> Create(std::shared_ptr<Device> device,
+                                                          uint32_t queue,
+                                                          uint32_t total_timestamps);
+  ~Sequence();
+
+  // Validates and records. On error nothing is recorded.
+  absl::Status Record(Op op);
+  // Submits what was recorded (ending the recording). OK and nothing submitted when nothing was
+  // ever recorded.
+  absl::Status Submit();
+  // Waits for the submission; DEADLINE_EXCEEDED (still running) after `timeout`. Then runs the
+  // ops' host steps. OK when nothing is in flight.
+  absl::Status Wait(absl::Duration timeout);
+  absl::Status Eval(absl::Duration timeout) {
+    absl::Status s = Submit();
+    return s.ok() ? Wait(timeout) : s;
+  }
+  // Drops all recorded ops.
+  absl::Status Clear();
+  // Records every op recorded since the last Clear again (after an algorithm rebuild).
+  absl::Status Rerecord();
+
+  bool IsRunning() const;
+  bool IsRecording() const;
+  // The timestamps of the last completed submission, in nanoseconds.
+  std::vector<uint64_t> Timestamps() const;
+  size_t queue() const { return queue_; }
+  // The fence of the submission in flight (for completion waiters); VK_NULL_HANDLE when idle.
+  VkFence InFlightFence() const;
+
+ private:
+  Sequence() = default;
+  absl::Status ValidateLocked(const Op& op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status BeginLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordLocked(Op& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  std::shared_ptr<Device> device_;
+  size_t queue_ = 0;
+  uint32_t total_timestamps_ = 0;
+
+  mutable absl::Mutex mu_;
+  CommandPoolHandle pool_;
+  VkCommandBuffer cb_ = VK_NULL_HANDLE;  // freed with pool_
+  FenceHandle fence_;
+  QueryPoolHandle query_pool_;
+  std::vector<Op> all_ops_ ABSL_GUARDED_BY(mu_);       // since the last Clear
+  std::vector<Op> cb_ops_ ABSL_GUARDED_BY(mu_);        // in the command buffer
+  struct Recorded {
+    const Algorithm* algorithm;
+    std::shared_ptr<const void> pipeline;  // keeps the recorded pipeline alive
+    uint64_t generation;                   // the build that was recorded
+  };
+  std::vector<Recorded> cb_keep_ ABSL_GUARDED_BY(mu_);  // one per recorded dispatch
+  bool recording_ ABSL_GUARDED_BY(mu_) = false;
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  uint32_t timestamps_written_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint64_t> timestamps_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace komputed::core

@@ -1,0 +1,219 @@
+#include "komputed/core/algorithm.h"
+
+#include "absl/strings/str_cat.h"
+#include "komputed/core/shader.h"
+#include "komputed/core/status.h"
+
+namespace komputed::core {
+
+// The Vulkan objects of one build. Destroyed in reverse order of declaration.
+struct Algorithm::Pipeline {
+  std::vector<std::shared_ptr<Tensor>> tensors;  // kept alive while bound
+  ShaderModuleHandle module;
+  DescriptorSetLayoutHandle set_layout;
+  DescriptorPoolHandle pool;
+  VkDescriptorSet set = VK_NULL_HANDLE;  // freed with pool
+  PipelineLayoutHandle layout;
+  PipelineHandle pipeline;
+  Workgroup workgroup;
+};
+
+Algorithm::Algorithm(std::shared_ptr<Device> device) : device_(std::move(device)) {}
+Algorithm::~Algorithm() = default;
+
+absl::StatusOr<std::shared_ptr<Algorithm>> Algorithm::Create(std::shared_ptr<Device> device,
+                                                             AlgorithmSpec spec) {
+  auto algorithm = std::shared_ptr<Algorithm>(new Algorithm(std::move(device)));
+  KD_RETURN_IF_ERROR(algorithm->Rebuild(std::move(spec)));
+  return algorithm;
+}
+
+absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
+    const AlgorithmSpec& spec) const {
+  Device& device = *device_;
+  const VkPhysicalDeviceLimits& limits = device.limits();
+  VkDevice dev = device.handle();
+
+  // Validate everything before creating anything.
+  if (spec.spirv.empty()) return absl::InvalidArgumentError("the algorithm's SPIR-V is empty");
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const auto& t = spec.tensors[i];
+    if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("tensor ", i, " is null"));
+    if (&t->device() != &device) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor ", i, " belongs to another device"));
+    }
+    if (t->byte_size() > limits.maxStorageBufferRange) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor ", i, " has ", t->byte_size(), " bytes, over the device's maxStorageBufferRange (",
+          limits.maxStorageBufferRange, " bytes); it cannot be bound to a shader"));
+    }
+  }
+  const uint32_t wg[3] = {spec.workgroup.x, spec.workgroup.y, spec.workgroup.z};
+  for (int d = 0; d < 3; ++d) {
+    if (wg[d] == 0 || wg[d] > limits.maxComputeWorkGroupCount[d]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "workgroup count ", std::string(1, "xyz"[d]), "=", wg[d], " is outside 1..",
+          limits.maxComputeWorkGroupCount[d], " (the device's maxComputeWorkGroupCount)"));
+    }
+  }
+  if (spec.push_constants.size() % 4 != 0 ||
+      spec.push_constants.size() > limits.maxPushConstantsSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("push constants of ", spec.push_constants.size(),
+                     " bytes: they must be a multiple of 4 and at most ",
+                     limits.maxPushConstantsSize, " bytes (the device's maxPushConstantsSize)"));
+  }
+  if (!spec.spec_constants.empty() &&
+      (spec.spec_constant_size == 0 || spec.spec_constants.size() % spec.spec_constant_size != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("specialization constants of ", spec.spec_constants.size(),
+                     " bytes are not a whole number of ", spec.spec_constant_size, "-byte constants"));
+  }
+  KD_RETURN_IF_ERROR(ValidateSpirv(spec.spirv, device.properties().apiVersion));
+
+  auto p = std::make_shared<Pipeline>();
+  p->tensors = spec.tensors;
+  p->workgroup = spec.workgroup;
+
+  VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
+  mi.codeSize = spec.spirv.size() * sizeof(uint32_t);
+  mi.pCode = spec.spirv.data();
+  VkShaderModule module = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(device.Check(vkCreateShaderModule(dev, &mi, nullptr, &module),
+                                  "vkCreateShaderModule"));
+  p->module = ShaderModuleHandle(dev, module);
+
+  const uint32_t n = static_cast<uint32_t>(spec.tensors.size());
+  std::vector<VkDescriptorSetLayoutBinding> bindings(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    bindings[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+  }
+  VkDescriptorSetLayoutCreateInfo li{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+  li.bindingCount = n;
+  li.pBindings = bindings.data();
+  VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(device.Check(vkCreateDescriptorSetLayout(dev, &li, nullptr, &set_layout),
+                                  "vkCreateDescriptorSetLayout"));
+  p->set_layout = DescriptorSetLayoutHandle(dev, set_layout);
+
+  if (n > 0) {
+    VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, n};
+    VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
+    pi.maxSets = 1;
+    pi.poolSizeCount = 1;
+    pi.pPoolSizes = &size;
+    VkDescriptorPool pool = VK_NULL_HANDLE;
+    KD_RETURN_IF_ERROR(device.Check(vkCreateDescriptorPool(dev, &pi, nullptr, &pool),
+                                    "vkCreateDescriptorPool"));
+    p->pool = DescriptorPoolHandle(dev, pool);
+    VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
+    ai.descriptorPool = pool;
+    ai.descriptorSetCount = 1;
+    ai.pSetLayouts = &set_layout;
+    KD_RETURN_IF_ERROR(device.Check(vkAllocateDescriptorSets(dev, &ai, &p->set),
+                                    "vkAllocateDescriptorSets"));
+    std::vector<VkDescriptorBufferInfo> infos(n);
+    std::vector<VkWriteDescriptorSet> writes(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      infos[i] = {spec.tensors[i]->buffer(), 0, VK_WHOLE_SIZE};
+      writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+      writes[i].dstSet = p->set;
+      writes[i].dstBinding = i;
+      writes[i].descriptorCount = 1;
+      writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+      writes[i].pBufferInfo = &infos[i];
+    }
+    vkUpdateDescriptorSets(dev, n, writes.data(), 0, nullptr);
+  }
+
+  VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                            static_cast<uint32_t>(spec.push_constants.size())};
+  VkPipelineLayoutCreateInfo pli{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
+  pli.setLayoutCount = 1;
+  pli.pSetLayouts = &set_layout;
+  pli.pushConstantRangeCount = spec.push_constants.empty() ? 0 : 1;
+  pli.pPushConstantRanges = &range;
+  VkPipelineLayout layout = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(device.Check(vkCreatePipelineLayout(dev, &pli, nullptr, &layout),
+                                  "vkCreatePipelineLayout"));
+  p->layout = PipelineLayoutHandle(dev, layout);
+
+  std::vector<VkSpecializationMapEntry> entries;
+  if (!spec.spec_constants.empty()) {
+    const uint32_t count = static_cast<uint32_t>(spec.spec_constants.size() / spec.spec_constant_size);
+    for (uint32_t i = 0; i < count; ++i) {
+      entries.push_back({i, i * spec.spec_constant_size, spec.spec_constant_size});
+    }
+  }
+  VkSpecializationInfo si{};
+  si.mapEntryCount = static_cast<uint32_t>(entries.size());
+  si.pMapEntries = entries.data();
+  si.dataSize = spec.spec_constants.size();
+  si.pData = spec.spec_constants.data();
+
+  VkComputePipelineCreateInfo ci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+  ci.stage = {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO};
+  ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+  ci.stage.module = module;
+  ci.stage.pName = "main";
+  ci.stage.pSpecializationInfo = entries.empty() ? nullptr : &si;
+  ci.layout = layout;
+  VkPipeline pipeline = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(device.Check(
+      vkCreateComputePipelines(dev, VK_NULL_HANDLE, 1, &ci, nullptr, &pipeline),
+      "vkCreateComputePipelines"));
+  p->pipeline = PipelineHandle(dev, pipeline);
+  return p;
+}
+
+absl::Status Algorithm::Rebuild(AlgorithmSpec spec) {
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<Pipeline> pipeline, Build(spec));
+  absl::MutexLock lock(&mu_);
+  spec_ = std::move(spec);
+  pipeline_ = std::move(pipeline);
+  ++generation_;
+  return absl::OkStatus();
+}
+
+absl::Status Algorithm::SetPushConstants(std::vector<uint8_t> values) {
+  absl::MutexLock lock(&mu_);
+  if (values.size() != spec_.push_constants.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push constants of ", values.size(), " bytes given; the algorithm was built with ",
+        spec_.push_constants.size(), " bytes"));
+  }
+  spec_.push_constants = std::move(values);
+  return absl::OkStatus();
+}
+
+AlgorithmSpec Algorithm::spec() const {
+  absl::MutexLock lock(&mu_);
+  return spec_;
+}
+
+uint64_t Algorithm::generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+std::shared_ptr<const void> Algorithm::RecordDispatch(VkCommandBuffer cb,
+                                                      uint64_t* generation) const {
+  absl::MutexLock lock(&mu_);
+  const Pipeline& p = *pipeline_;
+  vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline.get());
+  if (p.set != VK_NULL_HANDLE) {
+    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout.get(), 0, 1, &p.set, 0,
+                            nullptr);
+  }
+  if (!spec_.push_constants.empty()) {
+    vkCmdPushConstants(cb, p.layout.get(), VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                       static_cast<uint32_t>(spec_.push_constants.size()),
+                       spec_.push_constants.data());
+  }
+  vkCmdDispatch(cb, p.workgroup.x, p.workgroup.y, p.workgroup.z);
+  if (generation != nullptr) *generation = generation_;
+  return pipeline_;
+}
+
+}  // namespace komputed::core

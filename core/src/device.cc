@@ -1,0 +1,451 @@
+#include "komputed/core/device.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "komputed/core/status.h"
+
+namespace komputed::core {
+namespace {
+
+constexpr char kValidationLayer[] = "VK_LAYER_KHRONOS_validation";
+
+std::atomic<uint64_t> g_validation_errors{0};
+
+VKAPI_ATTR VkBool32 VKAPI_CALL OnValidationMessage(
+    VkDebugUtilsMessageSeverityFlagBitsEXT severity, VkDebugUtilsMessageTypeFlagsEXT,
+    const VkDebugUtilsMessengerCallbackDataEXT* data, void*) {
+  if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) {
+    g_validation_errors.fetch_add(1);
+    spdlog::error("vulkan validation: {}", data->pMessage);
+  } else {
+    spdlog::warn("vulkan validation: {}", data->pMessage);
+  }
+  return VK_FALSE;
+}
+
+bool EnvFlag(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && value[0] != '\0' && std::strcmp(value, "0") != 0;
+}
+
+int TypeRank(VkPhysicalDeviceType type) {
+  switch (type) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU:
+      return 0;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU:
+      return 1;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU:
+      return 2;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU:
+      return 3;
+    default:
+      return 4;
+  }
+}
+
+}  // namespace
+
+uint64_t ValidationErrorCount() { return g_validation_errors.load(); }
+
+uint64_t PhysicalDeviceInfo::DeviceLocalBytes() const {
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < memory.memoryHeapCount; ++i) {
+    if (memory.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) {
+      total += memory.memoryHeaps[i].size;
+    }
+  }
+  return total;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Instance
+
+absl::StatusOr<std::shared_ptr<Instance>> Instance::Create(bool validation) {
+  uint32_t loader_version = VK_API_VERSION_1_0;
+  if (vkEnumerateInstanceVersion(&loader_version) != VK_SUCCESS) {
+    loader_version = VK_API_VERSION_1_0;
+  }
+  VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+  app.pApplicationName = "komputed";
+  app.pEngineName = "komputed";
+  app.apiVersion = std::min<uint32_t>(loader_version, VK_API_VERSION_1_3);
+
+  std::vector<const char*> layers;
+  std::vector<const char*> extensions;
+  if (validation) {
+    uint32_t count = 0;
+    vkEnumerateInstanceLayerProperties(&count, nullptr);
+    std::vector<VkLayerProperties> available(count);
+    vkEnumerateInstanceLayerProperties(&count, available.data());
+    bool found = std::any_of(available.begin(), available.end(), [](const VkLayerProperties& l) {
+      return std::strcmp(l.layerName, kValidationLayer) == 0;
+    });
+    if (!found) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("validation was asked for, but ", kValidationLayer,
+                       " is not installed (Debian: vulkan-validationlayers)"));
+    }
+    layers.push_back(kValidationLayer);
+    extensions.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
+  }
+
+  VkInstanceCreateInfo info{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+  info.pApplicationInfo = &app;
+  info.enabledLayerCount = static_cast<uint32_t>(layers.size());
+  info.ppEnabledLayerNames = layers.data();
+  info.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
+  info.ppEnabledExtensionNames = extensions.data();
+  VkInstance instance = VK_NULL_HANDLE;
+  KD_VK_RETURN_IF_ERROR(vkCreateInstance(&info, nullptr, &instance), "vkCreateInstance");
+
+  VkDebugUtilsMessengerEXT messenger = VK_NULL_HANDLE;
+  if (validation) {
+    auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
+        vkGetInstanceProcAddr(instance, "vkCreateDebugUtilsMessengerEXT"));
+    VkDebugUtilsMessengerCreateInfoEXT mi{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
+    mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT |
+                         VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+    mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT |
+                     VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                     VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+    mi.pfnUserCallback = OnValidationMessage;
+    if (create != nullptr) create(instance, &mi, nullptr, &messenger);
+  }
+  auto result = std::shared_ptr<Instance>(new Instance(instance, validation, messenger));
+  uint32_t count = 0;
+  KD_VK_RETURN_IF_ERROR(vkEnumeratePhysicalDevices(instance, &count, nullptr),
+                        "vkEnumeratePhysicalDevices");
+  result->physical_devices_.resize(count);
+  KD_VK_RETURN_IF_ERROR(
+      vkEnumeratePhysicalDevices(instance, &count, result->physical_devices_.data()),
+      "vkEnumeratePhysicalDevices");
+  result->physical_devices_.resize(count);
+  return result;
+}
+
+absl::StatusOr<std::shared_ptr<Instance>> Instance::Shared() {
+  static absl::Mutex mu(absl::kConstInit);
+  static std::shared_ptr<Instance>* shared = nullptr;
+  absl::MutexLock lock(&mu);
+  if (shared == nullptr) {
+    KD_ASSIGN_OR_RETURN(auto instance, Create(EnvFlag("KOMPUTED_VALIDATION")));
+    // Never destroyed: objects may outlive main's locals during static destruction.
+    shared = new std::shared_ptr<Instance>(std::move(instance));
+  }
+  return *shared;
+}
+
+Instance::Instance(VkInstance instance, bool validation, VkDebugUtilsMessengerEXT messenger)
+    : instance_(instance), validation_(validation), messenger_(messenger) {}
+
+Instance::~Instance() {
+  if (messenger_ != VK_NULL_HANDLE) {
+    auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
+        vkGetInstanceProcAddr(instance_, "vkDestroyDebugUtilsMessengerEXT"));
+    if (destroy != nullptr) destroy(instance_, messenger_, nullptr);
+  }
+  vkDestroyInstance(instance_, nullptr);
+}
+
+PhysicalDeviceInfo Instance::Describe(uint32_t index) const {
+  PhysicalDeviceInfo info;
+  VkPhysicalDevice pd = physical_devices_[index];
+  info.index = index;
+  vkGetPhysicalDeviceProperties(pd, &info.properties);
+  vkGetPhysicalDeviceMemoryProperties(pd, &info.memory);
+  uint32_t count = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(pd, &count, nullptr);
+  info.queue_families.resize(count);
+  vkGetPhysicalDeviceQueueFamilyProperties(pd, &count, info.queue_families.data());
+  if (info.properties.apiVersion >= VK_API_VERSION_1_3) {
+    VkPhysicalDeviceMaintenance4Properties m4{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_4_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+    p2.pNext = &m4;
+    vkGetPhysicalDeviceProperties2(pd, &p2);
+    info.max_buffer_size = m4.maxBufferSize;
+  }
+  return info;
+}
+
+std::vector<PhysicalDeviceInfo> Instance::Describe() const {
+  std::vector<PhysicalDeviceInfo> all;
+  for (uint32_t i = 0; i < physical_devices_.size(); ++i) all.push_back(Describe(i));
+  return all;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device
+
+absl::StatusOr<std::vector<PhysicalDeviceInfo>> Device::List() {
+  KD_ASSIGN_OR_RETURN(auto instance, Instance::Shared());
+  return instance->Describe();
+}
+
+absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& options) {
+  std::shared_ptr<Instance> instance = options.instance;
+  if (instance == nullptr) {
+    KD_ASSIGN_OR_RETURN(instance, Instance::Shared());
+  }
+  const auto& physical = instance->physical_devices();
+  if (physical.empty()) {
+    return absl::UnavailableError(
+        "no Vulkan device found (is a driver installed? Debian: mesa-vulkan-drivers for lavapipe)");
+  }
+  uint32_t index = 0;
+  if (options.physical_device_index.has_value()) {
+    index = *options.physical_device_index;
+    if (index >= physical.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("device index ", index, " out of range: ",
+                                                     physical.size(), " device(s) present"));
+    }
+  } else {
+    int best = 99;
+    for (uint32_t i = 0; i < physical.size(); ++i) {
+      int rank = TypeRank(instance->Describe(i).properties.deviceType);
+      if (rank < best) best = rank, index = i;
+    }
+  }
+
+  auto device = std::shared_ptr<Device>(new Device());
+  device->instance_ = instance;
+  device->calls_ = options.calls != nullptr ? options.calls : VulkanCalls::Default();
+  device->physical_device_ = physical[index];
+  device->info_ = instance->Describe(index);
+  const PhysicalDeviceInfo& info = device->info_;
+  const std::string device_name = absl::StrCat("device ", index, " (", info.properties.deviceName, ")");
+
+  // Queues: one per entry, repeated entries of a family take its next queue.
+  std::vector<uint32_t> families = options.queue_families;
+  if (families.empty()) {
+    for (uint32_t f = 0; f < info.queue_families.size(); ++f) {
+      if (info.HasCompute(f)) {
+        families.push_back(f);
+        break;
+      }
+    }
+    if (families.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(device_name, " has no compute queue"));
+    }
+  }
+  std::map<uint32_t, uint32_t> per_family;
+  for (uint32_t f : families) {
+    if (f >= info.queue_families.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("queue family ", f, " does not exist on ",
+                                                     device_name, ", which has ",
+                                                     info.queue_families.size(), " families"));
+    }
+    if (!info.HasCompute(f)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("queue family ", f, " of ", device_name, " has no compute capability"));
+    }
+    ++per_family[f];
+  }
+  for (const auto& [family, count] : per_family) {
+    if (count > info.queue_families[family].queueCount) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          count, " queues requested from queue family ", family, " of ", device_name,
+          ", which has ", info.queue_families[family].queueCount, " queue(s)"));
+    }
+  }
+  std::vector<std::vector<float>> priorities;
+  std::vector<VkDeviceQueueCreateInfo> queue_infos;
+  priorities.reserve(per_family.size());
+  for (const auto& [family, count] : per_family) {
+    priorities.emplace_back(count, 1.0f);
+    VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+    qi.queueFamilyIndex = family;
+    qi.queueCount = count;
+    qi.pQueuePriorities = priorities.back().data();
+    queue_infos.push_back(qi);
+  }
+
+  // Extensions: those the device lacks are skipped.
+  uint32_t ext_count = 0;
+  vkEnumerateDeviceExtensionProperties(device->physical_device_, nullptr, &ext_count, nullptr);
+  std::vector<VkExtensionProperties> available(ext_count);
+  vkEnumerateDeviceExtensionProperties(device->physical_device_, nullptr, &ext_count,
+                                       available.data());
+  std::vector<const char*> extension_names;
+  for (const std::string& wanted : options.extensions) {
+    bool found = std::any_of(available.begin(), available.end(), [&](const auto& e) {
+      return wanted == e.extensionName;
+    });
+    if (found) {
+      device->enabled_extensions_.push_back(wanted);
+    } else {
+      device->skipped_extensions_.push_back(wanted);
+      spdlog::warn("{}: extension {} is not supported; skipped", device_name, wanted);
+    }
+  }
+  for (const std::string& e : device->enabled_extensions_) extension_names.push_back(e.c_str());
+
+  // Features that shaders commonly need, where the device has them.
+  VkPhysicalDeviceFeatures supported{};
+  vkGetPhysicalDeviceFeatures(device->physical_device_, &supported);
+  VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  features.features.shaderFloat64 = supported.shaderFloat64;
+  features.features.shaderInt64 = supported.shaderInt64;
+  features.features.shaderInt16 = supported.shaderInt16;
+  device->float64_ = supported.shaderFloat64 == VK_TRUE;
+  VkPhysicalDeviceVulkan12Features v12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  VkPhysicalDeviceVulkan12Features v12_enable{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  bool have_v12 = info.properties.apiVersion >= VK_API_VERSION_1_2;
+  if (have_v12) {
+    VkPhysicalDeviceFeatures2 query{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+    query.pNext = &v12;
+    vkGetPhysicalDeviceFeatures2(device->physical_device_, &query);
+    v12_enable.storageBuffer8BitAccess = v12.storageBuffer8BitAccess;
+    v12_enable.shaderInt8 = v12.shaderInt8;
+    v12_enable.shaderFloat16 = v12.shaderFloat16;
+    features.pNext = &v12_enable;
+  }
+
+  VkDeviceCreateInfo create{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+  create.pNext = &features;
+  create.queueCreateInfoCount = static_cast<uint32_t>(queue_infos.size());
+  create.pQueueCreateInfos = queue_infos.data();
+  create.enabledExtensionCount = static_cast<uint32_t>(extension_names.size());
+  create.ppEnabledExtensionNames = extension_names.data();
+  KD_VK_RETURN_IF_ERROR(vkCreateDevice(device->physical_device_, &create, nullptr, &device->device_),
+                        absl::StrCat("vkCreateDevice on ", device_name));
+
+  std::map<uint32_t, uint32_t> next_in_family;
+  for (uint32_t f : families) {
+    auto queue = std::make_unique<Queue>();
+    queue->family = f;
+    queue->index = next_in_family[f]++;
+    queue->timestamp_valid_bits = info.queue_families[f].timestampValidBits;
+    vkGetDeviceQueue(device->device_, f, queue->index, &queue->handle);
+    device->queues_.push_back(std::move(queue));
+  }
+
+  {
+    absl::MutexLock lock(&device->once_mu_);
+    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    pi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
+    pi.queueFamilyIndex = families[0];
+    VkCommandPool pool = VK_NULL_HANDLE;
+    KD_VK_RETURN_IF_ERROR(vkCreateCommandPool(device->device_, &pi, nullptr, &pool),
+                          "vkCreateCommandPool");
+    device->once_pool_ = CommandPoolHandle(device->device_, pool);
+    VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    VkFence fence = VK_NULL_HANDLE;
+    KD_VK_RETURN_IF_ERROR(vkCreateFence(device->device_, &fi, nullptr, &fence), "vkCreateFence");
+    device->once_fence_ = FenceHandle(device->device_, fence);
+  }
+  return device;
+}
+
+Device::~Device() {
+  if (device_ == VK_NULL_HANDLE) return;
+  vkDeviceWaitIdle(device_);
+  {
+    absl::MutexLock lock(&once_mu_);
+    once_pool_.Reset();
+    once_fence_.Reset();
+  }
+  vkDestroyDevice(device_, nullptr);
+}
+
+absl::StatusOr<uint32_t> Device::FindMemoryType(uint32_t type_bits,
+                                                VkMemoryPropertyFlags required,
+                                                VkMemoryPropertyFlags preferred) const {
+  const auto& mem = info_.memory;
+  int fallback = -1;
+  for (uint32_t i = 0; i < mem.memoryTypeCount; ++i) {
+    if ((type_bits & (1u << i)) == 0) continue;
+    VkMemoryPropertyFlags flags = mem.memoryTypes[i].propertyFlags;
+    if ((flags & required) != required) continue;
+    if ((flags & preferred) == preferred) return i;
+    if (fallback < 0) fallback = static_cast<int>(i);
+  }
+  if (fallback >= 0) return static_cast<uint32_t>(fallback);
+  return absl::NotFoundError(absl::StrCat("device ", info_.index, " (",
+                                          info_.properties.deviceName,
+                                          ") has no memory type with properties 0x",
+                                          absl::Hex(required)));
+}
+
+uint64_t Device::HeapSize(uint32_t memory_type) const {
+  return info_.memory.memoryHeaps[info_.memory.memoryTypes[memory_type].heapIndex].size;
+}
+
+absl::Status Device::Check(VkResult result, absl::string_view what) {
+  if (result == VK_ERROR_DEVICE_LOST && !lost_.exchange(true)) {
+    spdlog::error("device {} ({}) lost during {}", info_.index, info_.properties.deviceName, std::string(what));
+  }
+  return VkStatus(result, what);
+}
+
+absl::Status Device::Submit(size_t queue, VkCommandBuffer command_buffer, VkFence fence) {
+  if (lost()) {
+    return absl::UnavailableError(absl::StrCat("device ", info_.index, " was lost"));
+  }
+  if (queue >= queues_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("queue ", queue, " out of range: the device has ", queues_.size()));
+  }
+  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+  si.commandBufferCount = 1;
+  si.pCommandBuffers = &command_buffer;
+  Queue& q = *queues_[queue];
+  VkResult r;
+  {
+    absl::MutexLock lock(&q.mu);
+    r = calls_->QueueSubmit(q.handle, 1, &si, fence);
+  }
+  return Check(r, "vkQueueSubmit");
+}
+
+absl::Status Device::Wait(VkFence fence, absl::Duration timeout) {
+  uint64_t ns = timeout == absl::InfiniteDuration()
+                    ? UINT64_MAX
+                    : static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Nanoseconds(timeout)));
+  VkResult r = calls_->WaitForFences(device_, 1, &fence, VK_TRUE, ns);
+  if (r == VK_TIMEOUT) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "the submission did not complete within ", absl::FormatDuration(timeout)));
+  }
+  return Check(r, "vkWaitForFences");
+}
+
+absl::Status Device::RunOnce(const std::function<void(VkCommandBuffer)>& record,
+                             absl::Duration timeout) {
+  absl::MutexLock lock(&once_mu_);
+  VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  ai.commandPool = once_pool_.get();
+  ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  ai.commandBufferCount = 1;
+  VkCommandBuffer cb = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(Check(vkAllocateCommandBuffers(device_, &ai, &cb), "vkAllocateCommandBuffers"));
+  struct Free {
+    VkDevice d;
+    VkCommandPool p;
+    VkCommandBuffer cb;
+    ~Free() { vkFreeCommandBuffers(d, p, 1, &cb); }
+  } free_cb{device_, once_pool_.get(), cb};
+  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+  KD_RETURN_IF_ERROR(Check(vkBeginCommandBuffer(cb, &bi), "vkBeginCommandBuffer"));
+  record(cb);
+  KD_RETURN_IF_ERROR(Check(vkEndCommandBuffer(cb), "vkEndCommandBuffer"));
+  VkFence fence = once_fence_.get();
+  KD_RETURN_IF_ERROR(Check(vkResetFences(device_, 1, &fence), "vkResetFences"));
+  KD_RETURN_IF_ERROR(Submit(0, cb, fence));
+  absl::Status waited = Wait(fence, timeout);
+  if (!waited.ok()) {
+    // The command buffer may still be in use: wait for the queue before freeing it.
+    vkDeviceWaitIdle(device_);
+  }
+  return waited;
+}
+
+}  // namespace komputed::core

@@ -1,0 +1,323 @@
+#include "komputed/core/sequence.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "komputed/core/status.h"
+
+namespace komputed::core {
+namespace {
+
+constexpr VkAccessFlags kAnyShaderAccess = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
+constexpr VkAccessFlags kAnyTransferAccess =
+    VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT;
+constexpr VkPipelineStageFlags kWorkStages =
+    VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
+
+void GlobalBarrier(VkCommandBuffer cb, VkPipelineStageFlags src_stage, VkAccessFlags src_access,
+                   VkPipelineStageFlags dst_stage, VkAccessFlags dst_access) {
+  VkMemoryBarrier b{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  b.srcAccessMask = src_access;
+  b.dstAccessMask = dst_access;
+  vkCmdPipelineBarrier(cb, src_stage, dst_stage, 0, 1, &b, 0, nullptr, 0, nullptr);
+}
+
+absl::Status CheckTensors(const std::vector<std::shared_ptr<Tensor>>& tensors, const Device& device,
+                          absl::string_view op, size_t minimum) {
+  if (tensors.size() < minimum) {
+    return absl::InvalidArgumentError(absl::StrCat(op, " needs at least ", minimum,
+                                                   " tensor(s), got ", tensors.size()));
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(op, ": tensor ", i, " is null"));
+    }
+    if (&tensors[i]->device() != &device) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(op, ": tensor ", i, " belongs to another device"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(std::shared_ptr<Device> device,
+                                                           uint32_t queue,
+                                                           uint32_t total_timestamps) {
+  if (queue >= device->queue_count()) {
+    return absl::InvalidArgumentError(absl::StrCat("queue index ", queue, " out of range: ",
+                                                   device->queue_count(),
+                                                   " queue(s) were requested for the device"));
+  }
+  const Queue& q = device->queue(queue);
+  if (total_timestamps > 0 && q.timestamp_valid_bits == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "queue family ", q.family, " does not support timestamps (timestampValidBits = 0)"));
+  }
+  auto s = std::unique_ptr<Sequence>(new Sequence());
+  s->device_ = device;
+  s->queue_ = queue;
+  s->total_timestamps_ = total_timestamps;
+  VkDevice dev = device->handle();
+
+  VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+  pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+  pi.queueFamilyIndex = q.family;
+  VkCommandPool pool = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(device->Check(vkCreateCommandPool(dev, &pi, nullptr, &pool),
+                                   "vkCreateCommandPool"));
+  s->pool_ = CommandPoolHandle(dev, pool);
+  VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  ai.commandPool = pool;
+  ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  ai.commandBufferCount = 1;
+  KD_RETURN_IF_ERROR(device->Check(vkAllocateCommandBuffers(dev, &ai, &s->cb_),
+                                   "vkAllocateCommandBuffers"));
+  VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+  VkFence fence = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(device->Check(vkCreateFence(dev, &fi, nullptr, &fence), "vkCreateFence"));
+  s->fence_ = FenceHandle(dev, fence);
+  if (total_timestamps > 0) {
+    VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+    qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
+    qi.queryCount = total_timestamps;
+    VkQueryPool query_pool = VK_NULL_HANDLE;
+    KD_RETURN_IF_ERROR(device->Check(vkCreateQueryPool(dev, &qi, nullptr, &query_pool),
+                                     "vkCreateQueryPool"));
+    s->query_pool_ = QueryPoolHandle(dev, query_pool);
+  }
+  return s;
+}
+
+Sequence::~Sequence() {
+  absl::MutexLock lock(&mu_);
+  if (running_) {
+    // The command buffer must not be freed while the device uses it.
+    if (!device_->Wait(fence_.get(), absl::Seconds(30)).ok()) {
+      vkQueueWaitIdle(device_->queue(queue_).handle);
+    }
+  }
+}
+
+absl::Status Sequence::ValidateLocked(const Op& op) const {
+  const Device& device = *device_;
+  if (const auto* o = std::get_if<op::SyncToDevice>(&op)) {
+    return CheckTensors(o->tensors, device, "OpTensorSyncDevice", 1);
+  }
+  if (const auto* o = std::get_if<op::SyncToHost>(&op)) {
+    return CheckTensors(o->tensors, device, "OpTensorSyncLocal", 1);
+  }
+  if (const auto* o = std::get_if<op::Copy>(&op)) {
+    KD_RETURN_IF_ERROR(CheckTensors(o->tensors, device, "OpTensorCopy", 2));
+    const Tensor& src = *o->tensors[0];
+    for (size_t i = 1; i < o->tensors.size(); ++i) {
+      const Tensor& dst = *o->tensors[i];
+      if (dst.element_type() != src.element_type() || dst.element_size() != src.element_size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "OpTensorCopy: tensor ", i, " holds ", ElementTypeName(dst.element_type()),
+            " elements but the source (tensor 0) holds ", ElementTypeName(src.element_type())));
+      }
+      if (dst.count() != src.count()) {
+        return absl::InvalidArgumentError(absl::StrCat("OpTensorCopy: tensor ", i, " has ",
+                                                       dst.count(), " elements but the source "
+                                                       "(tensor 0) has ", src.count()));
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (const auto* o = std::get_if<op::Dispatch>(&op)) {
+    if (o->algorithm == nullptr) return absl::InvalidArgumentError("OpAlgoDispatch: no algorithm");
+    return absl::OkStatus();
+  }
+  const auto& o = std::get<op::MemoryBarrier>(op);
+  return CheckTensors(o.tensors, device, "OpMemoryBarrier", 0);
+}
+
+absl::Status Sequence::BeginLocked() {
+  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  KD_RETURN_IF_ERROR(device_->Check(vkBeginCommandBuffer(cb_, &bi), "vkBeginCommandBuffer"));
+  recording_ = true;
+  cb_ops_.clear();
+  cb_keep_.clear();
+  timestamps_written_ = 0;
+  if (query_pool_) {
+    vkCmdResetQueryPool(cb_, query_pool_.get(), 0, total_timestamps_);
+    vkCmdWriteTimestamp(cb_, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, query_pool_.get(), 0);
+    timestamps_written_ = 1;
+  }
+  return absl::OkStatus();
+}
+
+void Sequence::RecordLocked(Op& op) {
+  VkCommandBuffer cb = cb_;
+  if (auto* o = std::get_if<op::SyncToDevice>(&op)) {
+    GlobalBarrier(cb, kWorkStages, kAnyShaderAccess | kAnyTransferAccess,
+                  VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+    for (const auto& t : o->tensors) t->RecordToDevice(cb);
+  } else if (auto* o = std::get_if<op::SyncToHost>(&op)) {
+    GlobalBarrier(cb, kWorkStages, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                  VK_PIPELINE_STAGE_TRANSFER_BIT, kAnyTransferAccess);
+    for (const auto& t : o->tensors) t->RecordToHost(cb);
+    GlobalBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                  VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+  } else if (auto* o = std::get_if<op::Copy>(&op)) {
+    GlobalBarrier(cb, kWorkStages, kAnyShaderAccess | kAnyTransferAccess,
+                  VK_PIPELINE_STAGE_TRANSFER_BIT, kAnyTransferAccess);
+    for (size_t i = 1; i < o->tensors.size(); ++i) o->tensors[0]->RecordCopyTo(cb, *o->tensors[i]);
+  } else if (auto* o = std::get_if<op::Dispatch>(&op)) {
+    GlobalBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                  VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, kAnyShaderAccess);
+    uint64_t generation = 0;
+    cb_keep_.push_back({o->algorithm.get(), o->algorithm->RecordDispatch(cb, &generation),
+                        generation});
+  } else {
+    auto& b = std::get<op::MemoryBarrier>(op);
+    for (const auto& t : b.tensors) {
+      t->RecordBarrier(cb, b.src_access, b.dst_access, b.src_stage, b.dst_stage, b.primary);
+    }
+  }
+  if (query_pool_ && timestamps_written_ < total_timestamps_) {
+    vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, query_pool_.get(),
+                        timestamps_written_++);
+  }
+}
+
+absl::Status Sequence::Record(Op op) {
+  absl::MutexLock lock(&mu_);
+  if (running_) {
+    return absl::FailedPreconditionError("cannot record: the sequence is running; await it first");
+  }
+  KD_RETURN_IF_ERROR(ValidateLocked(op));
+  if (auto* o = std::get_if<op::Dispatch>(&op); o != nullptr && o->push_constants.has_value()) {
+    KD_RETURN_IF_ERROR(o->algorithm->SetPushConstants(*o->push_constants));
+  }
+  if (!recording_) KD_RETURN_IF_ERROR(BeginLocked());
+  RecordLocked(op);
+  cb_ops_.push_back(op);
+  all_ops_.push_back(std::move(op));
+  return absl::OkStatus();
+}
+
+absl::Status Sequence::Submit() {
+  absl::MutexLock lock(&mu_);
+  if (running_) {
+    return absl::FailedPreconditionError("the sequence is already running; await it first");
+  }
+  if (!recording_ && cb_ops_.empty()) return absl::OkStatus();
+  for (const Recorded& r : cb_keep_) {
+    if (r.algorithm->generation() != r.generation) {
+      return absl::FailedPreconditionError(
+          "an algorithm recorded in this sequence was rebuilt since; rerecord the sequence");
+    }
+  }
+  if (recording_) {
+    KD_RETURN_IF_ERROR(device_->Check(vkEndCommandBuffer(cb_), "vkEndCommandBuffer"));
+    recording_ = false;
+  }
+  VkFence fence = fence_.get();
+  KD_RETURN_IF_ERROR(device_->Check(vkResetFences(device_->handle(), 1, &fence), "vkResetFences"));
+  KD_RETURN_IF_ERROR(device_->Submit(queue_, cb_, fence));
+  running_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Sequence::Wait(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  if (!running_) return absl::OkStatus();
+  absl::Status s = device_->Wait(fence_.get(), timeout);
+  if (absl::IsDeadlineExceeded(s)) return s;
+  running_ = false;
+  if (!s.ok()) return s;
+  FinishLocked();
+  return absl::OkStatus();
+}
+
+void Sequence::FinishLocked() {
+  // Host steps: a copy carries the source's host data to destinations with staging buffers.
+  for (const Op& op : cb_ops_) {
+    const auto* copy = std::get_if<op::Copy>(&op);
+    if (copy == nullptr) continue;
+    const Tensor& src = *copy->tensors[0];
+    if (src.host_data() == nullptr) continue;
+    for (size_t i = 1; i < copy->tensors.size(); ++i) {
+      const Tensor& dst = *copy->tensors[i];
+      if (dst.staging() != VK_NULL_HANDLE) {
+        std::memcpy(dst.host_data(), src.host_data(), src.byte_size());
+      }
+    }
+  }
+  timestamps_.clear();
+  if (query_pool_ && timestamps_written_ > 0) {
+    std::vector<uint64_t> raw(timestamps_written_);
+    VkResult r = vkGetQueryPoolResults(device_->handle(), query_pool_.get(), 0, timestamps_written_,
+                                       raw.size() * sizeof(uint64_t), raw.data(), sizeof(uint64_t),
+                                       VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT);
+    if (r != VK_SUCCESS) {
+      spdlog::warn("reading timestamps failed: {}", std::string(VkResultName(r)));
+      return;
+    }
+    const uint32_t bits = device_->queue(queue_).timestamp_valid_bits;
+    const uint64_t mask = bits >= 64 ? ~uint64_t{0} : ((uint64_t{1} << bits) - 1);
+    const double period = device_->limits().timestampPeriod;
+    for (uint64_t ticks : raw) {
+      timestamps_.push_back(static_cast<uint64_t>(std::llround(static_cast<double>(ticks & mask) * period)));
+    }
+  }
+}
+
+absl::Status Sequence::Clear() {
+  absl::MutexLock lock(&mu_);
+  if (running_) return absl::FailedPreconditionError("cannot clear: the sequence is running");
+  KD_RETURN_IF_ERROR(device_->Check(vkResetCommandBuffer(cb_, 0), "vkResetCommandBuffer"));
+  recording_ = false;
+  all_ops_.clear();
+  cb_ops_.clear();
+  cb_keep_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status Sequence::Rerecord() {
+  absl::MutexLock lock(&mu_);
+  if (running_) return absl::FailedPreconditionError("cannot rerecord: the sequence is running");
+  std::vector<Op> ops = all_ops_;
+  for (Op& op : ops) KD_RETURN_IF_ERROR(ValidateLocked(op));
+  KD_RETURN_IF_ERROR(device_->Check(vkResetCommandBuffer(cb_, 0), "vkResetCommandBuffer"));
+  recording_ = false;
+  cb_ops_.clear();
+  cb_keep_.clear();
+  for (Op& op : ops) {
+    if (auto* o = std::get_if<op::Dispatch>(&op); o != nullptr && o->push_constants.has_value()) {
+      KD_RETURN_IF_ERROR(o->algorithm->SetPushConstants(*o->push_constants));
+    }
+    if (!recording_) KD_RETURN_IF_ERROR(BeginLocked());
+    RecordLocked(op);
+    cb_ops_.push_back(op);
+  }
+  return absl::OkStatus();
+}
+
+bool Sequence::IsRunning() const {
+  absl::MutexLock lock(&mu_);
+  return running_;
+}
+
+bool Sequence::IsRecording() const {
+  absl::MutexLock lock(&mu_);
+  return recording_;
+}
+
+std::vector<uint64_t> Sequence::Timestamps() const {
+  absl::MutexLock lock(&mu_);
+  return timestamps_;
+}
+
+VkFence Sequence::InFlightFence() const {
+  absl::MutexLock lock(&mu_);
+  return running_ ? fence_.get() : VK_NULL_HANDLE;
+}
+
+}  // namespace komputed::core

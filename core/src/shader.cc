@@ -1,0 +1,92 @@
+#include "komputed/core/shader.h"
+
+#include <shaderc/shaderc.hpp>
+#include <spirv-tools/libspirv.hpp>
+
+#include "absl/strings/str_cat.h"
+
+namespace komputed::core {
+namespace {
+
+// Generated at build time by glslc from shaders/multiply.comp.
+const uint32_t kMultiplyFloat[] =
+#include "multiply_float.spv.inc"
+    ;
+const uint32_t kMultiplyInt[] =
+#include "multiply_int.spv.inc"
+    ;
+const uint32_t kMultiplyUint[] =
+#include "multiply_uint.spv.inc"
+    ;
+const uint32_t kMultiplyDouble[] =
+#include "multiply_double.spv.inc"
+    ;
+
+spv_target_env TargetFor(uint32_t api_version) {
+  uint32_t minor = VK_API_VERSION_MINOR(api_version);
+  if (minor >= 3) return SPV_ENV_VULKAN_1_3;
+  if (minor == 2) return SPV_ENV_VULKAN_1_2;
+  if (minor == 1) return SPV_ENV_VULKAN_1_1;
+  return SPV_ENV_VULKAN_1_0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint32_t>> CompileGlsl(absl::string_view source, absl::string_view name,
+                                                  const std::vector<std::string>& defines) {
+  shaderc::Compiler compiler;
+  shaderc::CompileOptions options;
+  options.SetTargetEnvironment(shaderc_target_env_vulkan, shaderc_env_version_vulkan_1_1);
+  for (const std::string& d : defines) {
+    auto eq = d.find('=');
+    if (eq == std::string::npos) {
+      options.AddMacroDefinition(d);
+    } else {
+      options.AddMacroDefinition(d.substr(0, eq), d.substr(eq + 1));
+    }
+  }
+  shaderc::SpvCompilationResult result = compiler.CompileGlslToSpv(
+      source.data(), source.size(), shaderc_compute_shader, std::string(name).c_str(), options);
+  if (result.GetCompilationStatus() != shaderc_compilation_status_success) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GLSL compilation failed: ", result.GetErrorMessage()));
+  }
+  return std::vector<uint32_t>(result.cbegin(), result.cend());
+}
+
+absl::Status ValidateSpirv(absl::Span<const uint32_t> spirv, uint32_t vulkan_api_version) {
+  if (spirv.empty()) return absl::InvalidArgumentError("SPIR-V is empty");
+  if (spirv[0] != 0x07230203u) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "not SPIR-V: the first word is 0x", absl::Hex(spirv[0]), ", not the magic 0x07230203"));
+  }
+  spvtools::SpirvTools tools(TargetFor(vulkan_api_version));
+  std::string messages;
+  tools.SetMessageConsumer([&](spv_message_level_t, const char*, const spv_position_t& position,
+                               const char* message) {
+    absl::StrAppend(&messages, messages.empty() ? "" : "; ", "word ", position.index, ": ",
+                    message);
+  });
+  if (!tools.Validate(spirv.data(), spirv.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid SPIR-V: ", messages));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Span<const uint32_t>> MultiplyShader(ElementType type) {
+  switch (type) {
+    case ElementType::kFloat32:
+      return absl::MakeConstSpan(kMultiplyFloat);
+    case ElementType::kInt32:
+      return absl::MakeConstSpan(kMultiplyInt);
+    case ElementType::kUInt32:
+      return absl::MakeConstSpan(kMultiplyUint);
+    case ElementType::kFloat64:
+      return absl::MakeConstSpan(kMultiplyDouble);
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("no built-in multiply for ", ElementTypeName(type), " elements"));
+  }
+}
+
+}  // namespace komputed::core

@@ -1,0 +1,246 @@
+#include "komputed/core/tensor.h"
+
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "komputed/core/status.h"
+
+namespace komputed::core {
+
+absl::string_view MemoryTypeName(MemoryType type) {
+  switch (type) {
+    case MemoryType::kDevice:
+      return "device";
+    case MemoryType::kHost:
+      return "host";
+    case MemoryType::kStorage:
+      return "storage";
+    case MemoryType::kDeviceAndHost:
+      return "deviceAndHost";
+  }
+  return "unknown";
+}
+
+absl::string_view ElementTypeName(ElementType type) {
+  switch (type) {
+    case ElementType::kBool:
+      return "bool";
+    case ElementType::kInt32:
+      return "int32";
+    case ElementType::kUInt32:
+      return "uint32";
+    case ElementType::kFloat32:
+      return "float32";
+    case ElementType::kFloat64:
+      return "float64";
+    case ElementType::kBytes:
+      return "bytes";
+  }
+  return "unknown";
+}
+
+uint32_t ElementTypeSize(ElementType type) {
+  switch (type) {
+    case ElementType::kBool:
+      return 1;
+    case ElementType::kInt32:
+    case ElementType::kUInt32:
+    case ElementType::kFloat32:
+      return 4;
+    case ElementType::kFloat64:
+      return 8;
+    case ElementType::kBytes:
+      return 0;
+  }
+  return 0;
+}
+
+absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsageFlags usage,
+                                      VkMemoryPropertyFlags required,
+                                      VkMemoryPropertyFlags preferred, absl::string_view what) {
+  Buffer b;
+  b.size_ = size;
+  VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  bi.size = size;
+  bi.usage = usage;
+  bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  VkBuffer buffer = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(device.Check(vkCreateBuffer(device.handle(), &bi, nullptr, &buffer),
+                                  absl::StrCat("vkCreateBuffer for ", what)));
+  b.buffer_ = BufferHandle(device.handle(), buffer);
+
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(device.handle(), buffer, &req);
+  KD_ASSIGN_OR_RETURN(uint32_t type, device.FindMemoryType(req.memoryTypeBits, required, preferred));
+  if (req.size > device.HeapSize(type)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " needs ", req.size, " bytes, more than its memory heap's ",
+                     device.HeapSize(type), " bytes"));
+  }
+  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  ai.allocationSize = req.size;
+  ai.memoryTypeIndex = type;
+  VkDeviceMemory memory = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(
+      device.Check(device.calls().AllocateMemory(device.handle(), &ai, &memory),
+                   absl::StrCat("vkAllocateMemory of ", req.size, " bytes for ", what)));
+  b.memory_ = MemoryHandle(device.handle(), memory);
+  KD_RETURN_IF_ERROR(device.Check(vkBindBufferMemory(device.handle(), buffer, memory, 0),
+                                  "vkBindBufferMemory"));
+  b.properties_ = device.info().memory.memoryTypes[type].propertyFlags;
+  if (b.properties_ & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) {
+    KD_RETURN_IF_ERROR(device.Check(
+        vkMapMemory(device.handle(), memory, 0, VK_WHOLE_SIZE, 0, &b.mapped_), "vkMapMemory"));
+  }
+  return b;
+}
+
+absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> device,
+                                                       ElementType type, uint64_t count,
+                                                       uint32_t element_size, MemoryType memory,
+                                                       const void* initial) {
+  if (static_cast<uint8_t>(type) > static_cast<uint8_t>(ElementType::kBytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown element type ", static_cast<int>(type)));
+  }
+  if (static_cast<uint8_t>(memory) > static_cast<uint8_t>(MemoryType::kDeviceAndHost)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown memory type ", static_cast<int>(memory)));
+  }
+  uint32_t natural = ElementTypeSize(type);
+  if (type == ElementType::kBytes) {
+    if (element_size == 0) {
+      return absl::InvalidArgumentError("a tensor of raw bytes needs an element size above 0");
+    }
+  } else if (element_size != 0 && element_size != natural) {
+    return absl::InvalidArgumentError(absl::StrCat("element size ", element_size,
+                                                   " does not match ", ElementTypeName(type),
+                                                   " (", natural, " bytes)"));
+  } else {
+    element_size = natural;
+  }
+  if (count == 0) {
+    return absl::InvalidArgumentError("cannot create a zero-sized tensor (0 elements)");
+  }
+  if (count > std::numeric_limits<uint64_t>::max() / element_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor of ", count, " elements of ", element_size, " bytes overflows"));
+  }
+  const uint64_t bytes = count * element_size;
+  const PhysicalDeviceInfo& info = device->info();
+  if (info.max_buffer_size != 0 && bytes > info.max_buffer_size) {
+    return absl::ResourceExhaustedError(absl::StrCat("tensor of ", bytes,
+                                                     " bytes exceeds the device's maxBufferSize of ",
+                                                     info.max_buffer_size, " bytes"));
+  }
+
+  auto t = std::shared_ptr<Tensor>(new Tensor());
+  t->device_ = device;
+  t->type_ = type;
+  t->memory_ = memory;
+  t->count_ = count;
+  t->element_size_ = element_size;
+
+  constexpr VkBufferUsageFlags kUsage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT |
+                                        VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                                        VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+  constexpr VkMemoryPropertyFlags kHostVisible =
+      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  const std::string what = absl::StrCat("a ", MemoryTypeName(memory), " tensor of ", bytes, " bytes");
+  switch (memory) {
+    case MemoryType::kDevice: {
+      KD_ASSIGN_OR_RETURN(t->primary_, Buffer::Create(*device, bytes, kUsage,
+                                                      VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0, what));
+      KD_ASSIGN_OR_RETURN(
+          t->staging_,
+          Buffer::Create(*device, bytes,
+                         VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                         kHostVisible, VK_MEMORY_PROPERTY_HOST_CACHED_BIT,
+                         absl::StrCat("the staging buffer of ", what)));
+      break;
+    }
+    case MemoryType::kHost: {
+      KD_ASSIGN_OR_RETURN(t->primary_, Buffer::Create(*device, bytes, kUsage, kHostVisible,
+                                                      VK_MEMORY_PROPERTY_HOST_CACHED_BIT, what));
+      break;
+    }
+    case MemoryType::kStorage: {
+      KD_ASSIGN_OR_RETURN(t->primary_, Buffer::Create(*device, bytes, kUsage,
+                                                      VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0, what));
+      break;
+    }
+    case MemoryType::kDeviceAndHost: {
+      KD_ASSIGN_OR_RETURN(
+          t->primary_, Buffer::Create(*device, bytes, kUsage,
+                                      VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | kHostVisible, 0, what));
+      break;
+    }
+  }
+
+  // Initial contents: the given data, or zeros (new memory may hold another program's data).
+  if (void* host = t->host_data()) {
+    if (initial != nullptr) {
+      std::memcpy(host, initial, bytes);
+    } else {
+      std::memset(host, 0, bytes);
+    }
+  }
+  if (memory == MemoryType::kDevice) {
+    KD_RETURN_IF_ERROR(device->RunOnce([&](VkCommandBuffer cb) { t->RecordToDevice(cb); }));
+  } else if (memory == MemoryType::kStorage) {
+    if (initial != nullptr) {
+      KD_ASSIGN_OR_RETURN(Buffer upload,
+                          Buffer::Create(*device, bytes, VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
+                                         kHostVisible, 0, "an upload buffer"));
+      std::memcpy(upload.mapped(), initial, bytes);
+      KD_RETURN_IF_ERROR(device->RunOnce([&](VkCommandBuffer cb) {
+        VkBufferCopy region{0, 0, bytes};
+        vkCmdCopyBuffer(cb, upload.handle(), t->primary_.handle(), 1, &region);
+      }));
+    } else {
+      KD_RETURN_IF_ERROR(device->RunOnce([&](VkCommandBuffer cb) {
+        vkCmdFillBuffer(cb, t->primary_.handle(), 0, VK_WHOLE_SIZE, 0);
+      }));
+    }
+  }
+  return t;
+}
+
+void* Tensor::host_data() const {
+  if (staging_.mapped() != nullptr) return staging_.mapped();
+  return primary_.mapped();
+}
+
+void Tensor::RecordToDevice(VkCommandBuffer cb) const {
+  if (!staging_.handle()) return;
+  VkBufferCopy region{0, 0, byte_size()};
+  vkCmdCopyBuffer(cb, staging_.handle(), primary_.handle(), 1, &region);
+}
+
+void Tensor::RecordToHost(VkCommandBuffer cb) const {
+  if (!staging_.handle()) return;
+  VkBufferCopy region{0, 0, byte_size()};
+  vkCmdCopyBuffer(cb, primary_.handle(), staging_.handle(), 1, &region);
+}
+
+void Tensor::RecordCopyTo(VkCommandBuffer cb, const Tensor& dst) const {
+  VkBufferCopy region{0, 0, byte_size()};
+  vkCmdCopyBuffer(cb, primary_.handle(), dst.primary_.handle(), 1, &region);
+}
+
+void Tensor::RecordBarrier(VkCommandBuffer cb, VkAccessFlags src_access, VkAccessFlags dst_access,
+                           VkPipelineStageFlags src_stage, VkPipelineStageFlags dst_stage,
+                           bool primary) const {
+  VkBufferMemoryBarrier b{VK_STRUCTURE_TYPE_BUFFER_MEMORY_BARRIER};
+  b.srcAccessMask = src_access;
+  b.dstAccessMask = dst_access;
+  b.srcQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED;
+  b.dstQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED;
+  b.buffer = (primary || !staging_.handle()) ? primary_.handle() : staging_.handle();
+  b.offset = 0;
+  b.size = VK_WHOLE_SIZE;
+  vkCmdPipelineBarrier(cb, src_stage, dst_stage, 0, 0, nullptr, 1, &b, 0, nullptr);
+}
+
+}  // namespace komputed::core
