@@ -1,0 +1,542 @@
+#pragma once
+// komputed's Kompute-compatible C++ API (namespace kp). Programs written for Kompute 0.9 compile
+// against this header unchanged. Objects run in-process on a local Vulkan device, or remotely on a
+// komputed daemon when the environment variable KOMPUTED_ADDRESS names one.
+//
+// Errors: where Kompute throws, kp throws kp::Error (a std::runtime_error with a status code).
+// Threads: every class here may be used from several threads at once; host data returned by
+// Tensor::data() is the caller's to synchronise.
+
+#include <vulkan/vulkan.hpp>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace kp {
+
+// The canonical status codes (google.rpc.Code / absl::StatusCode values).
+enum class ErrorCode : int {
+  kOk = 0,
+  kCancelled = 1,
+  kUnknown = 2,
+  kInvalidArgument = 3,
+  kDeadlineExceeded = 4,
+  kNotFound = 5,
+  kAlreadyExists = 6,
+  kPermissionDenied = 7,
+  kResourceExhausted = 8,
+  kFailedPrecondition = 9,
+  kAborted = 10,
+  kOutOfRange = 11,
+  kUnimplemented = 12,
+  kInternal = 13,
+  kUnavailable = 14,
+  kDataLoss = 15,
+  kUnauthenticated = 16,
+};
+
+// What kp throws.
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& message)
+      : std::runtime_error(message), code_(code) {}
+  ErrorCode code() const noexcept { return code_; }
+
+ private:
+  ErrorCode code_;
+};
+
+// Number of workgroups per dimension; x = 0 means "the first tensor's size", y or z = 0 mean 1.
+using Workgroup = std::array<uint32_t, 3>;
+using Constants = std::vector<float>;
+
+namespace internal {
+class Backend;
+class BackendTensor;
+class BackendAlgorithm;
+class BackendSequence;
+}  // namespace internal
+
+class Manager;
+class Sequence;
+
+// Memory and element types (Kompute's later spelling); Tensor repeats them under its own names.
+class Memory {
+ public:
+  enum class MemoryTypes {
+    eDevice = 0,         // device memory plus a host staging copy (sync ops move data)
+    eHost = 1,           // host-visible memory that shaders read directly
+    eStorage = 2,        // device memory only; no host data
+    eDeviceAndHost = 3,  // device-local memory that is also host-visible
+  };
+  enum class DataTypes {
+    eBool = 0,
+    eInt = 1,
+    eUnsignedInt = 2,
+    eFloat = 3,
+    eDouble = 4,
+    eCustom = 5,  // raw elements of a given size
+  };
+  virtual ~Memory() = default;
+};
+
+// A typed array on the device with its host copy.
+class Tensor : public Memory {
+ public:
+  using TensorTypes = MemoryTypes;
+  using TensorDataTypes = DataTypes;
+
+  ~Tensor() override;
+
+  // Element count.
+  size_t size() const;
+  uint32_t dataTypeMemorySize() const { return element_size_; }
+  // Bytes: size() * dataTypeMemorySize().
+  size_t memorySize() const { return count_ * element_size_; }
+  DataTypes dataType() const { return data_type_; }
+  MemoryTypes tensorType() const { return memory_type_; }
+  MemoryTypes memoryType() const { return memory_type_; }
+  bool isInit() const;
+  // Frees the device memory once no recorded sequence uses it; the tensor is no longer isInit().
+  void destroy();
+
+  // The host copy (nullptr for eStorage). Results of shaders appear here after OpTensorSyncLocal
+  // (eDevice) or right after the submission (eHost, eDeviceAndHost).
+  void* rawData();
+  template <typename T>
+  T* data() {
+    return static_cast<T*>(rawData());
+  }
+  template <typename T>
+  std::vector<T> vector() {
+    const T* p = static_cast<const T*>(hostOrThrow());
+    return std::vector<T>(p, p + memorySize() / sizeof(T));
+  }
+  // Copies memorySize() bytes into the host copy.
+  void setRawData(const void* data);
+
+  // komputed internals, for the backends.
+  std::shared_ptr<internal::BackendTensor> backendTensor() const;
+
+ protected:
+  Tensor(std::shared_ptr<internal::BackendTensor> impl, void* host, uint64_t count,
+         uint32_t element_size, DataTypes data_type, MemoryTypes memory_type);
+  void* hostOrThrow() const;
+
+ private:
+  friend class Manager;
+  mutable std::mutex mu_;
+  std::shared_ptr<internal::BackendTensor> impl_;
+  void* host_;
+  uint64_t count_;
+  uint32_t element_size_;
+  DataTypes data_type_;
+  MemoryTypes memory_type_;
+};
+
+namespace detail {
+template <typename T>
+constexpr Memory::DataTypes DataTypeOf() {
+  if constexpr (std::is_same_v<T, bool>) return Memory::DataTypes::eBool;
+  if constexpr (std::is_same_v<T, int32_t>) return Memory::DataTypes::eInt;
+  if constexpr (std::is_same_v<T, uint32_t>) return Memory::DataTypes::eUnsignedInt;
+  if constexpr (std::is_same_v<T, float>) return Memory::DataTypes::eFloat;
+  if constexpr (std::is_same_v<T, double>) return Memory::DataTypes::eDouble;
+  return Memory::DataTypes::eCustom;
+}
+
+// Bytes of a vector of trivially copyable values (std::vector<bool> included).
+template <typename T>
+std::vector<uint8_t> ToBytes(const std::vector<T>& values) {
+  static_assert(std::is_trivially_copyable_v<T>, "constants must be trivially copyable");
+  std::vector<uint8_t> bytes(values.size() * sizeof(T));
+  if constexpr (std::is_same_v<T, bool>) {
+    for (size_t i = 0; i < values.size(); ++i) bytes[i] = values[i] ? 1 : 0;
+  } else if (!values.empty()) {
+    std::memcpy(bytes.data(), values.data(), bytes.size());
+  }
+  return bytes;
+}
+
+template <typename T>
+std::vector<T> FromBytes(const std::vector<uint8_t>& bytes) {
+  std::vector<T> values(bytes.size() / sizeof(T));
+  if constexpr (std::is_same_v<T, bool>) {
+    for (size_t i = 0; i < values.size(); ++i) values[i] = bytes[i] != 0;
+  } else if (!values.empty()) {
+    std::memcpy(values.data(), bytes.data(), values.size() * sizeof(T));
+  }
+  return values;
+}
+
+// Raw description of what an operation does; built by the Op* classes.
+enum class OpKind { kSyncDevice, kSyncLocal, kCopy, kDispatch, kMult, kBarrier };
+}  // namespace detail
+
+// A tensor of T elements.
+template <typename T>
+class TensorT : public Tensor {
+ public:
+  T* data() { return static_cast<T*>(rawData()); }
+  std::vector<T> vector() {
+    const T* p = static_cast<const T*>(hostOrThrow());
+    return std::vector<T>(p, p + size());
+  }
+  T& operator[](size_t index) { return data()[index]; }
+  // Replaces the host copy; the size must be the same.
+  void setData(const std::vector<T>& values) {
+    if (values.size() != size()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "setData: " + std::to_string(values.size()) + " values given for a tensor of " +
+                      std::to_string(size()) + " elements");
+    }
+    T* p = static_cast<T*>(hostOrThrow());
+    if constexpr (std::is_same_v<T, bool>) {
+      for (size_t i = 0; i < values.size(); ++i) p[i] = values[i];
+    } else {
+      std::memcpy(p, values.data(), values.size() * sizeof(T));
+    }
+  }
+  DataTypes dataType() const { return detail::DataTypeOf<T>(); }
+
+ private:
+  friend class Manager;
+  using Tensor::Tensor;
+};
+
+// A compute shader bound to its tensors, with its workgroup and constants.
+class Algorithm {
+ public:
+  ~Algorithm();
+
+  template <typename S = float, typename P = float>
+  void rebuild(const std::vector<std::shared_ptr<Tensor>>& tensors,
+               const std::vector<uint32_t>& spirv, const Workgroup& workgroup = {},
+               const std::vector<S>& specializationConstants = {},
+               const std::vector<P>& pushConstants = {}) {
+    rebuildRaw(tensors, spirv, workgroup, detail::ToBytes(specializationConstants), sizeof(S),
+               detail::ToBytes(pushConstants), sizeof(P));
+  }
+
+  // Replaces the push constants used by dispatches recorded from now on; the total size in bytes
+  // must not change.
+  template <typename T>
+  void setPushConstants(const std::vector<T>& pushConstants) {
+    setPushConstantBytes(detail::ToBytes(pushConstants), sizeof(T));
+  }
+  void setPushConstants(const void* data, uint32_t size, uint32_t memorySize) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    setPushConstantBytes(std::vector<uint8_t>(p, p + size_t{size} * memorySize), memorySize);
+  }
+  template <typename T>
+  std::vector<T> getPushConstants() const {
+    return detail::FromBytes<T>(pushConstantBytes());
+  }
+  template <typename T>
+  std::vector<T> getSpecializationConstants() const {
+    return detail::FromBytes<T>(specConstantBytes());
+  }
+  Workgroup getWorkgroup() const;
+  std::vector<std::shared_ptr<Tensor>> getTensors() const;
+  bool isInit() const;
+  void destroy();
+
+  // komputed internals.
+  void rebuildRaw(const std::vector<std::shared_ptr<Tensor>>& tensors,
+                  const std::vector<uint32_t>& spirv, const Workgroup& workgroup,
+                  std::vector<uint8_t> spec, uint32_t spec_size, std::vector<uint8_t> push,
+                  uint32_t push_size);
+  void setPushConstantBytes(std::vector<uint8_t> bytes, uint32_t element_size);
+  std::vector<uint8_t> pushConstantBytes() const;
+  std::vector<uint8_t> specConstantBytes() const;
+  std::shared_ptr<internal::BackendAlgorithm> backendAlgorithm() const;
+
+ private:
+  friend class Manager;
+  friend class Sequence;
+  explicit Algorithm(std::shared_ptr<internal::Backend> backend);
+
+  mutable std::mutex mu_;
+  std::shared_ptr<internal::Backend> backend_;
+  std::shared_ptr<internal::BackendAlgorithm> impl_;
+  bool destroyed_ = false;
+  std::vector<std::shared_ptr<Tensor>> tensors_;
+  Workgroup workgroup_{};
+  std::vector<uint8_t> spec_;
+  uint32_t spec_size_ = 0;
+  std::vector<uint8_t> push_;
+  uint32_t push_size_ = 0;
+};
+
+// Base of the operations a sequence records. Operations are descriptions: the backend records
+// them (in-process into a Vulkan command buffer, remotely on the daemon).
+class OpBase {
+ public:
+  virtual ~OpBase() = default;
+
+  // komputed internals.
+  detail::OpKind kind() const { return kind_; }
+  const std::vector<std::shared_ptr<Tensor>>& tensors() const { return tensors_; }
+  const std::shared_ptr<Algorithm>& algorithm() const { return algorithm_; }
+  const std::optional<std::vector<uint8_t>>& pushConstants() const { return push_; }
+  uint32_t pushConstantSize() const { return push_size_; }
+  struct Barrier {
+    uint32_t src_access = 0, dst_access = 0, src_stage = 0, dst_stage = 0;
+    bool primary = true;
+  };
+  const Barrier& barrier() const { return barrier_; }
+
+ protected:
+  OpBase(detail::OpKind kind, std::vector<std::shared_ptr<Tensor>> tensors)
+      : kind_(kind), tensors_(std::move(tensors)) {}
+
+  detail::OpKind kind_;
+  std::vector<std::shared_ptr<Tensor>> tensors_;
+  std::shared_ptr<Algorithm> algorithm_;
+  std::optional<std::vector<uint8_t>> push_;
+  uint32_t push_size_ = 0;
+  Barrier barrier_;
+};
+
+// Host copy → device, for eDevice tensors (others need no sync).
+class OpTensorSyncDevice : public OpBase {
+ public:
+  explicit OpTensorSyncDevice(const std::vector<std::shared_ptr<Tensor>>& tensors)
+      : OpBase(detail::OpKind::kSyncDevice, tensors) {}
+};
+
+// Device → host copy, for eDevice tensors.
+class OpTensorSyncLocal : public OpBase {
+ public:
+  explicit OpTensorSyncLocal(const std::vector<std::shared_ptr<Tensor>>& tensors)
+      : OpBase(detail::OpKind::kSyncLocal, tensors) {}
+};
+
+// tensors[0] → every other tensor (same type and size), on the device and in host copies.
+class OpTensorCopy : public OpBase {
+ public:
+  explicit OpTensorCopy(const std::vector<std::shared_ptr<Tensor>>& tensors)
+      : OpBase(detail::OpKind::kCopy, tensors) {}
+};
+
+// Dispatches an algorithm; push constants, when given, replace the algorithm's (and stay).
+class OpAlgoDispatch : public OpBase {
+ public:
+  template <typename T = float>
+  explicit OpAlgoDispatch(const std::shared_ptr<Algorithm>& algorithm,
+                          const std::vector<T>& pushConstants = {})
+      : OpBase(detail::OpKind::kDispatch, {}) {
+    algorithm_ = algorithm;
+    if (!pushConstants.empty()) {
+      push_ = detail::ToBytes(pushConstants);
+      push_size_ = sizeof(T);
+    }
+  }
+};
+
+// Element-wise a × b → c over three tensors of one type, with a built-in shader; fills in the
+// (usually empty) algorithm it is given.
+class OpMult : public OpBase {
+ public:
+  OpMult(const std::vector<std::shared_ptr<Tensor>>& tensors,
+         const std::shared_ptr<Algorithm>& algorithm)
+      : OpBase(detail::OpKind::kMult, tensors) {
+    algorithm_ = algorithm;
+  }
+};
+
+// A buffer memory barrier on each tensor (its primary buffer, or its staging buffer).
+class OpMemoryBarrier : public OpBase {
+ public:
+  OpMemoryBarrier(const std::vector<std::shared_ptr<Tensor>>& tensors,
+                  const vk::AccessFlags& srcAccessMask, const vk::AccessFlags& dstAccessMask,
+                  const vk::PipelineStageFlags& srcStageMask,
+                  const vk::PipelineStageFlags& dstStageMask, bool barrierOnPrimary = true)
+      : OpBase(detail::OpKind::kBarrier, tensors) {
+    barrier_.src_access = static_cast<uint32_t>(srcAccessMask);
+    barrier_.dst_access = static_cast<uint32_t>(dstAccessMask);
+    barrier_.src_stage = static_cast<uint32_t>(srcStageMask);
+    barrier_.dst_stage = static_cast<uint32_t>(dstStageMask);
+    barrier_.primary = barrierOnPrimary;
+  }
+};
+
+// Later Kompute names.
+using OpSyncDevice = OpTensorSyncDevice;
+using OpSyncLocal = OpTensorSyncLocal;
+using OpCopy = OpTensorCopy;
+
+// Recorded operations on one queue. record() appends; eval() submits and waits; after an eval,
+// the next record() starts a new batch; eval() without recording re-runs the last batch.
+class Sequence : public std::enable_shared_from_this<Sequence> {
+ public:
+  ~Sequence();
+
+  std::shared_ptr<Sequence> record(std::shared_ptr<OpBase> op);
+  template <typename T, typename... TArgs>
+  std::shared_ptr<Sequence> record(TArgs&&... params) {
+    return record(std::shared_ptr<OpBase>(new T(std::forward<TArgs>(params)...)));
+  }
+
+  // Submits and waits (bounded by KOMPUTED_EVAL_TIMEOUT_S, default 600 s).
+  std::shared_ptr<Sequence> eval();
+  // Clears, records `op`, evaluates.
+  std::shared_ptr<Sequence> eval(std::shared_ptr<OpBase> op);
+  template <typename T, typename... TArgs>
+  std::shared_ptr<Sequence> eval(TArgs&&... params) {
+    return eval(std::shared_ptr<OpBase>(new T(std::forward<TArgs>(params)...)));
+  }
+
+  std::shared_ptr<Sequence> evalAsync();
+  std::shared_ptr<Sequence> evalAsync(std::shared_ptr<OpBase> op);
+  template <typename T, typename... TArgs>
+  std::shared_ptr<Sequence> evalAsync(TArgs&&... params) {
+    return evalAsync(std::shared_ptr<OpBase>(new T(std::forward<TArgs>(params)...)));
+  }
+  // Waits up to waitFor nanoseconds (UINT64_MAX: the eval timeout) for an evalAsync. Throws
+  // kp::Error with kDeadlineExceeded when the time runs out; the sequence keeps running and a
+  // later evalAwait finishes it. Returns at once when nothing is in flight.
+  std::shared_ptr<Sequence> evalAwait(uint64_t waitFor = UINT64_MAX);
+
+  void clear();
+  void begin();
+  void end();
+  bool isRecording() const;
+  bool isRunning() const;
+  bool isInit() const;
+  // Records every operation recorded since the last clear() again (after Algorithm::rebuild).
+  void rerecord();
+  // Nanoseconds: one value before the first operation and one after each (last eval).
+  std::vector<std::uint64_t> getTimestamps();
+  void destroy();
+
+ private:
+  friend class Manager;
+  explicit Sequence(std::shared_ptr<internal::BackendSequence> impl);
+  internal::BackendSequence& implOrThrow() const;
+  void recordLocked(const OpBase& op);
+
+  mutable std::mutex mu_;
+  std::shared_ptr<internal::BackendSequence> impl_;
+};
+
+// A physical device as listed by Manager::listDevices().
+class PhysicalDevice {
+ public:
+  explicit PhysicalDevice(const vk::PhysicalDeviceProperties& properties)
+      : properties_(properties) {}
+  vk::PhysicalDeviceProperties getProperties() const { return properties_; }
+
+ private:
+  vk::PhysicalDeviceProperties properties_;
+};
+
+// Creates and owns tensors, algorithms and sequences on one device.
+class Manager {
+ public:
+  // Device 0 (discrete GPUs first), one queue of the first compute family. Remote when
+  // KOMPUTED_ADDRESS is set.
+  Manager();
+  // familyQueueIndices: one entry per queue (sequence(i) uses entry i); repeated entries of a
+  // family take its queues 0, 1, 2... Extensions the device lacks are skipped.
+  explicit Manager(uint32_t physicalDeviceIndex,
+                   const std::vector<uint32_t>& familyQueueIndices = {},
+                   const std::vector<std::string>& desiredExtensions = {});
+  ~Manager();
+  Manager(const Manager&) = delete;
+  Manager& operator=(const Manager&) = delete;
+
+  std::shared_ptr<Sequence> sequence(uint32_t queueIndex = 0, uint32_t totalTimestamps = 0);
+
+  template <typename T>
+  std::shared_ptr<TensorT<T>> tensorT(
+      const std::vector<T>& data, Tensor::TensorTypes tensorType = Tensor::TensorTypes::eDevice) {
+    std::vector<uint8_t> bytes = detail::ToBytes(data);
+    return makeTensorT<T>(bytes.data(), data.size(), tensorType);
+  }
+  // A tensor of `size` elements, zero-filled.
+  template <typename T>
+  std::shared_ptr<TensorT<T>> tensorT(size_t size,
+                                      Tensor::TensorTypes tensorType = Tensor::TensorTypes::eDevice) {
+    return makeTensorT<T>(nullptr, size, tensorType);
+  }
+  std::shared_ptr<TensorT<float>> tensor(
+      const std::vector<float>& data, Tensor::TensorTypes tensorType = Tensor::TensorTypes::eDevice) {
+    return tensorT<float>(data, tensorType);
+  }
+  // elementTotalCount elements of elementMemorySize bytes from `data` (nullptr: zero-filled).
+  std::shared_ptr<Tensor> tensor(void* data, uint64_t elementTotalCount,
+                                 uint32_t elementMemorySize,
+                                 const Tensor::TensorDataTypes& dataType,
+                                 Tensor::TensorTypes tensorType = Tensor::TensorTypes::eDevice) {
+    auto [impl, host] =
+        createTensor(data, elementTotalCount, elementMemorySize, dataType, tensorType);
+    std::shared_ptr<Tensor> t(new Tensor(std::move(impl), host, elementTotalCount,
+                                         elementMemorySize, dataType, tensorType));
+    track(t);
+    return t;
+  }
+
+  template <typename S = float, typename P = float>
+  std::shared_ptr<Algorithm> algorithm(const std::vector<std::shared_ptr<Tensor>>& tensors = {},
+                                       const std::vector<uint32_t>& spirv = {},
+                                       const Workgroup& workgroup = {},
+                                       const std::vector<S>& specializationConstants = {},
+                                       const std::vector<P>& pushConstants = {}) {
+    std::shared_ptr<Algorithm> algo = makeAlgorithm();
+    if (!tensors.empty() || !spirv.empty()) {
+      algo->rebuild<S, P>(tensors, spirv, workgroup, specializationConstants, pushConstants);
+    }
+    return algo;
+  }
+
+  // Destroys every sequence, algorithm and tensor made here (they stop being isInit()), then
+  // releases the device.
+  void destroy();
+  // Forgets objects that were already released elsewhere.
+  void clear();
+
+  vk::PhysicalDeviceProperties getDeviceProperties() const;
+  std::vector<PhysicalDevice> listDevices() const;
+
+  // komputed internals.
+  const std::shared_ptr<internal::Backend>& backend() const;
+
+ private:
+  template <typename T>
+  std::shared_ptr<TensorT<T>> makeTensorT(const void* data, uint64_t count,
+                                          Tensor::TensorTypes type) {
+    auto [impl, host] = createTensor(data, count, sizeof(T), detail::DataTypeOf<T>(), type);
+    std::shared_ptr<TensorT<T>> t(
+        new TensorT<T>(std::move(impl), host, count, sizeof(T), detail::DataTypeOf<T>(), type));
+    track(t);
+    return t;
+  }
+  // Creates the backend's tensor; returns it with its host data (nullptr for eStorage).
+  std::pair<std::shared_ptr<internal::BackendTensor>, void*> createTensor(
+      const void* data, uint64_t count, uint32_t element_size, Tensor::TensorDataTypes data_type,
+      Tensor::TensorTypes memory_type);
+  void track(const std::shared_ptr<Tensor>& tensor);
+  std::shared_ptr<Algorithm> makeAlgorithm();
+  internal::Backend& backendOrThrow() const;
+
+  mutable std::mutex mu_;
+  std::shared_ptr<internal::Backend> backend_;
+  std::vector<std::weak_ptr<Tensor>> tensors_;
+  std::vector<std::weak_ptr<Algorithm>> algorithms_;
+  std::vector<std::weak_ptr<Sequence>> sequences_;
+};
+
+// Compiles a GLSL compute shader to SPIR-V; throws kp::Error (kInvalidArgument) with the
+// compiler's messages.
+std::vector<uint32_t> compileSource(const std::string& source);
+
+}  // namespace kp

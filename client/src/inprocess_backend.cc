@@ -1,0 +1,163 @@
+// The in-process backend: kp objects map one to one onto core objects.
+#include "absl/strings/str_cat.h"
+#include "backend.h"
+#include "komputed/core/sequence.h"
+#include "komputed/core/status.h"
+
+namespace kp::internal {
+namespace {
+
+namespace core = komputed::core;
+
+class LocalTensor final : public BackendTensor {
+ public:
+  LocalTensor(const void* owner, std::shared_ptr<core::Tensor> tensor)
+      : BackendTensor(owner), tensor_(std::move(tensor)) {}
+  void* host_data() override { return tensor_->host_data(); }
+  const std::shared_ptr<core::Tensor>& tensor() const { return tensor_; }
+
+ private:
+  std::shared_ptr<core::Tensor> tensor_;
+};
+
+class LocalAlgorithm final : public BackendAlgorithm {
+ public:
+  LocalAlgorithm(const void* owner, std::shared_ptr<core::Algorithm> algorithm)
+      : BackendAlgorithm(owner), algorithm_(std::move(algorithm)) {}
+  const std::shared_ptr<core::Algorithm>& algorithm() const { return algorithm_; }
+
+ private:
+  std::shared_ptr<core::Algorithm> algorithm_;
+};
+
+absl::Status NotMine(const char* what) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("the ", what, " belongs to another Manager"));
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<core::Tensor>>> Unwrap(
+    const void* owner, const std::vector<std::shared_ptr<BackendTensor>>& tensors) {
+  std::vector<std::shared_ptr<core::Tensor>> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    if (t == nullptr) return absl::InvalidArgumentError("a tensor is null or destroyed");
+    if (t->owner() != owner) return NotMine("tensor");
+    out.push_back(static_cast<const LocalTensor&>(*t).tensor());
+  }
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<core::Algorithm>> Unwrap(const void* owner,
+                                                        const BackendAlgorithm* algorithm) {
+  if (algorithm == nullptr) return absl::InvalidArgumentError("the algorithm is not initialised");
+  if (algorithm->owner() != owner) return NotMine("algorithm");
+  return static_cast<const LocalAlgorithm*>(algorithm)->algorithm();
+}
+
+class LocalSequence final : public BackendSequence {
+ public:
+  LocalSequence(const void* owner, std::unique_ptr<core::Sequence> sequence)
+      : BackendSequence(owner), sequence_(std::move(sequence)) {}
+
+  absl::Status Record(const Op& op) override {
+    const void* me = owner();
+    KD_ASSIGN_OR_RETURN(auto tensors, Unwrap(me, op.tensors));
+    switch (op.kind) {
+      case Op::Kind::kSyncDevice:
+        return sequence_->Record(core::op::SyncToDevice{std::move(tensors)});
+      case Op::Kind::kSyncLocal:
+        return sequence_->Record(core::op::SyncToHost{std::move(tensors)});
+      case Op::Kind::kCopy:
+        return sequence_->Record(core::op::Copy{std::move(tensors)});
+      case Op::Kind::kDispatch: {
+        KD_ASSIGN_OR_RETURN(auto algorithm, Unwrap(me, op.algorithm.get()));
+        return sequence_->Record(core::op::Dispatch{std::move(algorithm), op.push_constants});
+      }
+      case Op::Kind::kBarrier:
+        return sequence_->Record(core::op::MemoryBarrier{std::move(tensors), op.src_access,
+                                                         op.dst_access, op.src_stage,
+                                                         op.dst_stage, op.primary});
+    }
+    return absl::InvalidArgumentError("unknown operation");
+  }
+  absl::Status Submit() override { return sequence_->Submit(); }
+  absl::Status Wait(absl::Duration timeout) override { return sequence_->Wait(timeout); }
+  absl::Status Clear() override { return sequence_->Clear(); }
+  absl::Status Rerecord() override { return sequence_->Rerecord(); }
+  bool IsRunning() const override { return sequence_->IsRunning(); }
+  bool IsRecording() const override { return sequence_->IsRecording(); }
+  std::vector<uint64_t> Timestamps() const override { return sequence_->Timestamps(); }
+
+ private:
+  std::unique_ptr<core::Sequence> sequence_;
+};
+
+class InProcessBackend final : public Backend {
+ public:
+  explicit InProcessBackend(std::shared_ptr<core::Device> device) : device_(std::move(device)) {}
+
+  absl::StatusOr<std::shared_ptr<BackendTensor>> CreateTensor(const TensorSpec& spec,
+                                                              const void* data) override {
+    KD_ASSIGN_OR_RETURN(auto tensor, core::Tensor::Create(device_, spec.type, spec.count,
+                                                          spec.element_size, spec.memory, data));
+    return std::make_shared<LocalTensor>(this, std::move(tensor));
+  }
+
+  absl::StatusOr<std::shared_ptr<BackendAlgorithm>> CreateAlgorithm(
+      const AlgorithmSpec& spec) override {
+    KD_ASSIGN_OR_RETURN(core::AlgorithmSpec core_spec, ToCore(spec));
+    KD_ASSIGN_OR_RETURN(auto algorithm, core::Algorithm::Create(device_, std::move(core_spec)));
+    return std::make_shared<LocalAlgorithm>(this, std::move(algorithm));
+  }
+
+  absl::Status RebuildAlgorithm(BackendAlgorithm& algorithm, const AlgorithmSpec& spec) override {
+    KD_ASSIGN_OR_RETURN(auto local, Unwrap(this, &algorithm));
+    KD_ASSIGN_OR_RETURN(core::AlgorithmSpec core_spec, ToCore(spec));
+    return local->Rebuild(std::move(core_spec));
+  }
+
+  absl::Status SetPushConstants(BackendAlgorithm& algorithm,
+                                std::vector<uint8_t> values) override {
+    KD_ASSIGN_OR_RETURN(auto local, Unwrap(this, &algorithm));
+    return local->SetPushConstants(std::move(values));
+  }
+
+  absl::StatusOr<std::shared_ptr<BackendSequence>> CreateSequence(
+      uint32_t queue, uint32_t total_timestamps) override {
+    KD_ASSIGN_OR_RETURN(auto sequence, core::Sequence::Create(device_, queue, total_timestamps));
+    return std::make_shared<LocalSequence>(this, std::move(sequence));
+  }
+
+  VkPhysicalDeviceProperties Properties() const override { return device_->properties(); }
+
+  absl::StatusOr<std::vector<VkPhysicalDeviceProperties>> ListDevices() const override {
+    KD_ASSIGN_OR_RETURN(auto infos, core::Device::List());
+    std::vector<VkPhysicalDeviceProperties> out;
+    for (const auto& info : infos) out.push_back(info.properties);
+    return out;
+  }
+
+ private:
+  absl::StatusOr<core::AlgorithmSpec> ToCore(const AlgorithmSpec& spec) const {
+    core::AlgorithmSpec out;
+    KD_ASSIGN_OR_RETURN(out.tensors, Unwrap(this, spec.tensors));
+    out.spirv = spec.spirv;
+    out.workgroup = spec.workgroup;
+    out.spec_constants = spec.spec_constants;
+    out.spec_constant_size = spec.spec_constant_size;
+    out.push_constants = spec.push_constants;
+    return out;
+  }
+
+  std::shared_ptr<core::Device> device_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Backend>> CreateInProcessBackend(
+    const komputed::core::DeviceOptions& options) {
+  KD_ASSIGN_OR_RETURN(auto device, core::Device::Create(options));
+  return std::make_shared<InProcessBackend>(std::move(device));
+}
+
+}  // namespace kp::internal

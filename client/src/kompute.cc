@@ -1,0 +1,571 @@
+// The kp facade: Kompute's classes over a Backend.
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "backend.h"
+#include "komputed/core/shader.h"
+#include "kompute/Kompute.hpp"
+
+namespace kp {
+namespace {
+
+namespace core = komputed::core;
+using internal::Backend;
+using internal::BackendSequence;
+using internal::Op;
+
+[[noreturn]] void Throw(const absl::Status& status) {
+  throw Error(static_cast<ErrorCode>(status.code()), std::string(status.message()));
+}
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) Throw(status);
+}
+
+template <typename T>
+T Check(absl::StatusOr<T> value) {
+  if (!value.ok()) Throw(value.status());
+  return *std::move(value);
+}
+
+core::ElementType ToCore(Memory::DataTypes type) {
+  switch (type) {
+    case Memory::DataTypes::eBool:
+      return core::ElementType::kBool;
+    case Memory::DataTypes::eInt:
+      return core::ElementType::kInt32;
+    case Memory::DataTypes::eUnsignedInt:
+      return core::ElementType::kUInt32;
+    case Memory::DataTypes::eFloat:
+      return core::ElementType::kFloat32;
+    case Memory::DataTypes::eDouble:
+      return core::ElementType::kFloat64;
+    case Memory::DataTypes::eCustom:
+      return core::ElementType::kBytes;
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              absl::StrCat("unknown data type ", static_cast<int>(type)));
+}
+
+core::MemoryType ToCore(Memory::MemoryTypes type) {
+  switch (type) {
+    case Memory::MemoryTypes::eDevice:
+      return core::MemoryType::kDevice;
+    case Memory::MemoryTypes::eHost:
+      return core::MemoryType::kHost;
+    case Memory::MemoryTypes::eStorage:
+      return core::MemoryType::kStorage;
+    case Memory::MemoryTypes::eDeviceAndHost:
+      return core::MemoryType::kDeviceAndHost;
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              absl::StrCat("unknown memory type ", static_cast<int>(type)));
+}
+
+// The bound on every synchronous wait: KOMPUTED_EVAL_TIMEOUT_S seconds, default 600.
+absl::Duration EvalTimeout() {
+  static const absl::Duration timeout = [] {
+    const char* value = std::getenv("KOMPUTED_EVAL_TIMEOUT_S");
+    double seconds = value != nullptr ? std::atof(value) : 0;
+    return seconds > 0 ? absl::Seconds(seconds) : absl::Seconds(600);
+  }();
+  return timeout;
+}
+
+std::shared_ptr<internal::BackendTensor> BackendOf(const std::shared_ptr<Tensor>& tensor,
+                                                   size_t index) {
+  if (tensor == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument, absl::StrCat("tensor ", index, " is null"));
+  }
+  auto impl = tensor->backendTensor();
+  if (impl == nullptr) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                absl::StrCat("tensor ", index, " was destroyed"));
+  }
+  return impl;
+}
+
+std::vector<std::shared_ptr<internal::BackendTensor>> BackendOf(
+    const std::vector<std::shared_ptr<Tensor>>& tensors) {
+  std::vector<std::shared_ptr<internal::BackendTensor>> out;
+  out.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) out.push_back(BackendOf(tensors[i], i));
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Tensor
+
+Tensor::Tensor(std::shared_ptr<internal::BackendTensor> impl, void* host, uint64_t count,
+               uint32_t element_size, DataTypes data_type, MemoryTypes memory_type)
+    : impl_(std::move(impl)),
+      host_(host),
+      count_(count),
+      element_size_(element_size),
+      data_type_(data_type),
+      memory_type_(memory_type) {}
+
+Tensor::~Tensor() = default;
+
+size_t Tensor::size() const { return count_; }
+
+bool Tensor::isInit() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return impl_ != nullptr;
+}
+
+void Tensor::destroy() {
+  std::lock_guard<std::mutex> lock(mu_);
+  impl_.reset();
+  host_ = nullptr;
+}
+
+void* Tensor::rawData() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return host_;
+}
+
+void* Tensor::hostOrThrow() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (impl_ == nullptr) throw Error(ErrorCode::kFailedPrecondition, "the tensor was destroyed");
+  if (host_ == nullptr) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "a storage tensor has no host data; copy it into a device or host tensor");
+  }
+  return host_;
+}
+
+void Tensor::setRawData(const void* data) { std::memcpy(hostOrThrow(), data, memorySize()); }
+
+std::shared_ptr<internal::BackendTensor> Tensor::backendTensor() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return impl_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Algorithm
+
+Algorithm::Algorithm(std::shared_ptr<Backend> backend) : backend_(std::move(backend)) {}
+Algorithm::~Algorithm() = default;
+
+void Algorithm::rebuildRaw(const std::vector<std::shared_ptr<Tensor>>& tensors,
+                           const std::vector<uint32_t>& spirv, const Workgroup& workgroup,
+                           std::vector<uint8_t> spec, uint32_t spec_size,
+                           std::vector<uint8_t> push, uint32_t push_size) {
+  internal::AlgorithmSpec s;
+  s.tensors = BackendOf(tensors);
+  s.spirv = spirv;
+  Workgroup wg = workgroup;
+  if (wg[0] == 0) {
+    if (tensors.empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "workgroup x = 0 means \"the first tensor's size\", but there are no tensors");
+    }
+    if (tensors[0]->size() > UINT32_MAX) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  absl::StrCat("tensor 0 has ", tensors[0]->size(),
+                               " elements, too many for a default workgroup; give one"));
+    }
+    wg[0] = static_cast<uint32_t>(tensors[0]->size());
+  }
+  if (wg[1] == 0) wg[1] = 1;
+  if (wg[2] == 0) wg[2] = 1;
+  s.workgroup = {wg[0], wg[1], wg[2]};
+  s.spec_constants = spec;
+  s.spec_constant_size = spec_size;
+  s.push_constants = push;
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (destroyed_ || backend_ == nullptr) {
+    throw Error(ErrorCode::kFailedPrecondition, "the algorithm was destroyed");
+  }
+  if (impl_ == nullptr) {
+    impl_ = Check(backend_->CreateAlgorithm(s));
+  } else {
+    Check(backend_->RebuildAlgorithm(*impl_, s));
+  }
+  tensors_ = tensors;
+  workgroup_ = wg;
+  spec_ = std::move(spec);
+  spec_size_ = spec_size;
+  push_ = std::move(push);
+  push_size_ = push_size;
+}
+
+void Algorithm::setPushConstantBytes(std::vector<uint8_t> bytes, uint32_t element_size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (impl_ == nullptr) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "setPushConstants: the algorithm is not initialised");
+  }
+  if (bytes.size() != push_.size()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                absl::StrCat("push constants of ", bytes.size(),
+                             " bytes given; the algorithm was built with ", push_.size(),
+                             " bytes"));
+  }
+  Check(backend_->SetPushConstants(*impl_, bytes));
+  push_ = std::move(bytes);
+  push_size_ = element_size;
+}
+
+std::vector<uint8_t> Algorithm::pushConstantBytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return push_;
+}
+
+std::vector<uint8_t> Algorithm::specConstantBytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return spec_;
+}
+
+Workgroup Algorithm::getWorkgroup() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return workgroup_;
+}
+
+std::vector<std::shared_ptr<Tensor>> Algorithm::getTensors() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tensors_;
+}
+
+bool Algorithm::isInit() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return impl_ != nullptr;
+}
+
+void Algorithm::destroy() {
+  std::lock_guard<std::mutex> lock(mu_);
+  impl_.reset();
+  backend_.reset();
+  tensors_.clear();
+  destroyed_ = true;
+}
+
+std::shared_ptr<internal::BackendAlgorithm> Algorithm::backendAlgorithm() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return impl_;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sequence
+
+Sequence::Sequence(std::shared_ptr<BackendSequence> impl) : impl_(std::move(impl)) {}
+
+Sequence::~Sequence() = default;
+
+BackendSequence& Sequence::implOrThrow() const {
+  if (impl_ == nullptr) throw Error(ErrorCode::kFailedPrecondition, "the sequence was destroyed");
+  return *impl_;
+}
+
+void Sequence::recordLocked(const OpBase& op) {
+  BackendSequence& seq = implOrThrow();
+  Op desc;
+  switch (op.kind()) {
+    case detail::OpKind::kSyncDevice:
+      desc.kind = Op::Kind::kSyncDevice;
+      desc.tensors = BackendOf(op.tensors());
+      break;
+    case detail::OpKind::kSyncLocal:
+      desc.kind = Op::Kind::kSyncLocal;
+      desc.tensors = BackendOf(op.tensors());
+      break;
+    case detail::OpKind::kCopy:
+      desc.kind = Op::Kind::kCopy;
+      desc.tensors = BackendOf(op.tensors());
+      break;
+    case detail::OpKind::kBarrier: {
+      desc.kind = Op::Kind::kBarrier;
+      desc.tensors = BackendOf(op.tensors());
+      const OpBase::Barrier& b = op.barrier();
+      desc.src_access = b.src_access;
+      desc.dst_access = b.dst_access;
+      desc.src_stage = b.src_stage;
+      desc.dst_stage = b.dst_stage;
+      desc.primary = b.primary;
+      break;
+    }
+    case detail::OpKind::kDispatch: {
+      if (op.algorithm() == nullptr) throw Error(ErrorCode::kInvalidArgument, "OpAlgoDispatch: null algorithm");
+      desc.kind = Op::Kind::kDispatch;
+      desc.algorithm = op.algorithm()->backendAlgorithm();
+      if (desc.algorithm == nullptr) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    "OpAlgoDispatch: the algorithm is not initialised (or was destroyed)");
+      }
+      if (op.pushConstants().has_value()) {
+        const std::vector<uint8_t>& push = *op.pushConstants();
+        std::vector<uint8_t> current = op.algorithm()->pushConstantBytes();
+        if (push.size() != current.size()) {
+          throw Error(ErrorCode::kInvalidArgument,
+                      absl::StrCat("OpAlgoDispatch: push constants of ", push.size(),
+                                   " bytes given; the algorithm was built with ", current.size(),
+                                   " bytes"));
+        }
+        desc.push_constants = push;
+      }
+      break;
+    }
+    case detail::OpKind::kMult: {
+      const auto& tensors = op.tensors();
+      if (tensors.size() != 3) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    absl::StrCat("OpMult needs exactly 3 tensors (a, b, out), got ",
+                                 tensors.size()));
+      }
+      BackendOf(tensors);
+      for (size_t i = 1; i < 3; ++i) {
+        if (tensors[i]->dataType() != tensors[0]->dataType() ||
+            tensors[i]->size() != tensors[0]->size()) {
+          throw Error(ErrorCode::kInvalidArgument,
+                      absl::StrCat("OpMult: tensor ", i, " differs from tensor 0 in type or size"));
+        }
+      }
+      if (op.algorithm() == nullptr) throw Error(ErrorCode::kInvalidArgument, "OpMult: null algorithm");
+      auto spirv = Check(core::MultiplyShader(ToCore(tensors[0]->dataType())));
+      op.algorithm()->rebuildRaw(tensors, std::vector<uint32_t>(spirv.begin(), spirv.end()),
+                                 {0, 0, 0}, {}, 4, {}, 4);
+      desc.kind = Op::Kind::kDispatch;
+      desc.algorithm = op.algorithm()->backendAlgorithm();
+      break;
+    }
+  }
+  Check(seq.Record(desc));
+  // A dispatch's override stays with the algorithm.
+  if (op.kind() == detail::OpKind::kDispatch && op.pushConstants().has_value()) {
+    std::lock_guard<std::mutex> lock(op.algorithm()->mu_);
+    op.algorithm()->push_ = *op.pushConstants();
+    op.algorithm()->push_size_ = op.pushConstantSize();
+  }
+}
+
+std::shared_ptr<Sequence> Sequence::record(std::shared_ptr<OpBase> op) {
+  if (op == nullptr) throw Error(ErrorCode::kInvalidArgument, "record: null operation");
+  std::lock_guard<std::mutex> lock(mu_);
+  recordLocked(*op);
+  return shared_from_this();
+}
+
+std::shared_ptr<Sequence> Sequence::eval() {
+  std::lock_guard<std::mutex> lock(mu_);
+  BackendSequence& seq = implOrThrow();
+  Check(seq.Submit());
+  Check(seq.Wait(EvalTimeout()));
+  return shared_from_this();
+}
+
+std::shared_ptr<Sequence> Sequence::eval(std::shared_ptr<OpBase> op) {
+  if (op == nullptr) throw Error(ErrorCode::kInvalidArgument, "eval: null operation");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Check(implOrThrow().Clear());
+    recordLocked(*op);
+  }
+  return eval();
+}
+
+std::shared_ptr<Sequence> Sequence::evalAsync() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Check(implOrThrow().Submit());
+  return shared_from_this();
+}
+
+std::shared_ptr<Sequence> Sequence::evalAsync(std::shared_ptr<OpBase> op) {
+  if (op == nullptr) throw Error(ErrorCode::kInvalidArgument, "evalAsync: null operation");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Check(implOrThrow().Clear());
+    recordLocked(*op);
+  }
+  return evalAsync();
+}
+
+std::shared_ptr<Sequence> Sequence::evalAwait(uint64_t waitFor) {
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Duration timeout = waitFor == UINT64_MAX
+                               ? EvalTimeout()
+                               : absl::Nanoseconds(static_cast<int64_t>(
+                                     std::min<uint64_t>(waitFor, INT64_MAX)));
+  absl::Status s = implOrThrow().Wait(timeout);
+  if (absl::IsDeadlineExceeded(s)) {
+    throw Error(ErrorCode::kDeadlineExceeded,
+                absl::StrCat("evalAwait: the sequence is still running after ",
+                             absl::FormatDuration(timeout), "; await it again"));
+  }
+  Check(s);
+  return shared_from_this();
+}
+
+void Sequence::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Check(implOrThrow().Clear());
+}
+
+void Sequence::begin() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (implOrThrow().IsRunning()) {
+    throw Error(ErrorCode::kFailedPrecondition, "begin: the sequence is running");
+  }
+}
+
+void Sequence::end() {
+  std::lock_guard<std::mutex> lock(mu_);
+  implOrThrow();
+}
+
+bool Sequence::isRecording() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return impl_ != nullptr && impl_->IsRecording();
+}
+
+bool Sequence::isRunning() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return impl_ != nullptr && impl_->IsRunning();
+}
+
+bool Sequence::isInit() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return impl_ != nullptr;
+}
+
+void Sequence::rerecord() {
+  std::lock_guard<std::mutex> lock(mu_);
+  Check(implOrThrow().Rerecord());
+}
+
+std::vector<std::uint64_t> Sequence::getTimestamps() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return implOrThrow().Timestamps();
+}
+
+void Sequence::destroy() {
+  std::lock_guard<std::mutex> lock(mu_);
+  impl_.reset();  // waits for a submission in flight
+}
+
+// ---------------------------------------------------------------------------------------------
+// Manager
+
+namespace {
+
+std::shared_ptr<Backend> MakeBackend(const core::DeviceOptions& options) {
+  const char* address = std::getenv("KOMPUTED_ADDRESS");
+  if (address != nullptr && address[0] != '\0') {
+    throw Error(ErrorCode::kUnimplemented,
+                absl::StrCat("KOMPUTED_ADDRESS is set (", address,
+                             ") but this build has no remote backend; unset it to run locally"));
+  }
+  return Check(internal::CreateInProcessBackend(options));
+}
+
+}  // namespace
+
+Manager::Manager() : backend_(MakeBackend({})) {}
+
+Manager::Manager(uint32_t physicalDeviceIndex, const std::vector<uint32_t>& familyQueueIndices,
+                 const std::vector<std::string>& desiredExtensions) {
+  core::DeviceOptions options;
+  options.physical_device_index = physicalDeviceIndex;
+  options.queue_families = familyQueueIndices;
+  options.extensions = desiredExtensions;
+  backend_ = MakeBackend(options);
+}
+
+Manager::~Manager() { destroy(); }
+
+Backend& Manager::backendOrThrow() const {
+  if (backend_ == nullptr) throw Error(ErrorCode::kFailedPrecondition, "the Manager was destroyed");
+  return *backend_;
+}
+
+const std::shared_ptr<Backend>& Manager::backend() const { return backend_; }
+
+std::shared_ptr<Sequence> Manager::sequence(uint32_t queueIndex, uint32_t totalTimestamps) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto impl = Check(backendOrThrow().CreateSequence(queueIndex, totalTimestamps));
+  std::shared_ptr<Sequence> s(new Sequence(std::move(impl)));
+  sequences_.push_back(s);
+  return s;
+}
+
+std::pair<std::shared_ptr<internal::BackendTensor>, void*> Manager::createTensor(
+    const void* data, uint64_t count, uint32_t element_size, Tensor::TensorDataTypes data_type,
+    Tensor::TensorTypes memory_type) {
+  internal::TensorSpec spec;
+  spec.type = ToCore(data_type);
+  spec.count = count;
+  spec.element_size = element_size;
+  spec.memory = ToCore(memory_type);
+  if (spec.type == core::ElementType::kBool && element_size != 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                absl::StrCat("bool elements are 1 byte, not ", element_size));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto impl = Check(backendOrThrow().CreateTensor(spec, data));
+  void* host = impl->host_data();
+  return {std::move(impl), host};
+}
+
+void Manager::track(const std::shared_ptr<Tensor>& tensor) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tensors_.push_back(tensor);
+}
+
+std::shared_ptr<Algorithm> Manager::makeAlgorithm() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<Algorithm> a(new Algorithm(backend_));
+  if (backend_ == nullptr) throw Error(ErrorCode::kFailedPrecondition, "the Manager was destroyed");
+  algorithms_.push_back(a);
+  return a;
+}
+
+void Manager::destroy() {
+  std::vector<std::shared_ptr<Sequence>> sequences;
+  std::vector<std::shared_ptr<Algorithm>> algorithms;
+  std::vector<std::shared_ptr<Tensor>> tensors;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& w : sequences_) if (auto s = w.lock()) sequences.push_back(std::move(s));
+    for (auto& w : algorithms_) if (auto a = w.lock()) algorithms.push_back(std::move(a));
+    for (auto& w : tensors_) if (auto t = w.lock()) tensors.push_back(std::move(t));
+    sequences_.clear();
+    algorithms_.clear();
+    tensors_.clear();
+  }
+  for (auto& s : sequences) s->destroy();
+  for (auto& a : algorithms) a->destroy();
+  for (auto& t : tensors) t->destroy();
+  std::lock_guard<std::mutex> lock(mu_);
+  backend_.reset();
+}
+
+void Manager::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto expired = [](const auto& w) { return w.expired(); };
+  std::erase_if(sequences_, expired);
+  std::erase_if(algorithms_, expired);
+  std::erase_if(tensors_, expired);
+}
+
+vk::PhysicalDeviceProperties Manager::getDeviceProperties() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return vk::PhysicalDeviceProperties(backendOrThrow().Properties());
+}
+
+std::vector<PhysicalDevice> Manager::listDevices() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<PhysicalDevice> out;
+  for (const auto& p : Check(backendOrThrow().ListDevices())) {
+    out.emplace_back(vk::PhysicalDeviceProperties(p));
+  }
+  return out;
+}
+
+std::vector<uint32_t> compileSource(const std::string& source) {
+  return Check(core::CompileGlsl(source, "compileSource"));
+}
+
+}  // namespace kp
