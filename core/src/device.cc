@@ -305,6 +305,8 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
     v12_enable.storageBuffer8BitAccess = v12.storageBuffer8BitAccess;
     v12_enable.shaderInt8 = v12.shaderInt8;
     v12_enable.shaderFloat16 = v12.shaderFloat16;
+    v12_enable.timelineSemaphore = v12.timelineSemaphore;
+    device->timeline_ = v12.timelineSemaphore == VK_TRUE;
     features.pNext = &v12_enable;
   }
 
@@ -385,7 +387,8 @@ absl::Status Device::Check(VkResult result, absl::string_view what) {
   return VkStatus(result, what);
 }
 
-absl::Status Device::Submit(size_t queue, VkCommandBuffer command_buffer, VkFence fence) {
+absl::Status Device::Submit(size_t queue, VkCommandBuffer command_buffer, VkFence fence,
+                            VkSemaphore timeline, uint64_t timeline_value) {
   if (lost()) {
     return absl::UnavailableError(absl::StrCat("device ", info_.index, " was lost"));
   }
@@ -396,6 +399,14 @@ absl::Status Device::Submit(size_t queue, VkCommandBuffer command_buffer, VkFenc
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
   si.commandBufferCount = 1;
   si.pCommandBuffers = &command_buffer;
+  VkTimelineSemaphoreSubmitInfo ti{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO};
+  if (timeline != VK_NULL_HANDLE) {
+    ti.signalSemaphoreValueCount = 1;
+    ti.pSignalSemaphoreValues = &timeline_value;
+    si.pNext = &ti;
+    si.signalSemaphoreCount = 1;
+    si.pSignalSemaphores = &timeline;
+  }
   Queue& q = *queues_[queue];
   VkResult r;
   {

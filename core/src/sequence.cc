@@ -81,6 +81,17 @@ absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(std::shared_ptr<Devic
   VkFence fence = VK_NULL_HANDLE;
   KD_RETURN_IF_ERROR(device->Check(vkCreateFence(dev, &fi, nullptr, &fence), "vkCreateFence"));
   s->fence_ = FenceHandle(dev, fence);
+  if (device->timeline_supported()) {
+    VkSemaphoreTypeCreateInfo ti{VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO};
+    ti.semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE;
+    ti.initialValue = 0;
+    VkSemaphoreCreateInfo si{VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO};
+    si.pNext = &ti;
+    VkSemaphore semaphore = VK_NULL_HANDLE;
+    KD_RETURN_IF_ERROR(device->Check(vkCreateSemaphore(dev, &si, nullptr, &semaphore),
+                                     "vkCreateSemaphore"));
+    s->timeline_ = SemaphoreHandle(dev, semaphore);
+  }
   if (total_timestamps > 0) {
     VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
     qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
@@ -220,7 +231,9 @@ absl::Status Sequence::Submit() {
   }
   VkFence fence = fence_.get();
   KD_RETURN_IF_ERROR(device_->Check(vkResetFences(device_->handle(), 1, &fence), "vkResetFences"));
-  KD_RETURN_IF_ERROR(device_->Submit(queue_, cb_, fence));
+  const uint64_t next = timeline_value_ + 1;
+  KD_RETURN_IF_ERROR(device_->Submit(queue_, cb_, fence, timeline_.get(), next));
+  timeline_value_ = next;
   running_ = true;
   return absl::OkStatus();
 }
@@ -315,9 +328,10 @@ std::vector<uint64_t> Sequence::Timestamps() const {
   return timestamps_;
 }
 
-VkFence Sequence::InFlightFence() const {
+Sequence::Completion Sequence::InFlight() const {
   absl::MutexLock lock(&mu_);
-  return running_ ? fence_.get() : VK_NULL_HANDLE;
+  if (!running_) return {};
+  return {fence_.get(), timeline_.get(), timeline_value_};
 }
 
 }  // namespace komputed::core

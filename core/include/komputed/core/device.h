@@ -113,6 +113,8 @@ class Device {
   const std::vector<std::string>& enabled_extensions() const { return enabled_extensions_; }
   const std::vector<std::string>& skipped_extensions() const { return skipped_extensions_; }
   bool float64_supported() const { return float64_; }
+  // Timeline semaphores (Vulkan 1.2) are enabled: submissions can be awaited several at a time.
+  bool timeline_supported() const { return timeline_; }
   VulkanCalls& calls() const { return *calls_; }
 
   size_t queue_count() const { return queues_.size(); }
@@ -124,8 +126,10 @@ class Device {
                                           VkMemoryPropertyFlags preferred = 0) const;
   uint64_t HeapSize(uint32_t memory_type) const;
 
-  // Submits one command buffer to queue `queue` with `fence`.
-  absl::Status Submit(size_t queue, VkCommandBuffer command_buffer, VkFence fence);
+  // Submits one command buffer to queue `queue` with `fence`; when `timeline` is given, the
+  // submission also signals it to `timeline_value`.
+  absl::Status Submit(size_t queue, VkCommandBuffer command_buffer, VkFence fence,
+                      VkSemaphore timeline = VK_NULL_HANDLE, uint64_t timeline_value = 0);
   // Waits for `fence`; DEADLINE_EXCEEDED after `timeout`.
   absl::Status Wait(VkFence fence, absl::Duration timeout);
   // Records commands with `record`, runs them on queue 0 and waits (bounded by `timeout`). For
@@ -150,6 +154,7 @@ class Device {
   std::vector<std::string> enabled_extensions_;
   std::vector<std::string> skipped_extensions_;
   bool float64_ = false;
+  bool timeline_ = false;
   std::atomic<bool> lost_{false};
 
   absl::Mutex once_mu_;  // guards the RunOnce pool and fence

@@ -50,5 +50,6 @@ using PipelineHandle = DeviceHandle<VkPipeline, vkDestroyPipeline>;
 using CommandPoolHandle = DeviceHandle<VkCommandPool, vkDestroyCommandPool>;
 using FenceHandle = DeviceHandle<VkFence, vkDestroyFence>;
 using QueryPoolHandle = DeviceHandle<VkQueryPool, vkDestroyQueryPool>;
+using SemaphoreHandle = DeviceHandle<VkSemaphore, vkDestroySemaphore>;
 
 }  // namespace komputed::core

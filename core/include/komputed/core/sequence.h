@@ -89,8 +89,16 @@ class Sequence {
   // The timestamps of the last completed submission, in nanoseconds.
   std::vector<uint64_t> Timestamps() const;
   size_t queue() const { return queue_; }
-  // The fence of the submission in flight (for completion waiters); VK_NULL_HANDLE when idle.
-  VkFence InFlightFence() const;
+  // What signals when the submission in flight completes (for completion waiters): its fence,
+  // and, where the device has timeline semaphores, a semaphore and the value it will reach.
+  // fence is VK_NULL_HANDLE when nothing is in flight.
+  struct Completion {
+    VkFence fence = VK_NULL_HANDLE;
+    VkSemaphore timeline = VK_NULL_HANDLE;
+    uint64_t value = 0;
+  };
+  Completion InFlight() const;
+  Device& device() const { return *device_; }
 
  private:
   Sequence() = default;
@@ -108,6 +116,8 @@ class Sequence {
   VkCommandBuffer cb_ = VK_NULL_HANDLE;  // freed with pool_
   FenceHandle fence_;
   QueryPoolHandle query_pool_;
+  SemaphoreHandle timeline_;
+  uint64_t timeline_value_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Op> all_ops_ ABSL_GUARDED_BY(mu_);       // since the last Clear
   std::vector<Op> cb_ops_ ABSL_GUARDED_BY(mu_);        // in the command buffer
   struct Recorded {
