@@ -73,6 +73,11 @@ class BackendSequence : public BackendObject {
   virtual absl::Status Submit() = 0;
   // DEADLINE_EXCEEDED: still running after `timeout`.
   virtual absl::Status Wait(absl::Duration timeout) = 0;
+  // Submit and Wait; a backend may do both in one step.
+  virtual absl::Status Eval(absl::Duration timeout) {
+    absl::Status s = Submit();
+    return s.ok() ? Wait(timeout) : s;
+  }
   virtual absl::Status Clear() = 0;
   virtual absl::Status Rerecord() = 0;
   virtual bool IsRunning() const = 0;

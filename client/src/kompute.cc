@@ -1,8 +1,11 @@
 // The kp facade: Kompute's classes over a Backend.
+#include <errno.h>
+
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "backend.h"
+#include "remote_backend.h"
 #include "komputed/core/shader.h"
 #include "kompute/Kompute.hpp"
 
@@ -351,9 +354,7 @@ std::shared_ptr<Sequence> Sequence::record(std::shared_ptr<OpBase> op) {
 
 std::shared_ptr<Sequence> Sequence::eval() {
   std::lock_guard<std::mutex> lock(mu_);
-  BackendSequence& seq = implOrThrow();
-  Check(seq.Submit());
-  Check(seq.Wait(EvalTimeout()));
+  Check(implOrThrow().Eval(EvalTimeout()));
   return shared_from_this();
 }
 
@@ -451,12 +452,23 @@ void Sequence::destroy() {
 
 namespace {
 
+std::shared_ptr<Backend> MakeRemote(const std::string& address, uint32_t device_index,
+                                    const std::vector<uint32_t>& families) {
+  internal::RemoteOptions remote;
+  remote.address = address;
+  remote.device_index = device_index;
+  remote.queue_families = families;
+  remote.client_name = program_invocation_short_name;
+  return Check(internal::CreateRemoteBackend(remote));
+}
+
+// Remote when KOMPUTED_ADDRESS names a daemon (device extensions are the daemon's then),
+// in-process otherwise.
 std::shared_ptr<Backend> MakeBackend(const core::DeviceOptions& options) {
   const char* address = std::getenv("KOMPUTED_ADDRESS");
   if (address != nullptr && address[0] != '\0') {
-    throw Error(ErrorCode::kUnimplemented,
-                absl::StrCat("KOMPUTED_ADDRESS is set (", address,
-                             ") but this build has no remote backend; unset it to run locally"));
+    return MakeRemote(address, options.physical_device_index.value_or(0),
+                      options.queue_families);
   }
   return Check(internal::CreateInProcessBackend(options));
 }
@@ -473,6 +485,10 @@ Manager::Manager(uint32_t physicalDeviceIndex, const std::vector<uint32_t>& fami
   options.extensions = desiredExtensions;
   backend_ = MakeBackend(options);
 }
+
+Manager::Manager(const std::string& address, uint32_t deviceIndex,
+                 const std::vector<uint32_t>& familyQueueIndices)
+    : backend_(MakeRemote(address, deviceIndex, familyQueueIndices)) {}
 
 Manager::~Manager() { destroy(); }
 

@@ -442,14 +442,17 @@ class PhysicalDevice {
 // Creates and owns tensors, algorithms and sequences on one device.
 class Manager {
  public:
-  // Device 0 (discrete GPUs first), one queue of the first compute family. Remote when
-  // KOMPUTED_ADDRESS is set.
+  // Device 0 (discrete GPUs first), one queue of the first compute family. Remote, on the daemon's
+  // device 0, when KOMPUTED_ADDRESS (host:port) is set.
   Manager();
   // familyQueueIndices: one entry per queue (sequence(i) uses entry i); repeated entries of a
   // family take its queues 0, 1, 2... Extensions the device lacks are skipped.
   explicit Manager(uint32_t physicalDeviceIndex,
                    const std::vector<uint32_t>& familyQueueIndices = {},
                    const std::vector<std::string>& desiredExtensions = {});
+  // Remote on the komputed daemon at `address` (host:port), whatever KOMPUTED_ADDRESS says.
+  explicit Manager(const std::string& address, uint32_t deviceIndex = 0,
+                   const std::vector<uint32_t>& familyQueueIndices = {});
   ~Manager();
   Manager(const Manager&) = delete;
   Manager& operator=(const Manager&) = delete;
