@@ -142,6 +142,8 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
   t->count_ = count;
   t->element_size_ = element_size;
 
+  // Buffers are a whole number of 4-byte words, so that vkCmdFillBuffer clears every byte.
+  const uint64_t alloc = (bytes + 3) & ~uint64_t{3};
   constexpr VkBufferUsageFlags kUsage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT |
                                         VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
                                         VK_BUFFER_USAGE_TRANSFER_DST_BIT;
@@ -150,29 +152,29 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
   const std::string what = absl::StrCat("a ", MemoryTypeName(memory), " tensor of ", bytes, " bytes");
   switch (memory) {
     case MemoryType::kDevice: {
-      KD_ASSIGN_OR_RETURN(t->primary_, Buffer::Create(*device, bytes, kUsage,
+      KD_ASSIGN_OR_RETURN(t->primary_, Buffer::Create(*device, alloc, kUsage,
                                                       VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0, what));
       KD_ASSIGN_OR_RETURN(
           t->staging_,
-          Buffer::Create(*device, bytes,
+          Buffer::Create(*device, alloc,
                          VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
                          kHostVisible, VK_MEMORY_PROPERTY_HOST_CACHED_BIT,
                          absl::StrCat("the staging buffer of ", what)));
       break;
     }
     case MemoryType::kHost: {
-      KD_ASSIGN_OR_RETURN(t->primary_, Buffer::Create(*device, bytes, kUsage, kHostVisible,
+      KD_ASSIGN_OR_RETURN(t->primary_, Buffer::Create(*device, alloc, kUsage, kHostVisible,
                                                       VK_MEMORY_PROPERTY_HOST_CACHED_BIT, what));
       break;
     }
     case MemoryType::kStorage: {
-      KD_ASSIGN_OR_RETURN(t->primary_, Buffer::Create(*device, bytes, kUsage,
+      KD_ASSIGN_OR_RETURN(t->primary_, Buffer::Create(*device, alloc, kUsage,
                                                       VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0, what));
       break;
     }
     case MemoryType::kDeviceAndHost: {
       KD_ASSIGN_OR_RETURN(
-          t->primary_, Buffer::Create(*device, bytes, kUsage,
+          t->primary_, Buffer::Create(*device, alloc, kUsage,
                                       VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | kHostVisible, 0, what));
       break;
     }
@@ -180,14 +182,19 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
 
   // Initial contents: the given data, or zeros (new memory may hold another program's data).
   if (void* host = t->host_data()) {
-    if (initial != nullptr) {
-      std::memcpy(host, initial, bytes);
-    } else {
-      std::memset(host, 0, bytes);
-    }
+    if (initial != nullptr) std::memcpy(host, initial, bytes);
+    std::memset(static_cast<uint8_t*>(host) + (initial != nullptr ? bytes : 0), 0,
+                initial != nullptr ? alloc - bytes : alloc);
   }
   if (memory == MemoryType::kDevice) {
-    KD_RETURN_IF_ERROR(device->RunOnce([&](VkCommandBuffer cb) { t->RecordToDevice(cb); }));
+    KD_RETURN_IF_ERROR(device->RunOnce([&](VkCommandBuffer cb) {
+      if (initial != nullptr) {
+        VkBufferCopy region{0, 0, alloc};  // the padding too: zeros in staging
+        vkCmdCopyBuffer(cb, t->staging_.handle(), t->primary_.handle(), 1, &region);
+      } else {
+        vkCmdFillBuffer(cb, t->primary_.handle(), 0, VK_WHOLE_SIZE, 0);
+      }
+    }));
   } else if (memory == MemoryType::kStorage) {
     if (initial != nullptr) {
       KD_ASSIGN_OR_RETURN(Buffer upload,

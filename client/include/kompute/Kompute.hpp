@@ -462,8 +462,12 @@ class Manager {
   template <typename T>
   std::shared_ptr<TensorT<T>> tensorT(
       const std::vector<T>& data, Tensor::TensorTypes tensorType = Tensor::TensorTypes::eDevice) {
-    std::vector<uint8_t> bytes = detail::ToBytes(data);
-    return makeTensorT<T>(bytes.data(), data.size(), tensorType);
+    if constexpr (std::is_same_v<T, bool>) {
+      std::vector<uint8_t> bytes = detail::ToBytes(data);  // std::vector<bool> is packed
+      return makeTensorT<T>(bytes.data(), data.size(), tensorType);
+    } else {
+      return makeTensorT<T>(data.data(), data.size(), tensorType);
+    }
   }
   // A tensor of `size` elements, zero-filled.
   template <typename T>
