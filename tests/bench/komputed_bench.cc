@@ -1,0 +1,1022 @@
+// komputed_bench: what komputed costs over hand-written Vulkan, measured in one run on one device.
+//
+//  1. tiny/{raw,core,kp}: one round trip of a tiny sequence (sync 1024 floats to the device,
+//     dispatch x*2+1 over them in 16 workgroups of 64, sync back), recorded once and submitted
+//     each iteration, through a minimal raw Vulkan path written here, through komputed::core and
+//     through kp. Every iteration writes one input value on the host and checks one output value.
+//  2. upload_256MiB/{raw,kp}, download_256MiB/{raw,kp}: 256 MiB through a staging buffer, host
+//     memcpy included; bytes_per_second.
+//  3. saxpy_<N>MiB/kp: y = a*x + y over two vectors of N MiB of floats; bytes_per_second counts
+//     3 x 4 bytes per element (x read, y read, y written).
+//
+// After the run it prints the ratios kp/raw and core/raw taken from the run's own results.
+// --benchmark_out=FILE (with --benchmark_out_format) writes the results as usual; the console
+// output is always the console format.
+//
+// Environment:
+//   KOMPUTED_BENCH_MIN_TIME     seconds per tiny and saxpy benchmark (default 1.5)
+//   KOMPUTED_BENCH_BULK_ITERS   iterations of each 256 MiB transfer benchmark (default 10)
+//   KOMPUTED_BENCH_SAXPY_MB     MiB per saxpy vector (default 64)
+//   KOMPUTED_BENCH_DEVICE       physical device index (default: core's default choice)
+//   KOMPUTED_BENCH_STRICT=1     exit with status 1 when a ratio misses its target
+//   KOMPUTED_VALIDATION=1       Vulkan validation (core and the raw path share the instance)
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+#include <vulkan/vulkan_core.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <kompute/Kompute.hpp>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "komputed/core/algorithm.h"
+#include "komputed/core/device.h"
+#include "komputed/core/sequence.h"
+#include "komputed/core/shader.h"
+#include "komputed/core/status.h"
+#include "komputed/core/tensor.h"
+
+namespace {
+
+namespace core = komputed::core;
+
+constexpr uint32_t kTinyCount = 1024;
+constexpr uint32_t kTinyLocalSize = 64;
+constexpr uint64_t kTinyBytes = kTinyCount * sizeof(float);
+constexpr uint64_t kBulkBytes = uint64_t{256} << 20;
+constexpr uint64_t kBulkCount = kBulkBytes / sizeof(float);
+constexpr uint32_t kSaxpyLocalSize = 256;
+constexpr float kSaxpyA = 2.0f;
+// The bound on every fence wait of the raw and core paths.
+constexpr uint64_t kTimeoutNs = uint64_t{30} * 1000 * 1000 * 1000;
+
+constexpr char kTinyShader[] = R"(
+#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) buffer Data { float v[]; };
+void main() {
+  uint i = gl_GlobalInvocationID.x;
+  v[i] = v[i] * 2.0 + 1.0;
+}
+)";
+
+// Two-dimensional grid (maxComputeWorkGroupCount[0] is 65535 on many devices); the tail is
+// guarded by the vector's length.
+constexpr char kSaxpyShader[] = R"(
+#version 450
+layout(local_size_x = 256) in;
+layout(set = 0, binding = 0) readonly buffer X { float x[]; };
+layout(set = 0, binding = 1) buffer Y { float y[]; };
+layout(push_constant) uniform Push { float a; } push;
+void main() {
+  uint i = (gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x) * 256u +
+           gl_LocalInvocationID.x;
+  if (i < uint(y.length())) y[i] = push.a * x[i] + y[i];
+}
+)";
+
+// ---------------------------------------------------------------------------------------------
+// Configuration
+
+struct Config {
+  double min_time_s = 1.5;
+  int64_t bulk_iterations = 10;
+  uint64_t saxpy_mb = 64;
+  std::optional<uint32_t> device;
+  bool strict = false;
+};
+
+std::optional<double> EnvNumber(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || value[0] == '\0') return std::nullopt;
+  char* end = nullptr;
+  double d = std::strtod(value, &end);
+  if (end == value || *end != '\0' || !(d >= 0)) {
+    std::cerr << "komputed_bench: ignoring " << name << "=" << value << " (not a number >= 0)\n";
+    return std::nullopt;
+  }
+  return d;
+}
+
+Config ReadConfig() {
+  Config c;
+  if (auto v = EnvNumber("KOMPUTED_BENCH_MIN_TIME"); v && *v > 0) c.min_time_s = *v;
+  if (auto v = EnvNumber("KOMPUTED_BENCH_BULK_ITERS"); v && *v >= 1) {
+    c.bulk_iterations = static_cast<int64_t>(*v);
+  }
+  if (auto v = EnvNumber("KOMPUTED_BENCH_SAXPY_MB"); v && *v >= 1) {
+    c.saxpy_mb = static_cast<uint64_t>(*v);
+  }
+  if (auto v = EnvNumber("KOMPUTED_BENCH_DEVICE")) c.device = static_cast<uint32_t>(*v);
+  if (auto v = EnvNumber("KOMPUTED_BENCH_STRICT")) c.strict = *v != 0;
+  return c;
+}
+
+std::string VkError(VkResult r, const char* what) {
+  return std::string(core::VkStatus(r, what).message());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The raw path: a minimal hand-written Vulkan program, the baseline that core and kp are
+// compared with. Nothing here goes through komputed, except that the VkInstance and the choice
+// of physical device are core's (so that all three paths run on the same device).
+
+// One buffer and its memory, mapped when host-visible. Plain data: RawVulkan destroys it.
+struct RawBuffer {
+  VkBuffer buffer = VK_NULL_HANDLE;
+  VkDeviceMemory memory = VK_NULL_HANDLE;
+  void* mapped = nullptr;
+  VkDeviceSize size = 0;
+};
+
+// A VkDevice with one queue, a command pool and a fence. Single-threaded.
+class RawVulkan {
+ public:
+  RawVulkan() = default;
+  RawVulkan(const RawVulkan&) = delete;
+  RawVulkan& operator=(const RawVulkan&) = delete;
+  ~RawVulkan() { Close(); }
+
+  absl::Status Open(VkPhysicalDevice physical, uint32_t family) {
+    physical_ = physical;
+    vkGetPhysicalDeviceMemoryProperties(physical, &memory_);
+    const float priority = 1.0f;
+    VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+    qi.queueFamilyIndex = family;
+    qi.queueCount = 1;
+    qi.pQueuePriorities = &priority;
+    VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+    di.queueCreateInfoCount = 1;
+    di.pQueueCreateInfos = &qi;
+    KD_VK_RETURN_IF_ERROR(vkCreateDevice(physical, &di, nullptr, &device_), "vkCreateDevice");
+    vkGetDeviceQueue(device_, family, 0, &queue_);
+    VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+    pi.queueFamilyIndex = family;
+    KD_VK_RETURN_IF_ERROR(vkCreateCommandPool(device_, &pi, nullptr, &pool_),
+                          "vkCreateCommandPool");
+    VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    KD_VK_RETURN_IF_ERROR(vkCreateFence(device_, &fi, nullptr, &fence_), "vkCreateFence");
+    return absl::OkStatus();
+  }
+
+  // Destroys what Open made, in reverse order. Everything made from the device must be gone.
+  void Close() {
+    if (device_ == VK_NULL_HANDLE) return;
+    vkDeviceWaitIdle(device_);
+    if (fence_ != VK_NULL_HANDLE) vkDestroyFence(device_, fence_, nullptr);
+    if (pool_ != VK_NULL_HANDLE) vkDestroyCommandPool(device_, pool_, nullptr);
+    vkDestroyDevice(device_, nullptr);
+    fence_ = VK_NULL_HANDLE;
+    pool_ = VK_NULL_HANDLE;
+    queue_ = VK_NULL_HANDLE;
+    device_ = VK_NULL_HANDLE;
+  }
+
+  VkDevice device() const { return device_; }
+
+  // Same choice as core: a type with all of `required`, preferring one that also has `preferred`.
+  std::optional<uint32_t> FindMemoryType(uint32_t bits, VkMemoryPropertyFlags required,
+                                         VkMemoryPropertyFlags preferred) const {
+    std::optional<uint32_t> fallback;
+    for (uint32_t i = 0; i < memory_.memoryTypeCount; ++i) {
+      if ((bits & (1u << i)) == 0) continue;
+      const VkMemoryPropertyFlags flags = memory_.memoryTypes[i].propertyFlags;
+      if ((flags & required) != required) continue;
+      if ((flags & preferred) == preferred) return i;
+      if (!fallback) fallback = i;
+    }
+    return fallback;
+  }
+
+  // On error nothing is left allocated.
+  absl::StatusOr<RawBuffer> CreateBuffer(VkDeviceSize size, VkBufferUsageFlags usage,
+                                         VkMemoryPropertyFlags required,
+                                         VkMemoryPropertyFlags preferred) {
+    RawBuffer b;
+    b.size = size;
+    VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+    bi.size = size;
+    bi.usage = usage;
+    bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    KD_VK_RETURN_IF_ERROR(vkCreateBuffer(device_, &bi, nullptr, &b.buffer), "vkCreateBuffer");
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(device_, b.buffer, &req);
+    std::optional<uint32_t> type = FindMemoryType(req.memoryTypeBits, required, preferred);
+    if (!type) {
+      DestroyBuffer(b);
+      return absl::NotFoundError("raw path: no suitable memory type");
+    }
+    VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+    ai.allocationSize = req.size;
+    ai.memoryTypeIndex = *type;
+    VkResult r = vkAllocateMemory(device_, &ai, nullptr, &b.memory);
+    if (r == VK_SUCCESS) r = vkBindBufferMemory(device_, b.buffer, b.memory, 0);
+    if (r == VK_SUCCESS &&
+        (memory_.memoryTypes[*type].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT)) {
+      r = vkMapMemory(device_, b.memory, 0, VK_WHOLE_SIZE, 0, &b.mapped);
+    }
+    if (r != VK_SUCCESS) {
+      DestroyBuffer(b);
+      return core::VkStatus(r, "raw path: buffer memory");
+    }
+    return b;
+  }
+
+  // Reverse order: unmap, buffer, memory.
+  void DestroyBuffer(RawBuffer& b) {
+    if (b.mapped != nullptr) vkUnmapMemory(device_, b.memory);
+    if (b.buffer != VK_NULL_HANDLE) vkDestroyBuffer(device_, b.buffer, nullptr);
+    if (b.memory != VK_NULL_HANDLE) vkFreeMemory(device_, b.memory, nullptr);
+    b = RawBuffer{};
+  }
+
+  absl::StatusOr<VkCommandBuffer> AllocateCommandBuffer() {
+    VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+    ai.commandPool = pool_;
+    ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+    ai.commandBufferCount = 1;
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    KD_VK_RETURN_IF_ERROR(vkAllocateCommandBuffers(device_, &ai, &cb), "vkAllocateCommandBuffers");
+    return cb;
+  }
+
+  void FreeCommandBuffer(VkCommandBuffer& cb) {
+    if (cb != VK_NULL_HANDLE) vkFreeCommandBuffers(device_, pool_, 1, &cb);
+    cb = VK_NULL_HANDLE;
+  }
+
+  // The per-iteration work: vkResetFences + vkQueueSubmit + vkWaitForFences (bounded).
+  VkResult Run(VkCommandBuffer cb, uint64_t timeout_ns) {
+    VkResult r = vkResetFences(device_, 1, &fence_);
+    if (r != VK_SUCCESS) return r;
+    VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
+    si.commandBufferCount = 1;
+    si.pCommandBuffers = &cb;
+    r = vkQueueSubmit(queue_, 1, &si, fence_);
+    if (r != VK_SUCCESS) return r;
+    return vkWaitForFences(device_, 1, &fence_, VK_TRUE, timeout_ns);
+  }
+
+ private:
+  VkPhysicalDevice physical_ = VK_NULL_HANDLE;
+  VkPhysicalDeviceMemoryProperties memory_{};
+  VkDevice device_ = VK_NULL_HANDLE;
+  VkQueue queue_ = VK_NULL_HANDLE;  // owned by the device
+  VkCommandPool pool_ = VK_NULL_HANDLE;
+  VkFence fence_ = VK_NULL_HANDLE;
+};
+
+void RawBarrier(VkCommandBuffer cb, VkPipelineStageFlags src_stage, VkAccessFlags src_access,
+                VkPipelineStageFlags dst_stage, VkAccessFlags dst_access) {
+  VkMemoryBarrier b{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  b.srcAccessMask = src_access;
+  b.dstAccessMask = dst_access;
+  vkCmdPipelineBarrier(cb, src_stage, dst_stage, 0, 1, &b, 0, nullptr, 0, nullptr);
+}
+
+void RawCopy(VkCommandBuffer cb, VkBuffer src, VkBuffer dst, VkDeviceSize size) {
+  VkBufferCopy region{0, 0, size};
+  vkCmdCopyBuffer(cb, src, dst, 1, &region);
+}
+
+constexpr VkBufferUsageFlags kDeviceUsage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT |
+                                            VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                                            VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+constexpr VkBufferUsageFlags kStagingUsage =
+    VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+constexpr VkMemoryPropertyFlags kHostVisible =
+    VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+
+// A device-local buffer with its host-visible staging buffer (the memory choice core makes for a
+// kDevice tensor).
+absl::Status CreateBufferPair(RawVulkan& vk, VkDeviceSize size, RawBuffer* device,
+                              RawBuffer* staging) {
+  KD_ASSIGN_OR_RETURN(*device,
+                      vk.CreateBuffer(size, kDeviceUsage, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0));
+  KD_ASSIGN_OR_RETURN(*staging, vk.CreateBuffer(size, kStagingUsage, kHostVisible,
+                                                VK_MEMORY_PROPERTY_HOST_CACHED_BIT));
+  std::memset(staging->mapped, 0, size);
+  return absl::OkStatus();
+}
+
+// The tiny sequence, raw: buffers, descriptor set, pipeline and one command buffer recorded once.
+class RawTiny {
+ public:
+  explicit RawTiny(RawVulkan* vk) : vk_(vk) {}
+  RawTiny(const RawTiny&) = delete;
+  RawTiny& operator=(const RawTiny&) = delete;
+  ~RawTiny() { Destroy(); }
+
+  absl::Status Create(const std::vector<uint32_t>& spirv) {
+    VkDevice dev = vk_->device();
+    KD_RETURN_IF_ERROR(CreateBufferPair(*vk_, kTinyBytes, &device_, &staging_));
+
+    VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
+    mi.codeSize = spirv.size() * sizeof(uint32_t);
+    mi.pCode = spirv.data();
+    KD_VK_RETURN_IF_ERROR(vkCreateShaderModule(dev, &mi, nullptr, &module_),
+                          "vkCreateShaderModule");
+
+    VkDescriptorSetLayoutBinding binding{0, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1,
+                                         VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+    VkDescriptorSetLayoutCreateInfo li{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+    li.bindingCount = 1;
+    li.pBindings = &binding;
+    KD_VK_RETURN_IF_ERROR(vkCreateDescriptorSetLayout(dev, &li, nullptr, &set_layout_),
+                          "vkCreateDescriptorSetLayout");
+
+    VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1};
+    VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
+    pi.maxSets = 1;
+    pi.poolSizeCount = 1;
+    pi.pPoolSizes = &size;
+    KD_VK_RETURN_IF_ERROR(vkCreateDescriptorPool(dev, &pi, nullptr, &descriptor_pool_),
+                          "vkCreateDescriptorPool");
+    VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
+    ai.descriptorPool = descriptor_pool_;
+    ai.descriptorSetCount = 1;
+    ai.pSetLayouts = &set_layout_;
+    KD_VK_RETURN_IF_ERROR(vkAllocateDescriptorSets(dev, &ai, &set_), "vkAllocateDescriptorSets");
+    VkDescriptorBufferInfo info{device_.buffer, 0, VK_WHOLE_SIZE};
+    VkWriteDescriptorSet write{VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+    write.dstSet = set_;
+    write.dstBinding = 0;
+    write.descriptorCount = 1;
+    write.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    write.pBufferInfo = &info;
+    vkUpdateDescriptorSets(dev, 1, &write, 0, nullptr);
+
+    VkPipelineLayoutCreateInfo pli{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
+    pli.setLayoutCount = 1;
+    pli.pSetLayouts = &set_layout_;
+    KD_VK_RETURN_IF_ERROR(vkCreatePipelineLayout(dev, &pli, nullptr, &layout_),
+                          "vkCreatePipelineLayout");
+    VkComputePipelineCreateInfo ci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+    ci.stage = {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO};
+    ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+    ci.stage.module = module_;
+    ci.stage.pName = "main";
+    ci.layout = layout_;
+    KD_VK_RETURN_IF_ERROR(
+        vkCreateComputePipelines(dev, VK_NULL_HANDLE, 1, &ci, nullptr, &pipeline_),
+        "vkCreateComputePipelines");
+
+    // Recorded once: staging → device, x*2+1, device → staging, visible to the host.
+    KD_ASSIGN_OR_RETURN(cb_, vk_->AllocateCommandBuffer());
+    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    KD_VK_RETURN_IF_ERROR(vkBeginCommandBuffer(cb_, &bi), "vkBeginCommandBuffer");
+    RawCopy(cb_, staging_.buffer, device_.buffer, kTinyBytes);
+    RawBarrier(cb_, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+               VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+               VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT);
+    vkCmdBindPipeline(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, pipeline_);
+    vkCmdBindDescriptorSets(cb_, VK_PIPELINE_BIND_POINT_COMPUTE, layout_, 0, 1, &set_, 0, nullptr);
+    vkCmdDispatch(cb_, kTinyCount / kTinyLocalSize, 1, 1);
+    RawBarrier(cb_, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_ACCESS_SHADER_WRITE_BIT,
+               VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_READ_BIT);
+    RawCopy(cb_, device_.buffer, staging_.buffer, kTinyBytes);
+    RawBarrier(cb_, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+               VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    KD_VK_RETURN_IF_ERROR(vkEndCommandBuffer(cb_), "vkEndCommandBuffer");
+    return absl::OkStatus();
+  }
+
+  // Reverse order of creation. Safe on a partly created object.
+  void Destroy() {
+    VkDevice dev = vk_->device();
+    if (dev == VK_NULL_HANDLE) return;
+    vkDeviceWaitIdle(dev);
+    vk_->FreeCommandBuffer(cb_);
+    if (pipeline_ != VK_NULL_HANDLE) vkDestroyPipeline(dev, pipeline_, nullptr);
+    if (layout_ != VK_NULL_HANDLE) vkDestroyPipelineLayout(dev, layout_, nullptr);
+    // Destroying the pool frees set_.
+    if (descriptor_pool_ != VK_NULL_HANDLE) vkDestroyDescriptorPool(dev, descriptor_pool_, nullptr);
+    if (set_layout_ != VK_NULL_HANDLE) vkDestroyDescriptorSetLayout(dev, set_layout_, nullptr);
+    if (module_ != VK_NULL_HANDLE) vkDestroyShaderModule(dev, module_, nullptr);
+    vk_->DestroyBuffer(staging_);
+    vk_->DestroyBuffer(device_);
+    pipeline_ = VK_NULL_HANDLE;
+    layout_ = VK_NULL_HANDLE;
+    set_ = VK_NULL_HANDLE;
+    descriptor_pool_ = VK_NULL_HANDLE;
+    set_layout_ = VK_NULL_HANDLE;
+    module_ = VK_NULL_HANDLE;
+  }
+
+  float* host() const { return static_cast<float*>(staging_.mapped); }
+  VkCommandBuffer command_buffer() const { return cb_; }
+
+ private:
+  RawVulkan* vk_;
+  RawBuffer device_;
+  RawBuffer staging_;
+  VkShaderModule module_ = VK_NULL_HANDLE;
+  VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
+  VkDescriptorPool descriptor_pool_ = VK_NULL_HANDLE;
+  VkDescriptorSet set_ = VK_NULL_HANDLE;
+  VkPipelineLayout layout_ = VK_NULL_HANDLE;
+  VkPipeline pipeline_ = VK_NULL_HANDLE;
+  VkCommandBuffer cb_ = VK_NULL_HANDLE;
+};
+
+// 256 MiB raw: a device buffer, its staging buffer, an upload and a download command buffer.
+class RawBulk {
+ public:
+  explicit RawBulk(RawVulkan* vk) : vk_(vk) {}
+  RawBulk(const RawBulk&) = delete;
+  RawBulk& operator=(const RawBulk&) = delete;
+  ~RawBulk() { Destroy(); }
+
+  absl::Status Create(VkDeviceSize size) {
+    KD_RETURN_IF_ERROR(CreateBufferPair(*vk_, size, &device_, &staging_));
+    VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    KD_ASSIGN_OR_RETURN(upload_, vk_->AllocateCommandBuffer());
+    KD_VK_RETURN_IF_ERROR(vkBeginCommandBuffer(upload_, &bi), "vkBeginCommandBuffer");
+    RawCopy(upload_, staging_.buffer, device_.buffer, size);
+    KD_VK_RETURN_IF_ERROR(vkEndCommandBuffer(upload_), "vkEndCommandBuffer");
+    KD_ASSIGN_OR_RETURN(download_, vk_->AllocateCommandBuffer());
+    KD_VK_RETURN_IF_ERROR(vkBeginCommandBuffer(download_, &bi), "vkBeginCommandBuffer");
+    RawCopy(download_, device_.buffer, staging_.buffer, size);
+    RawBarrier(download_, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+               VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+    KD_VK_RETURN_IF_ERROR(vkEndCommandBuffer(download_), "vkEndCommandBuffer");
+    // Fault in the device buffer, as core does when it fills a new tensor.
+    VkResult r = vk_->Run(upload_, kTimeoutNs);
+    if (r != VK_SUCCESS) return core::VkStatus(r, "raw upload");
+    return absl::OkStatus();
+  }
+
+  void Destroy() {
+    if (vk_->device() == VK_NULL_HANDLE) return;
+    vkDeviceWaitIdle(vk_->device());
+    vk_->FreeCommandBuffer(download_);
+    vk_->FreeCommandBuffer(upload_);
+    vk_->DestroyBuffer(staging_);
+    vk_->DestroyBuffer(device_);
+  }
+
+  void* host() const { return staging_.mapped; }
+  VkCommandBuffer upload() const { return upload_; }
+  VkCommandBuffer download() const { return download_; }
+
+ private:
+  RawVulkan* vk_;
+  RawBuffer device_;
+  RawBuffer staging_;
+  VkCommandBuffer upload_ = VK_NULL_HANDLE;
+  VkCommandBuffer download_ = VK_NULL_HANDLE;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The core and kp contexts
+
+struct CoreTiny {
+  std::shared_ptr<core::Tensor> tensor;
+  std::shared_ptr<core::Algorithm> algorithm;
+  std::unique_ptr<core::Sequence> sequence;
+};
+
+struct KpTiny {
+  std::shared_ptr<kp::TensorT<float>> tensor;
+  std::shared_ptr<kp::Algorithm> algorithm;
+  std::shared_ptr<kp::Sequence> sequence;
+};
+
+struct KpSaxpy {
+  uint64_t count = 0;
+  std::shared_ptr<kp::TensorT<float>> x;
+  std::shared_ptr<kp::TensorT<float>> y;
+  std::shared_ptr<kp::Algorithm> algorithm;
+  std::shared_ptr<kp::Sequence> sequence;  // one dispatch, recorded once
+  uint64_t dispatches = 0;                 // so far, over every run of the benchmark
+};
+
+// Everything the benchmarks share. Members are destroyed bottom-up; Teardown() does it explicitly.
+struct Env {
+  Config config;
+  std::vector<uint32_t> tiny_spirv;
+  std::vector<uint32_t> saxpy_spirv;
+  std::shared_ptr<core::Device> core_device;  // its physical device is the one for all paths
+  std::string device_name;
+  RawVulkan raw;
+  std::unique_ptr<RawTiny> raw_tiny;
+  CoreTiny core_tiny;
+  std::unique_ptr<kp::Manager> mgr;
+  KpTiny kp_tiny;
+  std::unique_ptr<KpSaxpy> saxpy;  // made by its first run
+
+  void Teardown() {
+    saxpy.reset();
+    kp_tiny = KpTiny{};
+    mgr.reset();
+    core_tiny.sequence.reset();
+    core_tiny.algorithm.reset();
+    core_tiny.tensor.reset();
+    core_device.reset();
+    raw_tiny.reset();
+    raw.Close();
+  }
+};
+
+Env* g_env = nullptr;
+
+absl::Status SetUp(Env& env) {
+  KD_ASSIGN_OR_RETURN(env.tiny_spirv, core::CompileGlsl(kTinyShader, "tiny.comp"));
+  KD_ASSIGN_OR_RETURN(env.saxpy_spirv, core::CompileGlsl(kSaxpyShader, "saxpy.comp"));
+
+  // core: its default device choice (or KOMPUTED_BENCH_DEVICE) decides the device for all.
+  core::DeviceOptions options;
+  options.physical_device_index = env.config.device;
+  KD_ASSIGN_OR_RETURN(env.core_device, core::Device::Create(options));
+  const core::Device& device = *env.core_device;
+  env.device_name = device.properties().deviceName;
+  KD_ASSIGN_OR_RETURN(env.core_tiny.tensor,
+                      core::Tensor::Create(env.core_device, core::ElementType::kFloat32, kTinyCount,
+                                           0, core::MemoryType::kDevice, nullptr));
+  core::AlgorithmSpec spec;
+  spec.tensors = {env.core_tiny.tensor};
+  spec.spirv = env.tiny_spirv;
+  spec.workgroup = {kTinyCount / kTinyLocalSize, 1, 1};
+  KD_ASSIGN_OR_RETURN(env.core_tiny.algorithm,
+                      core::Algorithm::Create(env.core_device, std::move(spec)));
+  KD_ASSIGN_OR_RETURN(env.core_tiny.sequence, core::Sequence::Create(env.core_device, 0, 0));
+  core::Sequence& seq = *env.core_tiny.sequence;
+  KD_RETURN_IF_ERROR(seq.Record(core::op::SyncToDevice{{env.core_tiny.tensor}}));
+  KD_RETURN_IF_ERROR(seq.Record(core::op::Dispatch{env.core_tiny.algorithm, std::nullopt}));
+  KD_RETURN_IF_ERROR(seq.Record(core::op::SyncToHost{{env.core_tiny.tensor}}));
+
+  // raw: its own VkDevice on the same physical device and queue family as core's queue 0.
+  KD_RETURN_IF_ERROR(env.raw.Open(device.physical_device(), device.queue(0).family));
+  env.raw_tiny = std::make_unique<RawTiny>(&env.raw);
+  KD_RETURN_IF_ERROR(env.raw_tiny->Create(env.tiny_spirv));
+
+  // kp: a Manager on the same physical device index.
+  try {
+    env.mgr = std::make_unique<kp::Manager>(device.info().index);
+    const std::string kp_name = env.mgr->getDeviceProperties().deviceName.data();
+    if (kp_name != env.device_name) {
+      return absl::InternalError(
+          absl::StrCat("kp chose device \"", kp_name, "\", core chose \"", env.device_name, "\""));
+    }
+    KpTiny& t = env.kp_tiny;
+    t.tensor = env.mgr->tensor(std::vector<float>(kTinyCount, 0.0f));
+    std::vector<std::shared_ptr<kp::Tensor>> params = {t.tensor};
+    t.algorithm = env.mgr->algorithm(params, env.tiny_spirv,
+                                     kp::Workgroup{kTinyCount / kTinyLocalSize, 1, 1});
+    t.sequence = env.mgr->sequence();
+    t.sequence->record<kp::OpTensorSyncDevice>(params)
+        ->record<kp::OpAlgoDispatch>(t.algorithm)
+        ->record<kp::OpTensorSyncLocal>(params);
+  } catch (const kp::Error& e) {
+    return absl::Status(static_cast<absl::StatusCode>(e.code()), e.what());
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The benchmarks
+
+// The host's part of each tiny iteration: write element k, then (after the round trip) expect
+// 2v+1 there.
+struct TinyStep {
+  uint32_t k;
+  float v;
+  explicit TinyStep(uint64_t i)
+      : k(static_cast<uint32_t>(i % kTinyCount)), v(static_cast<float>(i % 4096)) {}
+  float expected() const { return v * 2.0f + 1.0f; }
+};
+
+void BM_TinyRaw(benchmark::State& state) {
+  RawVulkan& vk = g_env->raw;
+  float* data = g_env->raw_tiny->host();
+  const VkCommandBuffer cb = g_env->raw_tiny->command_buffer();
+  uint64_t i = 0;
+  for (auto _ : state) {
+    const TinyStep step(i++);
+    data[step.k] = step.v;
+    const VkResult r = vk.Run(cb, kTimeoutNs);
+    if (r != VK_SUCCESS) {
+      state.SkipWithError(VkError(r, "raw submit/wait").c_str());
+      break;
+    }
+    if (data[step.k] != step.expected()) {
+      state.SkipWithError("raw: wrong result");
+      break;
+    }
+  }
+}
+
+void BM_TinyCore(benchmark::State& state) {
+  core::Sequence& seq = *g_env->core_tiny.sequence;
+  float* data = static_cast<float*>(g_env->core_tiny.tensor->host_data());
+  const absl::Duration timeout = absl::Nanoseconds(static_cast<int64_t>(kTimeoutNs));
+  uint64_t i = 0;
+  for (auto _ : state) {
+    const TinyStep step(i++);
+    data[step.k] = step.v;
+    const absl::Status s = seq.Eval(timeout);
+    if (!s.ok()) {
+      state.SkipWithError(s.ToString().c_str());
+      break;
+    }
+    if (data[step.k] != step.expected()) {
+      state.SkipWithError("core: wrong result");
+      break;
+    }
+  }
+}
+
+void BM_TinyKp(benchmark::State& state) {
+  KpTiny& t = g_env->kp_tiny;
+  float* data = t.tensor->data();
+  kp::Sequence& seq = *t.sequence;
+  uint64_t i = 0;
+  try {
+    for (auto _ : state) {
+      const TinyStep step(i++);
+      data[step.k] = step.v;
+      seq.eval();
+      if (data[step.k] != step.expected()) {
+        state.SkipWithError("kp: wrong result");
+        break;
+      }
+    }
+  } catch (const kp::Error& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// Host data for the 256 MiB transfers: a pattern that a wrong copy does not reproduce.
+float Pattern(uint64_t i) { return static_cast<float>(i % 1000003); }
+
+std::vector<float> PatternVector(uint64_t count) {
+  std::vector<float> v(count);
+  for (uint64_t i = 0; i < count; ++i) v[i] = Pattern(i);
+  return v;
+}
+
+// Checks a spread of elements against the pattern.
+bool MatchesPattern(const float* data, uint64_t count) {
+  for (uint64_t i = 0; i < count; i += 4093) {
+    if (data[i] != Pattern(i)) return false;
+  }
+  return data[count - 1] == Pattern(count - 1);
+}
+
+void BM_UploadRaw(benchmark::State& state) {
+  RawVulkan& vk = g_env->raw;
+  RawBulk bulk(&vk);
+  if (absl::Status s = bulk.Create(kBulkBytes); !s.ok()) {
+    state.SkipWithError(s.ToString().c_str());
+    return;
+  }
+  const std::vector<float> src = PatternVector(kBulkCount);
+  for (auto _ : state) {
+    std::memcpy(bulk.host(), src.data(), kBulkBytes);
+    const VkResult r = vk.Run(bulk.upload(), kTimeoutNs);
+    if (r != VK_SUCCESS) {
+      state.SkipWithError(VkError(r, "raw upload").c_str());
+      return;
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kBulkBytes));
+  // Untimed: the data must be on the device.
+  std::memset(bulk.host(), 0, kBulkBytes);
+  const VkResult r = vk.Run(bulk.download(), kTimeoutNs);
+  if (r != VK_SUCCESS || !MatchesPattern(static_cast<const float*>(bulk.host()), kBulkCount)) {
+    state.SkipWithError("raw upload: the device does not hold the uploaded data");
+  }
+}
+
+void BM_DownloadRaw(benchmark::State& state) {
+  RawVulkan& vk = g_env->raw;
+  RawBulk bulk(&vk);
+  if (absl::Status s = bulk.Create(kBulkBytes); !s.ok()) {
+    state.SkipWithError(s.ToString().c_str());
+    return;
+  }
+  {
+    const std::vector<float> src = PatternVector(kBulkCount);
+    std::memcpy(bulk.host(), src.data(), kBulkBytes);
+    const VkResult r = vk.Run(bulk.upload(), kTimeoutNs);
+    if (r != VK_SUCCESS) {
+      state.SkipWithError(VkError(r, "raw upload").c_str());
+      return;
+    }
+    std::memset(bulk.host(), 0, kBulkBytes);
+  }
+  std::vector<float> dst(kBulkCount);
+  uint64_t i = 0;
+  for (auto _ : state) {
+    const VkResult r = vk.Run(bulk.download(), kTimeoutNs);
+    if (r != VK_SUCCESS) {
+      state.SkipWithError(VkError(r, "raw download").c_str());
+      return;
+    }
+    std::memcpy(dst.data(), bulk.host(), kBulkBytes);
+    const uint64_t k = (i++ * 7919) % kBulkCount;
+    if (dst[k] != Pattern(k)) {
+      state.SkipWithError("raw download: wrong data");
+      return;
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kBulkBytes));
+}
+
+void BM_UploadKp(benchmark::State& state) {
+  kp::Manager& mgr = *g_env->mgr;
+  try {
+    auto tensor = mgr.tensorT<float>(kBulkCount);
+    const std::vector<std::shared_ptr<kp::Tensor>> params = {tensor};
+    auto seq = mgr.sequence();
+    const std::vector<float> src = PatternVector(kBulkCount);
+    for (auto _ : state) {
+      tensor->setRawData(src.data());
+      seq->eval<kp::OpTensorSyncDevice>(params);
+    }
+    state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kBulkBytes));
+    // Untimed: the data must be on the device.
+    std::memset(tensor->data(), 0, kBulkBytes);
+    seq->eval<kp::OpTensorSyncLocal>(params);
+    if (!MatchesPattern(tensor->data(), kBulkCount)) {
+      state.SkipWithError("kp upload: the device does not hold the uploaded data");
+    }
+    seq->destroy();
+    tensor->destroy();
+  } catch (const kp::Error& e) {
+    state.SkipWithError(e.what());
+  }
+  mgr.clear();
+}
+
+void BM_DownloadKp(benchmark::State& state) {
+  kp::Manager& mgr = *g_env->mgr;
+  try {
+    auto tensor = mgr.tensorT<float>(kBulkCount);
+    const std::vector<std::shared_ptr<kp::Tensor>> params = {tensor};
+    auto seq = mgr.sequence();
+    {
+      const std::vector<float> src = PatternVector(kBulkCount);
+      tensor->setRawData(src.data());
+      seq->eval<kp::OpTensorSyncDevice>(params);
+      std::memset(tensor->data(), 0, kBulkBytes);
+    }
+    std::vector<float> dst(kBulkCount);
+    uint64_t i = 0;
+    for (auto _ : state) {
+      seq->eval<kp::OpTensorSyncLocal>(params);
+      std::memcpy(dst.data(), tensor->data(), kBulkBytes);
+      const uint64_t k = (i++ * 7919) % kBulkCount;
+      if (dst[k] != Pattern(k)) {
+        state.SkipWithError("kp download: wrong data");
+        break;
+      }
+    }
+    state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kBulkBytes));
+    seq->destroy();
+    tensor->destroy();
+  } catch (const kp::Error& e) {
+    state.SkipWithError(e.what());
+  }
+  mgr.clear();
+}
+
+// Workgroups for `count` elements: a 2-D grid that stays within 65535 per dimension.
+kp::Workgroup SaxpyWorkgroup(uint64_t count) {
+  const uint64_t groups = (count + kSaxpyLocalSize - 1) / kSaxpyLocalSize;
+  const uint64_t y = (groups + 65534) / 65535;
+  const uint64_t x = (groups + y - 1) / y;
+  return {static_cast<uint32_t>(x), static_cast<uint32_t>(y), 1};
+}
+
+void BM_SaxpyKp(benchmark::State& state) {
+  kp::Manager& mgr = *g_env->mgr;
+  try {
+    if (g_env->saxpy == nullptr) {
+      auto s = std::make_unique<KpSaxpy>();
+      s->count = g_env->config.saxpy_mb * (uint64_t{1} << 20) / sizeof(float);
+      s->x = mgr.tensor(std::vector<float>(s->count, 1.0f));
+      s->y = mgr.tensorT<float>(s->count);
+      const std::vector<std::shared_ptr<kp::Tensor>> params = {s->x, s->y};
+      s->algorithm = mgr.algorithm(params, g_env->saxpy_spirv, SaxpyWorkgroup(s->count),
+                                   std::vector<float>{}, std::vector<float>{kSaxpyA});
+      s->sequence = mgr.sequence();
+      s->sequence->record<kp::OpAlgoDispatch>(s->algorithm);
+      g_env->saxpy = std::move(s);
+    }
+    KpSaxpy& s = *g_env->saxpy;
+    for (auto _ : state) {
+      s.sequence->eval();
+      ++s.dispatches;
+    }
+    const int64_t bytes = static_cast<int64_t>(3 * s.count * sizeof(float));
+    state.SetBytesProcessed(state.iterations() * bytes);
+    // Untimed: y = a * 1 * dispatches everywhere (exact while below 2^24).
+    mgr.sequence()->eval<kp::OpTensorSyncLocal>(std::vector<std::shared_ptr<kp::Tensor>>{s.y});
+    const float expected = kSaxpyA * static_cast<float>(s.dispatches);
+    const float* y = s.y->data();
+    if (y[0] != expected || y[s.count / 2] != expected || y[s.count - 1] != expected) {
+      state.SkipWithError(
+          absl::StrCat("saxpy: wrong result: y[last] = ", y[s.count - 1], ", expected ", expected)
+              .c_str());
+    }
+  } catch (const kp::Error& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reporting: the console output, plus the run's results kept for the summary.
+
+class SummaryReporter : public benchmark::ConsoleReporter {
+ public:
+  using ConsoleReporter::ConsoleReporter;
+
+  void ReportRuns(const std::vector<Run>& reports) override {
+    for (const Run& run : reports) {
+      if (run.error_occurred) continue;
+      Samples* s = nullptr;
+      if (run.run_type == Run::RT_Iteration) {
+        s = &runs_[run.run_name.function_name];
+      } else if (run.aggregate_name == "mean") {
+        s = &means_[run.run_name.function_name];
+      } else {
+        continue;
+      }
+      s->seconds.push_back(run.GetAdjustedRealTime() /
+                           benchmark::GetTimeUnitMultiplier(run.time_unit));
+      auto it = run.counters.find("bytes_per_second");
+      if (it != run.counters.end()) s->bytes_per_second.push_back(it->second.value);
+    }
+    ConsoleReporter::ReportRuns(reports);
+  }
+
+  // Mean real time per iteration (seconds) over the runs (repetitions) of a benchmark; from the
+  // "mean" aggregate when only aggregates were reported (--benchmark_report_aggregates_only).
+  std::optional<double> MeanSeconds(const std::string& name) const {
+    const Samples* s = Find(name);
+    return s == nullptr ? std::nullopt : Mean(s->seconds);
+  }
+  std::optional<double> MeanBytesPerSecond(const std::string& name) const {
+    const Samples* s = Find(name);
+    return s == nullptr ? std::nullopt : Mean(s->bytes_per_second);
+  }
+
+ private:
+  struct Samples {
+    std::vector<double> seconds;
+    std::vector<double> bytes_per_second;
+  };
+  const Samples* Find(const std::string& name) const {
+    if (auto it = runs_.find(name); it != runs_.end()) return &it->second;
+    if (auto it = means_.find(name); it != means_.end()) return &it->second;
+    return nullptr;
+  }
+  static std::optional<double> Mean(const std::vector<double>& v) {
+    if (v.empty()) return std::nullopt;
+    double sum = 0;
+    for (double x : v) sum += x;
+    return sum / static_cast<double>(v.size());
+  }
+  std::map<std::string, Samples> runs_;   // one entry per repetition
+  std::map<std::string, Samples> means_;  // "mean" aggregates
+};
+
+std::optional<double> Ratio(std::optional<double> a, std::optional<double> b) {
+  if (!a || !b || *b <= 0) return std::nullopt;
+  return *a / *b;
+}
+
+// Prints "ratio kp/raw (tiny sequence): 1.04  target <= 1.10  [met]"; false when missed.
+bool PrintRatio(const std::string& what, std::optional<double> ratio, bool at_most, double target) {
+  if (!ratio) {
+    std::cout << absl::StrFormat("ratio %s: n/a (not measured)\n", what);
+    return true;
+  }
+  const bool met = at_most ? *ratio <= target : *ratio >= target;
+  std::cout << absl::StrFormat("ratio %s: %.2f  target %s %.2f  [%s]\n", what, *ratio,
+                               at_most ? "<=" : ">=", target, met ? "met" : "NOT met");
+  return met;
+}
+
+std::string Micros(std::optional<double> seconds) {
+  return seconds ? absl::StrFormat("%.1f us", *seconds * 1e6) : "n/a";
+}
+std::string GBps(std::optional<double> bytes_per_second) {
+  return bytes_per_second ? absl::StrFormat("%.2f GB/s", *bytes_per_second / 1e9) : "n/a";
+}
+
+// The benchmark names, which are also the summary's keys.
+constexpr char kTinyRaw[] = "tiny/raw";
+constexpr char kTinyCore[] = "tiny/core";
+constexpr char kTinyKp[] = "tiny/kp";
+constexpr char kUploadRaw[] = "upload_256MiB/raw";
+constexpr char kUploadKp[] = "upload_256MiB/kp";
+constexpr char kDownloadRaw[] = "download_256MiB/raw";
+constexpr char kDownloadKp[] = "download_256MiB/kp";
+
+// True when every target was met.
+bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name) {
+  const auto raw = r.MeanSeconds(kTinyRaw);
+  const auto core_s = r.MeanSeconds(kTinyCore);
+  const auto kp_s = r.MeanSeconds(kTinyKp);
+  std::cout << "\nsummary (" << g_env->device_name << ")\n";
+  std::cout << "tiny sequence, mean per round trip: raw " << Micros(raw) << ", core "
+            << Micros(core_s) << ", kp " << Micros(kp_s) << "\n";
+  std::cout << "upload 256 MiB: raw " << GBps(r.MeanBytesPerSecond(kUploadRaw)) << ", kp "
+            << GBps(r.MeanBytesPerSecond(kUploadKp)) << "\n";
+  std::cout << "download 256 MiB: raw " << GBps(r.MeanBytesPerSecond(kDownloadRaw)) << ", kp "
+            << GBps(r.MeanBytesPerSecond(kDownloadKp)) << "\n";
+  std::cout << "saxpy " << g_env->config.saxpy_mb << " MiB (3 x 4 bytes per element): kp "
+            << GBps(r.MeanBytesPerSecond(saxpy_name)) << "\n";
+  bool met = true;
+  met &= PrintRatio("core/raw (tiny sequence)", Ratio(core_s, raw), true, 1.10);
+  met &= PrintRatio("kp/raw (tiny sequence)", Ratio(kp_s, raw), true, 1.10);
+  met &= PrintRatio("kp/raw (upload 256 MiB throughput)",
+                    Ratio(r.MeanBytesPerSecond(kUploadKp), r.MeanBytesPerSecond(kUploadRaw)), false,
+                    0.90);
+  met &= PrintRatio("kp/raw (download 256 MiB throughput)",
+                    Ratio(r.MeanBytesPerSecond(kDownloadKp), r.MeanBytesPerSecond(kDownloadRaw)),
+                    false, 0.90);
+  return met;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+
+  Env env;
+  env.config = ReadConfig();
+  g_env = &env;
+  if (absl::Status s = SetUp(env); !s.ok()) {
+    std::cerr << "komputed_bench: setup failed: " << s << "\n";
+    env.Teardown();
+    return 1;
+  }
+  const core::PhysicalDeviceInfo& info = env.core_device->info();
+  benchmark::AddCustomContext("vulkan_device", env.device_name);
+  benchmark::AddCustomContext("vulkan_api",
+                              absl::StrCat(VK_API_VERSION_MAJOR(info.properties.apiVersion), ".",
+                                           VK_API_VERSION_MINOR(info.properties.apiVersion), ".",
+                                           VK_API_VERSION_PATCH(info.properties.apiVersion)));
+  benchmark::AddCustomContext("vulkan_driver_version", absl::StrCat(info.properties.driverVersion));
+
+  const Config& c = env.config;
+  const std::string saxpy_name = absl::StrCat("saxpy_", c.saxpy_mb, "MiB/kp");
+  benchmark::RegisterBenchmark(kTinyRaw, BM_TinyRaw)
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(kTinyCore, BM_TinyCore)
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(kTinyKp, BM_TinyKp)
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+  struct Bulk {
+    const char* name;
+    void (*fn)(benchmark::State&);
+  };
+  for (const Bulk& b : {Bulk{kUploadRaw, BM_UploadRaw}, Bulk{kUploadKp, BM_UploadKp},
+                        Bulk{kDownloadRaw, BM_DownloadRaw}, Bulk{kDownloadKp, BM_DownloadKp}}) {
+    benchmark::RegisterBenchmark(b.name, b.fn)
+        ->UseRealTime()
+        ->Iterations(c.bulk_iterations)
+        ->Unit(benchmark::kMillisecond);
+  }
+  benchmark::RegisterBenchmark(saxpy_name.c_str(), BM_SaxpyKp)
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMillisecond);
+
+  const bool color = isatty(STDOUT_FILENO) != 0;
+  SummaryReporter reporter(color ? benchmark::ConsoleReporter::OO_ColorTabular
+                                 : benchmark::ConsoleReporter::OO_Tabular);
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+
+  const bool met = PrintSummary(reporter, saxpy_name);
+  env.Teardown();
+  g_env = nullptr;
+  const uint64_t validation_errors = core::ValidationErrorCount();
+  if (validation_errors > 0) {
+    std::cout << "Vulkan validation errors: " << validation_errors << "\n";
+    return 1;
+  }
+  return (c.strict && !met) ? 1 : 0;
+}
