@@ -381,25 +381,40 @@ class Sequence : public std::enable_shared_from_this<Sequence> {
   ~Sequence();
 
   std::shared_ptr<Sequence> record(std::shared_ptr<OpBase> op);
+  // Creates the operation T from a tensor list (or an algorithm) and further arguments.
   template <typename T, typename... TArgs>
-  std::shared_ptr<Sequence> record(TArgs&&... params) {
-    return record(std::shared_ptr<OpBase>(new T(std::forward<TArgs>(params)...)));
+  std::shared_ptr<Sequence> record(std::vector<std::shared_ptr<Tensor>> tensors, TArgs&&... params) {
+    return record(std::shared_ptr<OpBase>(new T(tensors, std::forward<TArgs>(params)...)));
+  }
+  template <typename T, typename... TArgs>
+  std::shared_ptr<Sequence> record(std::shared_ptr<Algorithm> algorithm, TArgs&&... params) {
+    return record(std::shared_ptr<OpBase>(new T(algorithm, std::forward<TArgs>(params)...)));
   }
 
   // Submits and waits (bounded by KOMPUTED_EVAL_TIMEOUT_S, default 600 s).
   std::shared_ptr<Sequence> eval();
   // Clears, records `op`, evaluates.
   std::shared_ptr<Sequence> eval(std::shared_ptr<OpBase> op);
+  // Creates the operation T from a tensor list (or an algorithm) and further arguments.
   template <typename T, typename... TArgs>
-  std::shared_ptr<Sequence> eval(TArgs&&... params) {
-    return eval(std::shared_ptr<OpBase>(new T(std::forward<TArgs>(params)...)));
+  std::shared_ptr<Sequence> eval(std::vector<std::shared_ptr<Tensor>> tensors, TArgs&&... params) {
+    return eval(std::shared_ptr<OpBase>(new T(tensors, std::forward<TArgs>(params)...)));
+  }
+  template <typename T, typename... TArgs>
+  std::shared_ptr<Sequence> eval(std::shared_ptr<Algorithm> algorithm, TArgs&&... params) {
+    return eval(std::shared_ptr<OpBase>(new T(algorithm, std::forward<TArgs>(params)...)));
   }
 
   std::shared_ptr<Sequence> evalAsync();
   std::shared_ptr<Sequence> evalAsync(std::shared_ptr<OpBase> op);
+  // Creates the operation T from a tensor list (or an algorithm) and further arguments.
   template <typename T, typename... TArgs>
-  std::shared_ptr<Sequence> evalAsync(TArgs&&... params) {
-    return evalAsync(std::shared_ptr<OpBase>(new T(std::forward<TArgs>(params)...)));
+  std::shared_ptr<Sequence> evalAsync(std::vector<std::shared_ptr<Tensor>> tensors, TArgs&&... params) {
+    return evalAsync(std::shared_ptr<OpBase>(new T(tensors, std::forward<TArgs>(params)...)));
+  }
+  template <typename T, typename... TArgs>
+  std::shared_ptr<Sequence> evalAsync(std::shared_ptr<Algorithm> algorithm, TArgs&&... params) {
+    return evalAsync(std::shared_ptr<OpBase>(new T(algorithm, std::forward<TArgs>(params)...)));
   }
   // Waits up to waitFor nanoseconds (UINT64_MAX: the eval timeout) for an evalAsync. Throws
   // kp::Error with kDeadlineExceeded when the time runs out; the sequence keeps running and a

@@ -1,0 +1,465 @@
+// komputectl: inspect a komputed daemon and try kernels on it.
+//
+//   komputectl devices                      devices, memory, queue families, limits
+//   komputectl health [--service=NAME]      grpc.health.v1 status (exit 0 only when SERVING)
+//   komputectl sessions                     open sessions with their memory and age
+//   komputectl run --shader=FILE --tensors=SPEC,... [--workgroup=X,Y,Z] [--push=...] [--spec=...]
+//   komputectl bench [--seconds=N] [--megabytes=N]
+//
+// The daemon is --address, else $KOMPUTED_ADDRESS, else 127.0.0.1:50051. Errors are one line on
+// stderr and a non-zero exit status.
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <kompute/Kompute.hpp>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "komputed/v1/komputed.grpc.pb.h"
+
+ABSL_FLAG(std::string, address, "",
+          "komputed's address (host:port); default $KOMPUTED_ADDRESS, else 127.0.0.1:50051");
+ABSL_FLAG(double, timeout, 30, "seconds to wait for each call");
+ABSL_FLAG(std::string, service, "", "health: the service to check (\"\" = the whole server)");
+ABSL_FLAG(uint32_t, device, 0, "run, bench: the daemon's device index");
+ABSL_FLAG(std::string, shader, "", "run: a GLSL compute shader (.comp, .glsl) or SPIR-V (.spv)");
+ABSL_FLAG(std::string, tensors, "",
+          "run: the bindings in order, comma-separated, each TYPE:SOURCE[=OUTPUT]; TYPE is "
+          "float32|int32|uint32|float64; SOURCE a file (raw little-endian, or numbers in a .txt "
+          "file) or zeros:COUNT; OUTPUT a file (.txt: numbers, else raw) written after the run");
+ABSL_FLAG(std::string, workgroup, "0,1,1",
+          "run: workgroups X,Y,Z (X = 0: the first tensor's element count)");
+ABSL_FLAG(std::string, push, "", "run: push constants, comma-separated numbers of --const_type");
+ABSL_FLAG(std::string, spec, "", "run: specialization constants, comma-separated --const_type");
+ABSL_FLAG(std::string, const_type, "float32", "run: type of --push and --spec values");
+ABSL_FLAG(double, seconds, 3, "bench: seconds for each latency measurement");
+ABSL_FLAG(uint64_t, megabytes, 256, "bench: MiB moved in each direction for bandwidth");
+
+namespace {
+
+namespace v1 = komputed::v1;
+
+[[noreturn]] void Fail(const std::string& message, int status = 1) {
+  std::fprintf(stderr, "komputectl: error: %s\n", message.c_str());
+  std::exit(status);
+}
+
+std::string Address() {
+  std::string a = absl::GetFlag(FLAGS_address);
+  if (!a.empty()) return a;
+  const char* env = std::getenv("KOMPUTED_ADDRESS");
+  return env != nullptr && env[0] != '\0' ? env : "127.0.0.1:50051";
+}
+
+std::shared_ptr<grpc::Channel> Channel() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  return grpc::CreateCustomChannel(Address(), grpc::InsecureChannelCredentials(), args);
+}
+
+void SetDeadline(grpc::ClientContext& c) {
+  c.set_deadline(std::chrono::system_clock::now() +
+                 std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_timeout) * 1000)));
+}
+
+void Check(const grpc::Status& s, const std::string& what) {
+  if (!s.ok()) {
+    Fail(absl::StrCat(what, " at ", Address(), ": ", s.error_message(), " (code ",
+                      static_cast<int>(s.error_code()), ")"));
+  }
+}
+
+std::string Bytes(uint64_t b) {
+  if (b >= (uint64_t{1} << 30)) return absl::StrFormat("%.1f GiB", b / double(1 << 30));
+  if (b >= (uint64_t{1} << 20)) return absl::StrFormat("%.1f MiB", b / double(1 << 20));
+  if (b >= 1024) return absl::StrFormat("%.1f KiB", b / 1024.0);
+  return absl::StrCat(b, " B");
+}
+
+// Prints rows as columns padded to the widest cell.
+void PrintTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& r : rows) {
+    width.resize(std::max(width.size(), r.size()));
+    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  }
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t i = 0; i < r.size(); ++i) {
+      line += r[i];
+      if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
+    }
+    std::cout << line << "\n";
+  }
+}
+
+const char* TypeName(uint32_t t) {
+  switch (t) {
+    case 1: return "integrated";
+    case 2: return "discrete";
+    case 3: return "virtual";
+    case 4: return "cpu";
+    default: return "other";
+  }
+}
+
+int Devices() {
+  auto stub = v1::Devices::NewStub(Channel());
+  grpc::ClientContext c;
+  SetDeadline(c);
+  v1::ListDevicesResponse r;
+  Check(stub->ListDevices(&c, v1::ListDevicesRequest(), &r), "listing devices");
+  std::vector<std::vector<std::string>> rows = {
+      {"INDEX", "NAME", "TYPE", "MEMORY", "IN USE", "SESSIONS", "QUEUE FAMILIES",
+       "MAX WORKGROUPS", "PUSH", "STORAGE RANGE"}};
+  for (const auto& d : r.devices()) {
+    std::vector<std::string> families;
+    for (const auto& f : d.queue_families()) {
+      std::string caps = absl::StrCat(f.graphics() ? "g" : "", f.compute() ? "c" : "",
+                                      f.transfer() ? "t" : "");
+      families.push_back(absl::StrCat(f.index(), ":", caps.empty() ? "-" : caps, "x", f.queue_count()));
+    }
+    const auto& l = d.limits();
+    std::string wg = l.max_compute_work_group_count_size() == 3
+                         ? absl::StrCat(l.max_compute_work_group_count(0), "x",
+                                        l.max_compute_work_group_count(1), "x",
+                                        l.max_compute_work_group_count(2))
+                         : "?";
+    rows.push_back({absl::StrCat(d.index()), d.name(), TypeName(d.device_type()),
+                    Bytes(d.memory_bytes()), Bytes(d.memory_in_use_bytes()),
+                    absl::StrCat(d.sessions()), absl::StrJoin(families, " "), wg,
+                    absl::StrCat(l.max_push_constants_size(), " B"),
+                    Bytes(l.max_storage_buffer_range())});
+  }
+  PrintTable(rows);
+  return 0;
+}
+
+int Health() {
+  auto stub = grpc::health::v1::Health::NewStub(Channel());
+  grpc::ClientContext c;
+  SetDeadline(c);
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(absl::GetFlag(FLAGS_service));
+  grpc::health::v1::HealthCheckResponse resp;
+  Check(stub->Check(&c, req, &resp), "health check");
+  std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()) << "\n";
+  return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+}
+
+int Sessions() {
+  auto stub = v1::Sessions::NewStub(Channel());
+  grpc::ClientContext c;
+  SetDeadline(c);
+  v1::ListSessionsResponse r;
+  Check(stub->ListSessions(&c, v1::ListSessionsRequest(), &r), "listing sessions");
+  std::vector<std::vector<std::string>> rows = {{"SESSION", "CLIENT", "PEER", "DEVICE", "MEMORY",
+                                                 "TENSORS", "ALGORITHMS", "SEQUENCES", "AGE",
+                                                 "IDLE"}};
+  for (const auto& s : r.sessions()) {
+    rows.push_back({s.session_id(), s.client_name(), s.peer(), absl::StrCat(s.device_index()),
+                    Bytes(s.memory_bytes()), absl::StrCat(s.tensors()),
+                    absl::StrCat(s.algorithms()), absl::StrCat(s.sequences()),
+                    absl::FormatDuration(absl::Milliseconds(s.age_ms())),
+                    absl::FormatDuration(absl::Milliseconds(s.idle_ms()))});
+  }
+  PrintTable(rows);
+  if (r.sessions().empty()) std::cout << "(no sessions)\n";
+  return 0;
+}
+
+// ---- run
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) Fail(absl::StrCat("cannot read ", path));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+struct Binding {
+  std::string type;
+  std::shared_ptr<kp::Tensor> tensor;
+  std::string output;
+};
+
+uint32_t SizeOf(const std::string& type) {
+  if (type == "float32" || type == "int32" || type == "uint32") return 4;
+  if (type == "float64") return 8;
+  Fail(absl::StrCat("unknown type \"", type, "\" (float32, int32, uint32, float64)"), 2);
+}
+
+kp::Memory::DataTypes DataTypeOf(const std::string& type) {
+  if (type == "float32") return kp::Memory::DataTypes::eFloat;
+  if (type == "int32") return kp::Memory::DataTypes::eInt;
+  if (type == "uint32") return kp::Memory::DataTypes::eUnsignedInt;
+  return kp::Memory::DataTypes::eDouble;
+}
+
+// Numbers as bytes of `type`.
+std::string Encode(const std::string& type, const std::vector<std::string>& numbers,
+                   const std::string& where) {
+  std::string out;
+  for (const auto& n : numbers) {
+    if (n.empty()) continue;
+    double d;
+    if (!absl::SimpleAtod(n, &d)) Fail(absl::StrCat(where, ": \"", n, "\" is not a number"), 2);
+    char buf[8];
+    if (type == "float32") {
+      float f = static_cast<float>(d);
+      std::memcpy(buf, &f, 4);
+    } else if (type == "int32") {
+      int32_t i = static_cast<int32_t>(d);
+      std::memcpy(buf, &i, 4);
+    } else if (type == "uint32") {
+      uint32_t u = static_cast<uint32_t>(d);
+      std::memcpy(buf, &u, 4);
+    } else {
+      std::memcpy(buf, &d, 8);
+    }
+    out.append(buf, SizeOf(type));
+  }
+  return out;
+}
+
+void WriteOutput(const Binding& b) {
+  const auto* p = static_cast<const uint8_t*>(b.tensor->rawData());
+  const size_t n = b.tensor->size();
+  std::ofstream out(b.output, std::ios::binary);
+  if (!out) Fail(absl::StrCat("cannot write ", b.output));
+  if (!EndsWith(b.output, ".txt")) {
+    out.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(b.tensor->memorySize()));
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (b.type == "float32") out << reinterpret_cast<const float*>(p)[i];
+    if (b.type == "int32") out << reinterpret_cast<const int32_t*>(p)[i];
+    if (b.type == "uint32") out << reinterpret_cast<const uint32_t*>(p)[i];
+    if (b.type == "float64") out << reinterpret_cast<const double*>(p)[i];
+    out << "\n";
+  }
+}
+
+int Run() {
+  const std::string shader = absl::GetFlag(FLAGS_shader);
+  if (shader.empty()) Fail("run needs --shader=FILE", 2);
+  if (absl::GetFlag(FLAGS_tensors).empty()) Fail("run needs --tensors=TYPE:SOURCE[=OUTPUT],...", 2);
+  std::string code = ReadFile(shader);
+  std::vector<uint32_t> spirv;
+  if (EndsWith(shader, ".spv")) {
+    if (code.size() % 4 != 0) Fail(absl::StrCat(shader, ": SPIR-V size is not a multiple of 4"));
+    spirv.resize(code.size() / 4);
+    std::memcpy(spirv.data(), code.data(), code.size());
+  }
+  std::vector<std::string> wg = absl::StrSplit(absl::GetFlag(FLAGS_workgroup), ',');
+  kp::Workgroup workgroup{0, 1, 1};
+  for (size_t i = 0; i < std::min<size_t>(3, wg.size()); ++i) {
+    if (!absl::SimpleAtoi(wg[i], &workgroup[i])) {
+      Fail(absl::StrCat("--workgroup: \"", wg[i], "\" is not a count"), 2);
+    }
+  }
+  const std::string ctype = absl::GetFlag(FLAGS_const_type);
+  SizeOf(ctype);
+  std::string push = Encode(ctype, absl::StrSplit(absl::GetFlag(FLAGS_push), ','), "--push");
+  std::string spec = Encode(ctype, absl::StrSplit(absl::GetFlag(FLAGS_spec), ','), "--spec");
+
+  try {
+    kp::Manager mgr(Address(), absl::GetFlag(FLAGS_device));
+    if (spirv.empty()) spirv = kp::compileSource(code);
+    std::vector<Binding> bindings;
+    for (absl::string_view item_view : absl::StrSplit(absl::GetFlag(FLAGS_tensors), ',')) {
+      const std::string item(item_view);
+      Binding b;
+      std::vector<std::string> io = absl::StrSplit(item, absl::MaxSplits('=', 1));
+      std::vector<std::string> parts = absl::StrSplit(io[0], absl::MaxSplits(':', 1));
+      if (parts.size() != 2) Fail(absl::StrCat("--tensors: \"", item, "\" is not TYPE:SOURCE"), 2);
+      b.type = parts[0];
+      const uint32_t size = SizeOf(b.type);
+      std::string data;
+      if (parts[1].rfind("zeros:", 0) == 0) {
+        uint64_t n;
+        if (!absl::SimpleAtoi(parts[1].substr(6), &n) || n == 0) {
+          Fail(absl::StrCat("--tensors: \"", parts[1], "\" needs a count above 0"), 2);
+        }
+        data.assign(n * size, '\0');
+      } else {
+        data = ReadFile(parts[1]);
+        if (EndsWith(parts[1], ".txt")) {
+          data = Encode(b.type, absl::StrSplit(data, absl::ByAnyChar(" \t\r\n,"), absl::SkipEmpty()),
+                        parts[1]);
+        }
+        if (data.empty() || data.size() % size != 0) {
+          Fail(absl::StrCat(parts[1], ": ", data.size(), " bytes is not a whole number of ",
+                            b.type, " values"));
+        }
+      }
+      if (io.size() == 2) b.output = io[1];
+      b.tensor = mgr.tensor(data.data(), data.size() / size, size, DataTypeOf(b.type));
+      bindings.push_back(std::move(b));
+    }
+    std::vector<std::shared_ptr<kp::Tensor>> params;
+    for (const auto& b : bindings) params.push_back(b.tensor);
+    auto spec_bytes = std::vector<uint8_t>(spec.begin(), spec.end());
+    auto push_bytes = std::vector<uint8_t>(push.begin(), push.end());
+    auto algo = mgr.algorithm(params, spirv, workgroup, std::vector<float>{},
+                              std::vector<float>{});
+    algo->rebuildRaw(params, spirv, workgroup, spec_bytes, SizeOf(ctype), push_bytes,
+                     SizeOf(ctype));
+    auto seq = mgr.sequence(0, 3);
+    const auto start = std::chrono::steady_clock::now();
+    seq->record<kp::OpTensorSyncDevice>(params)
+        ->record<kp::OpAlgoDispatch>(algo)
+        ->record<kp::OpTensorSyncLocal>(params)
+        ->eval();
+    const auto wall = std::chrono::steady_clock::now() - start;
+    auto ts = seq->getTimestamps();
+    std::cerr << "ran on " << mgr.getDeviceProperties().deviceName << " in "
+              << std::chrono::duration<double, std::milli>(wall).count() << " ms";
+    if (ts.size() >= 3) std::cerr << " (kernel " << (ts[2] - ts[1]) / 1000.0 << " us on the GPU)";
+    std::cerr << "\n";
+    for (const auto& b : bindings) {
+      if (!b.output.empty()) WriteOutput(b);
+    }
+  } catch (const kp::Error& e) {
+    Fail(e.what());
+  }
+  return 0;
+}
+
+// ---- bench
+
+void Progress(const char* what, double fraction) {
+  if (!isatty(STDERR_FILENO)) return;
+  const int width = 30;
+  int filled = static_cast<int>(fraction * width);
+  std::fprintf(stderr, "\r%-22s [%s%s] %3d%%", what, std::string(filled, '#').c_str(),
+               std::string(width - filled, ' ').c_str(), static_cast<int>(fraction * 100));
+  if (fraction >= 1) std::fprintf(stderr, "\r%*s\r", 60, "");
+}
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+int Bench() {
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  auto sessions = v1::Sessions::NewStub(Channel());
+  std::vector<double> rtt;
+  auto start = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  while (elapsed() < seconds) {
+    grpc::ClientContext c;
+    SetDeadline(c);
+    v1::PingResponse r;
+    auto t0 = std::chrono::steady_clock::now();
+    Check(sessions->Ping(&c, v1::PingRequest(), &r), "ping");
+    rtt.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    Progress("ping", std::min(1.0, elapsed() / seconds));
+  }
+  Progress("ping", 1);
+  std::printf("ping round trip      p50 %8.1f us   p99 %8.1f us   (%zu calls)\n",
+              Percentile(rtt, 0.5), Percentile(rtt, 0.99), rtt.size());
+  try {
+    kp::Manager mgr(Address(), absl::GetFlag(FLAGS_device));
+    auto t = mgr.tensor(std::vector<float>(1024, 1.0f));
+    auto seq = mgr.sequence();
+    seq->record<kp::OpTensorSyncDevice>({t})->record<kp::OpTensorSyncLocal>({t});
+    std::vector<double> evals;
+    start = std::chrono::steady_clock::now();
+    while (elapsed() < seconds) {
+      auto t0 = std::chrono::steady_clock::now();
+      seq->eval();
+      evals.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      Progress("eval (4 KiB)", std::min(1.0, elapsed() / seconds));
+    }
+    Progress("eval (4 KiB)", 1);
+    std::printf("eval 4 KiB up+down   p50 %8.1f us   p99 %8.1f us   (%zu evals)\n",
+                Percentile(evals, 0.5), Percentile(evals, 0.99), evals.size());
+
+    const uint64_t mib = absl::GetFlag(FLAGS_megabytes);
+    if (mib > 0) {
+      const uint64_t count = mib << 18;  // floats
+      auto big = mgr.tensorT<float>(count);
+      float* p = big->data();
+      for (uint64_t i = 0; i < count; ++i) p[i] = static_cast<float>(i & 0xffff);
+      auto up = mgr.sequence(), down = mgr.sequence();
+      up->record<kp::OpTensorSyncDevice>({big});
+      down->record<kp::OpTensorSyncLocal>({big});
+      const int rounds = 4;
+      double up_s = 0, down_s = 0;
+      for (int r = 0; r < rounds; ++r) {
+        auto t0 = std::chrono::steady_clock::now();
+        up->eval();
+        auto t1 = std::chrono::steady_clock::now();
+        down->eval();
+        auto t2 = std::chrono::steady_clock::now();
+        up_s += std::chrono::duration<double>(t1 - t0).count();
+        down_s += std::chrono::duration<double>(t2 - t1).count();
+        Progress("bandwidth", double(r + 1) / rounds);
+      }
+      const double bytes = double(mib << 20) * rounds;
+      std::printf("upload   %5llu MiB   %8.2f GB/s\n", static_cast<unsigned long long>(mib),
+                  bytes / up_s / 1e9);
+      std::printf("download %5llu MiB   %8.2f GB/s\n", static_cast<unsigned long long>(mib),
+                  bytes / down_s / 1e9);
+    }
+  } catch (const kp::Error& e) {
+    Fail(e.what());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "komputectl COMMAND [flags]\n\n"
+      "commands:\n"
+      "  devices    the daemon's devices: memory, queue families, limits\n"
+      "  health     grpc.health.v1 status of the daemon (--service for one service)\n"
+      "  sessions   open sessions with their memory and age\n"
+      "  run        compile a GLSL (or load a SPIR-V) file, bind tensors from files, dispatch,\n"
+      "             write outputs: komputectl run --shader=k.comp \\\n"
+      "               --tensors=float32:a.txt,float32:b.txt,float32:zeros:3=out.txt\n"
+      "  bench      round-trip latency and bandwidth against the daemon\n\n"
+      "The daemon is --address, else $KOMPUTED_ADDRESS, else 127.0.0.1:50051.");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    Fail(args.size() < 2 ? "no command given (devices, health, sessions, run, bench; --help)"
+                         : "one command at a time",
+         2);
+  }
+  const std::string command = args[1];
+  if (command == "devices") return Devices();
+  if (command == "health") return Health();
+  if (command == "sessions") return Sessions();
+  if (command == "run") return Run();
+  if (command == "bench") return Bench();
+  Fail(absl::StrCat("unknown command \"", command, "\" (devices, health, sessions, run, bench)"), 2);
+}
