@@ -320,6 +320,7 @@ class RemoteAlgorithm final : public BackendAlgorithm {
   RemoteAlgorithm(const void* owner, std::shared_ptr<Remote> remote, uint64_t handle)
       : BackendAlgorithm(owner), remote_(std::move(remote)), handle_(handle) {}
   ~RemoteAlgorithm() override {
+    if (!created_) return;  // its creation failed: the daemon never had it
     v1::Command c;
     c.mutable_destroy_algorithm()->set_handle(handle_);
     remote_->Defer(std::move(c));
@@ -331,6 +332,7 @@ class RemoteAlgorithm final : public BackendAlgorithm {
   }
   void set_tensors(std::vector<std::shared_ptr<RemoteTensor>> t, uint64_t push_bytes) {
     std::lock_guard<std::mutex> lock(mu_);
+    created_ = true;
     tensors_ = std::move(t);
     push_bytes_ = push_bytes;
   }
@@ -345,6 +347,7 @@ class RemoteAlgorithm final : public BackendAlgorithm {
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<RemoteTensor>> tensors_;
   uint64_t push_bytes_ = 0;
+  bool created_ = false;
 };
 
 absl::StatusOr<std::vector<std::shared_ptr<RemoteTensor>>> Unwrap(

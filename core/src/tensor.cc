@@ -215,6 +215,7 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
 }
 
 void* Tensor::host_data() const {
+  if (memory_ == MemoryType::kStorage) return nullptr;  // even where device memory is mappable
   if (staging_.mapped() != nullptr) return staging_.mapped();
   return primary_.mapped();
 }

@@ -1,0 +1,479 @@
+#include "services.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "status.h"
+
+namespace komputed::server {
+namespace {
+
+// Room in a message for everything but a chunk's data bytes.
+constexpr uint64_t kChunkOverhead = 1024;
+
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+// Looks the session up and replies with what `fn(session)` returns.
+template <typename Fn>
+grpc::ServerUnaryReactor* InSession(grpc::CallbackServerContext* context, SessionManager& sessions,
+                                    const std::string& session_id, Fn&& fn) {
+  absl::StatusOr<std::shared_ptr<Session>> session = sessions.Get(session_id);
+  if (!session.ok()) return Reply(context, session.status());
+  return Reply(context, fn(**session));
+}
+
+absl::Time Deadline(const grpc::CallbackServerContext& context) {
+  const auto deadline = context.deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+  return absl::FromChrono(deadline);
+}
+
+// WriteTensor: the chunks go into the tensor's host data as they arrive.
+class WriteTensorReactor final : public grpc::ServerReadReactor<v1::TensorChunk> {
+ public:
+  WriteTensorReactor(SessionManager* sessions, v1::WriteTensorResponse* response)
+      : sessions_(sessions), response_(response) {
+    StartRead(&chunk_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client is done sending (or gone)
+      if (write_ == nullptr) {
+        Finish(ToGrpcStatus(absl::InvalidArgumentError(
+            "WriteTensor: no chunk was sent (the first one names the session and tensor)")));
+        return;
+      }
+      absl::Status status = write_->Finish();
+      if (status.ok()) response_->set_bytes_written(write_->bytes_written());
+      Finish(ToGrpcStatus(status));
+      return;
+    }
+    absl::Status status;
+    if (write_ == nullptr) {
+      absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Get(chunk_.session_id());
+      if (session.ok()) {
+        absl::StatusOr<std::unique_ptr<TensorWrite>> write =
+            TensorWrite::Begin(*std::move(session), chunk_);
+        if (write.ok()) {
+          write_ = *std::move(write);
+        } else {
+          status = write.status();
+        }
+      } else {
+        status = session.status();
+      }
+    } else {
+      status = write_->Write(chunk_);
+    }
+    if (!status.ok()) {
+      Finish(ToGrpcStatus(status));  // the rest of the client's chunks are dropped
+      return;
+    }
+    StartRead(&chunk_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  SessionManager* const sessions_;
+  v1::WriteTensorResponse* const response_;
+  v1::TensorChunk chunk_;
+  std::unique_ptr<TensorWrite> write_;
+};
+
+// ReadTensor: one chunk in flight at a time.
+class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::TensorChunk> {
+ public:
+  ReadTensorReactor(SessionManager* sessions, const v1::ReadTensorRequest& request,
+                    uint64_t max_chunk_bytes) {
+    absl::StatusOr<std::shared_ptr<Session>> session = sessions->Get(request.session_id());
+    if (!session.ok()) {
+      Finish(ToGrpcStatus(session.status()));
+      return;
+    }
+    absl::StatusOr<std::unique_ptr<TensorRead>> read =
+        TensorRead::Begin(*std::move(session), request, max_chunk_bytes);
+    if (!read.ok()) {
+      Finish(ToGrpcStatus(read.status()));
+      return;
+    }
+    read_ = *std::move(read);
+    Next();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "ReadTensor: the stream was broken"));
+      return;
+    }
+    Next();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    if (read_->done()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    read_->Next(&chunk_);
+    StartWrite(&chunk_);
+  }
+
+  std::unique_ptr<TensorRead> read_;
+  v1::TensorChunk chunk_;
+};
+
+// Execute: each request runs like Eval; its event is written when it completes.
+//
+// Lifetime: the reactor owns everything the stream needs and is deleted in OnDone, which gRPC
+// calls only after Finish. Finish is called only once (a) the client has stopped sending (half
+// close, cancellation or a broken stream all end the reads), (b) every eval of the stream has
+// completed (pending_ == 0), and (c) no write is outstanding. So every completion callback, which
+// points at the reactor, fires while the reactor is alive, and a client that disappears mid-stream
+// only makes the remaining events be dropped; the reactor then finishes when the last submission
+// completes (bounded by the eval timeout). The session is held in use (so it is not reaped) from
+// the first request until OnDone.
+class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent> {
+ public:
+  explicit ExecuteReactor(SessionManager* sessions) : sessions_(sessions) { StartRead(&request_); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Step next;
+      {
+        absl::MutexLock lock(&mu_);
+        reads_done_ = true;
+        next = NextStepLocked();
+      }
+      Take(next);
+      return;
+    }
+    Submit(request_.eval());
+    StartRead(&request_);  // Submit read everything it needed from request_
+  }
+
+  void OnWriteDone(bool ok) override {
+    Step next;
+    {
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      current_.reset();
+      if (!ok) Drop();  // the stream is broken: nobody will read further events
+      next = NextStepLocked();
+    }
+    Take(next);
+  }
+
+  void OnCancel() override {
+    Step next;
+    {
+      absl::MutexLock lock(&mu_);
+      Drop();
+      next = NextStepLocked();
+    }
+    Take(next);
+  }
+
+  void OnDone() override { delete this; }  // releases session_
+
+ private:
+  // What to do after a change of state: write an event, finish, or nothing.
+  struct Step {
+    v1::ExecuteEvent* write = nullptr;
+    bool finish = false;
+    grpc::Status status;
+  };
+
+  // Runs one eval; its event is queued from the completion callback (possibly at once).
+  void Submit(const v1::EvalRequest& eval) {
+    auto event = std::make_shared<v1::ExecuteEvent>();
+    event->set_request_id(eval.request_id());
+    {
+      absl::MutexLock lock(&mu_);
+      ++pending_;
+    }
+    absl::StatusOr<std::shared_ptr<Session>> session = Bind(eval.session_id());
+    if (!session.ok()) {
+      Complete(std::move(event), session.status());
+      return;
+    }
+    v1::EvalResponse* result = event->mutable_result();
+    (*session)->Eval(eval, absl::InfiniteFuture(), result,
+                     [this, event = std::move(event)](absl::Status status) mutable {
+                       Complete(std::move(event), status);
+                     });
+  }
+
+  // The stream belongs to the session that its first request names; later requests name it
+  // again or leave session_id empty. Reads are sequential, so only one thread is here.
+  absl::StatusOr<std::shared_ptr<Session>> Bind(const std::string& id) {
+    if (session_ == nullptr) {
+      absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Get(id);
+      if (!session.ok()) return session.status();
+      session_ = *session;  // in use (never reaped) until the stream is done
+      return session;
+    }
+    if (!id.empty() && id != session_->id()) {
+      return absl::InvalidArgumentError(absl::StrCat("this Execute stream belongs to session ",
+                                                     session_->id(), "; the request names session ",
+                                                     id));
+    }
+    return sessions_->Get(session_->id());  // NOT_FOUND once the session was closed
+  }
+
+  // Called once per submitted eval, on the waiter's thread or inline. Once pending_ drops, another
+  // thread may finish the stream (and gRPC then deletes the reactor), so everything happens under
+  // one lock acquisition and nothing but the step decided there touches the reactor afterwards.
+  void Complete(std::shared_ptr<v1::ExecuteEvent> event, const absl::Status& status) {
+    if (!status.ok()) {
+      event->clear_result();
+      event->set_code(static_cast<int32_t>(status.code()));
+      event->set_message(std::string(status.message()));
+    }
+    Step next;
+    {
+      absl::MutexLock lock(&mu_);
+      --pending_;
+      if (!dropping_) events_.push_back(std::move(event));
+      next = NextStepLocked();
+    }
+    Take(next);
+  }
+
+  void Drop() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    dropping_ = true;
+    events_.clear();
+  }
+
+  // Decides the next write, or the finish once nothing remains. writing_ and finished_ make the
+  // decided step exclusive: the stream cannot finish (and the reactor cannot go) before the
+  // thread that decided it has taken it.
+  Step NextStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Step step;
+    if (writing_ || finished_) return step;
+    if (!events_.empty()) {
+      writing_ = true;
+      current_ = std::move(events_.front());
+      events_.pop_front();
+      step.write = current_.get();
+    } else if (reads_done_ && pending_ == 0) {
+      finished_ = true;
+      step.finish = true;
+      if (dropping_)
+        step.status = grpc::Status(grpc::StatusCode::CANCELLED, "the stream was cancelled");
+    }
+    return step;
+  }
+
+  // Makes the gRPC call that NextStepLocked decided, outside the lock.
+  void Take(const Step& step) {
+    if (step.write != nullptr) {
+      StartWrite(step.write);
+    } else if (step.finish) {
+      Finish(step.status);
+    }
+  }
+
+  SessionManager* const sessions_;
+  v1::ExecuteRequest request_;        // the read in progress
+  std::shared_ptr<Session> session_;  // set by the first request that names a session
+
+  absl::Mutex mu_;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;  // evals submitted whose event is not queued yet
+  std::deque<std::shared_ptr<v1::ExecuteEvent>> events_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<v1::ExecuteEvent> current_ ABSL_GUARDED_BY(mu_);  // the write in flight
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool dropping_ ABSL_GUARDED_BY(mu_) = false;  // cancelled or broken: events are dropped
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Devices
+
+grpc::ServerUnaryReactor* DevicesService::ListDevices(grpc::CallbackServerContext* context,
+                                                      const v1::ListDevicesRequest*,
+                                                      v1::ListDevicesResponse* response) {
+  for (size_t i = 0; i < ctx_.pool->size(); ++i) ctx_.pool->at(i).Describe(response->add_devices());
+  return Reply(context, absl::OkStatus());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sessions
+
+grpc::ServerUnaryReactor* SessionsService::OpenSession(grpc::CallbackServerContext* context,
+                                                       const v1::OpenSessionRequest* request,
+                                                       v1::OpenSessionResponse* response) {
+  absl::StatusOr<std::shared_ptr<Session>> session = ctx_.sessions->Open(*request, context->peer());
+  if (!session.ok()) return Reply(context, session.status());
+  response->set_session_id((*session)->id());
+  (*session)->device().Describe(response->mutable_device());
+  response->set_queue_count((*session)->queue_count());
+  response->set_idle_timeout_ms(
+      static_cast<uint64_t>(absl::ToInt64Milliseconds(ctx_.sessions->options().idle_timeout)));
+  response->set_max_message_bytes(ctx_.max_message_bytes);
+  return Reply(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* SessionsService::CloseSession(grpc::CallbackServerContext* context,
+                                                        const v1::CloseSessionRequest* request,
+                                                        v1::CloseSessionResponse*) {
+  return Reply(context, ctx_.sessions->Close(request->session_id()));
+}
+
+grpc::ServerUnaryReactor* SessionsService::KeepAlive(grpc::CallbackServerContext* context,
+                                                     const v1::KeepAliveRequest* request,
+                                                     v1::KeepAliveResponse*) {
+  return Reply(context, ctx_.sessions->Get(request->session_id()).status());
+}
+
+grpc::ServerUnaryReactor* SessionsService::ListSessions(grpc::CallbackServerContext* context,
+                                                        const v1::ListSessionsRequest*,
+                                                        v1::ListSessionsResponse* response) {
+  for (const auto& session : ctx_.sessions->List()) session->Describe(response->add_sessions());
+  return Reply(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* SessionsService::Ping(grpc::CallbackServerContext* context,
+                                                const v1::PingRequest* request,
+                                                v1::PingResponse* response) {
+  response->set_payload(request->payload());
+  return Reply(context, absl::OkStatus());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tensors
+
+grpc::ServerUnaryReactor* TensorsService::CreateTensor(grpc::CallbackServerContext* context,
+                                                       const v1::CreateTensorRequest* request,
+                                                       v1::CreateTensorResponse*) {
+  return InSession(context, *ctx_.sessions, request->session_id(),
+                   [&](Session& s) { return s.CreateTensor(*request); });
+}
+
+grpc::ServerUnaryReactor* TensorsService::DestroyTensor(grpc::CallbackServerContext* context,
+                                                        const v1::DestroyTensorRequest* request,
+                                                        v1::DestroyTensorResponse*) {
+  return InSession(context, *ctx_.sessions, request->session_id(),
+                   [&](Session& s) { return s.DestroyTensor(*request); });
+}
+
+grpc::ServerReadReactor<v1::TensorChunk>* TensorsService::WriteTensor(
+    grpc::CallbackServerContext*, v1::WriteTensorResponse* response) {
+  return new WriteTensorReactor(ctx_.sessions, response);
+}
+
+grpc::ServerWriteReactor<v1::TensorChunk>* TensorsService::ReadTensor(
+    grpc::CallbackServerContext*, const v1::ReadTensorRequest* request) {
+  const uint64_t max_chunk = ctx_.max_message_bytes > 2 * kChunkOverhead
+                                 ? ctx_.max_message_bytes - kChunkOverhead
+                                 : kChunkOverhead;
+  return new ReadTensorReactor(ctx_.sessions, *request, max_chunk);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Algorithms
+
+grpc::ServerUnaryReactor* AlgorithmsService::CreateAlgorithm(
+    grpc::CallbackServerContext* context, const v1::CreateAlgorithmRequest* request,
+    v1::CreateAlgorithmResponse*) {
+  return InSession(context, *ctx_.sessions, request->session_id(),
+                   [&](Session& s) { return s.CreateAlgorithm(*request); });
+}
+
+grpc::ServerUnaryReactor* AlgorithmsService::RebuildAlgorithm(
+    grpc::CallbackServerContext* context, const v1::CreateAlgorithmRequest* request,
+    v1::CreateAlgorithmResponse*) {
+  return InSession(context, *ctx_.sessions, request->session_id(),
+                   [&](Session& s) { return s.RebuildAlgorithm(*request); });
+}
+
+grpc::ServerUnaryReactor* AlgorithmsService::SetPushConstants(
+    grpc::CallbackServerContext* context, const v1::SetPushConstantsRequest* request,
+    v1::SetPushConstantsResponse*) {
+  return InSession(context, *ctx_.sessions, request->session_id(),
+                   [&](Session& s) { return s.SetPushConstants(*request); });
+}
+
+grpc::ServerUnaryReactor* AlgorithmsService::DestroyAlgorithm(
+    grpc::CallbackServerContext* context, const v1::DestroyAlgorithmRequest* request,
+    v1::DestroyAlgorithmResponse*) {
+  return InSession(context, *ctx_.sessions, request->session_id(),
+                   [&](Session& s) { return s.DestroyAlgorithm(*request); });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sequences
+
+grpc::ServerUnaryReactor* SequencesService::CreateSequence(grpc::CallbackServerContext* context,
+                                                           const v1::CreateSequenceRequest* request,
+                                                           v1::CreateSequenceResponse*) {
+  return InSession(context, *ctx_.sessions, request->session_id(),
+                   [&](Session& s) { return s.CreateSequence(*request); });
+}
+
+grpc::ServerUnaryReactor* SequencesService::Record(grpc::CallbackServerContext* context,
+                                                   const v1::RecordRequest* request,
+                                                   v1::RecordResponse*) {
+  return InSession(context, *ctx_.sessions, request->session_id(),
+                   [&](Session& s) { return s.Record(*request); });
+}
+
+grpc::ServerUnaryReactor* SequencesService::Eval(grpc::CallbackServerContext* context,
+                                                 const v1::EvalRequest* request,
+                                                 v1::EvalResponse* response) {
+  absl::StatusOr<std::shared_ptr<Session>> found = ctx_.sessions->Get(request->session_id());
+  if (!found.ok()) return Reply(context, found.status());
+  std::shared_ptr<Session> session = *std::move(found);  // alive until Eval has returned
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // The callback holds the session in use (not reaped) until the eval has completed.
+  session->Eval(*request, Deadline(*context), response,
+                [reactor, session](absl::Status status) mutable {
+                  session.reset();
+                  reactor->Finish(ToGrpcStatus(status));
+                });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* SequencesService::DestroySequence(
+    grpc::CallbackServerContext* context, const v1::DestroySequenceRequest* request,
+    v1::DestroySequenceResponse*) {
+  return InSession(context, *ctx_.sessions, request->session_id(),
+                   [&](Session& s) { return s.DestroySequence(*request); });
+}
+
+grpc::ServerUnaryReactor* SequencesService::GetTimestamps(grpc::CallbackServerContext* context,
+                                                          const v1::GetTimestampsRequest* request,
+                                                          v1::GetTimestampsResponse* response) {
+  return InSession(context, *ctx_.sessions, request->session_id(), [&](Session& s) {
+    absl::StatusOr<std::vector<uint64_t>> timestamps = s.GetTimestamps(request->handle());
+    if (!timestamps.ok()) return timestamps.status();
+    for (uint64_t t : *timestamps) response->add_timestamps_ns(t);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent>* SequencesService::Execute(
+    grpc::CallbackServerContext*) {
+  return new ExecuteReactor(ctx_.sessions);
+}
+
+}  // namespace komputed::server

@@ -1,0 +1,119 @@
+#pragma once
+
+#include <cstdint>
+
+#include "device_pool.h"
+#include "komputed/v1/komputed.grpc.pb.h"
+#include "session_manager.h"
+
+namespace komputed::server {
+
+// What the services act on. Everything it points to outlives the services.
+struct ServiceContext {
+  DevicePool* pool = nullptr;
+  SessionManager* sessions = nullptr;
+  uint64_t max_message_bytes = 64 << 20;  // the largest message the daemon sends or takes
+};
+
+// The komputed.v1 services, on gRPC's callback API. The handlers are thin: they look the session
+// up, call it, and translate the result with ToGrpcStatus. No handler blocks a gRPC thread on the
+// device: evals finish their call from the device's completion waiter. Thread-safe.
+
+class DevicesService final : public v1::Devices::CallbackService {
+ public:
+  explicit DevicesService(ServiceContext context) : ctx_(context) {}
+  grpc::ServerUnaryReactor* ListDevices(grpc::CallbackServerContext* context,
+                                        const v1::ListDevicesRequest* request,
+                                        v1::ListDevicesResponse* response) override;
+
+ private:
+  ServiceContext ctx_;
+};
+
+class SessionsService final : public v1::Sessions::CallbackService {
+ public:
+  explicit SessionsService(ServiceContext context) : ctx_(context) {}
+  grpc::ServerUnaryReactor* OpenSession(grpc::CallbackServerContext* context,
+                                        const v1::OpenSessionRequest* request,
+                                        v1::OpenSessionResponse* response) override;
+  grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
+                                         const v1::CloseSessionRequest* request,
+                                         v1::CloseSessionResponse* response) override;
+  grpc::ServerUnaryReactor* KeepAlive(grpc::CallbackServerContext* context,
+                                      const v1::KeepAliveRequest* request,
+                                      v1::KeepAliveResponse* response) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
+                                         const v1::ListSessionsRequest* request,
+                                         v1::ListSessionsResponse* response) override;
+  grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* context,
+                                 const v1::PingRequest* request,
+                                 v1::PingResponse* response) override;
+
+ private:
+  ServiceContext ctx_;
+};
+
+class TensorsService final : public v1::Tensors::CallbackService {
+ public:
+  explicit TensorsService(ServiceContext context) : ctx_(context) {}
+  grpc::ServerUnaryReactor* CreateTensor(grpc::CallbackServerContext* context,
+                                         const v1::CreateTensorRequest* request,
+                                         v1::CreateTensorResponse* response) override;
+  grpc::ServerUnaryReactor* DestroyTensor(grpc::CallbackServerContext* context,
+                                          const v1::DestroyTensorRequest* request,
+                                          v1::DestroyTensorResponse* response) override;
+  grpc::ServerReadReactor<v1::TensorChunk>* WriteTensor(grpc::CallbackServerContext* context,
+                                                        v1::WriteTensorResponse* response) override;
+  grpc::ServerWriteReactor<v1::TensorChunk>* ReadTensor(
+      grpc::CallbackServerContext* context, const v1::ReadTensorRequest* request) override;
+
+ private:
+  ServiceContext ctx_;
+};
+
+class AlgorithmsService final : public v1::Algorithms::CallbackService {
+ public:
+  explicit AlgorithmsService(ServiceContext context) : ctx_(context) {}
+  grpc::ServerUnaryReactor* CreateAlgorithm(grpc::CallbackServerContext* context,
+                                            const v1::CreateAlgorithmRequest* request,
+                                            v1::CreateAlgorithmResponse* response) override;
+  grpc::ServerUnaryReactor* RebuildAlgorithm(grpc::CallbackServerContext* context,
+                                             const v1::CreateAlgorithmRequest* request,
+                                             v1::CreateAlgorithmResponse* response) override;
+  grpc::ServerUnaryReactor* SetPushConstants(grpc::CallbackServerContext* context,
+                                             const v1::SetPushConstantsRequest* request,
+                                             v1::SetPushConstantsResponse* response) override;
+  grpc::ServerUnaryReactor* DestroyAlgorithm(grpc::CallbackServerContext* context,
+                                             const v1::DestroyAlgorithmRequest* request,
+                                             v1::DestroyAlgorithmResponse* response) override;
+
+ private:
+  ServiceContext ctx_;
+};
+
+class SequencesService final : public v1::Sequences::CallbackService {
+ public:
+  explicit SequencesService(ServiceContext context) : ctx_(context) {}
+  grpc::ServerUnaryReactor* CreateSequence(grpc::CallbackServerContext* context,
+                                           const v1::CreateSequenceRequest* request,
+                                           v1::CreateSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* Record(grpc::CallbackServerContext* context,
+                                   const v1::RecordRequest* request,
+                                   v1::RecordResponse* response) override;
+  grpc::ServerUnaryReactor* Eval(grpc::CallbackServerContext* context,
+                                 const v1::EvalRequest* request,
+                                 v1::EvalResponse* response) override;
+  grpc::ServerUnaryReactor* DestroySequence(grpc::CallbackServerContext* context,
+                                            const v1::DestroySequenceRequest* request,
+                                            v1::DestroySequenceResponse* response) override;
+  grpc::ServerUnaryReactor* GetTimestamps(grpc::CallbackServerContext* context,
+                                          const v1::GetTimestampsRequest* request,
+                                          v1::GetTimestampsResponse* response) override;
+  grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent>* Execute(
+      grpc::CallbackServerContext* context) override;
+
+ private:
+  ServiceContext ctx_;
+};
+
+}  // namespace komputed::server

@@ -1,0 +1,185 @@
+#include "session_manager.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/random.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/random/random.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "komputed/core/status.h"
+
+namespace komputed::server {
+namespace {
+
+// How often the reaper looks at least (when no session is about to expire).
+constexpr absl::Duration kMaxReapInterval = absl::Seconds(10);
+// How soon it looks again at most (so that many sessions expiring together cost little).
+constexpr absl::Duration kMinReapInterval = absl::Milliseconds(5);
+
+// 128 random bits as 32 hex digits, from the kernel's random source.
+std::string NewSessionId() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (got < sizeof(bytes)) {  // no getrandom: fall back to a seeded generator
+    absl::BitGen gen;
+    for (unsigned char& b : bytes) b = absl::Uniform<unsigned char>(gen);
+  }
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
+
+std::string Seconds(absl::Duration d) { return absl::StrFormat("%.1fs", absl::ToDoubleSeconds(d)); }
+
+}  // namespace
+
+SessionManager::SessionManager(DevicePool* pool, SessionManagerOptions options)
+    : pool_(pool), options_(options) {
+  reaper_ = std::thread([this] { Reap(); });
+}
+
+SessionManager::~SessionManager() { Shutdown(); }
+
+void SessionManager::Shutdown() {
+  absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    sessions.swap(sessions_);
+  }
+  if (reaper_.joinable()) reaper_.join();
+  for (auto& [id, session] : sessions) {
+    session->Close();
+    session->device().AddSessions(-1);
+    spdlog::info("session {} closed (daemon stopping)", id);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(const v1::OpenSessionRequest& request,
+                                                              std::string peer) {
+  KD_ASSIGN_OR_RETURN(PooledDevice * device, pool_->Get(request.device_index()));
+  std::vector<uint32_t> families(request.queue_families().begin(), request.queue_families().end());
+  KD_ASSIGN_OR_RETURN(std::vector<uint32_t> queues, device->ResolveQueues(families));
+  const std::string peer_name = peer;
+  SessionConfig config;
+  config.id = NewSessionId();
+  config.device = device;
+  config.queues = std::move(queues);
+  config.client_name = request.client_name();
+  config.peer = std::move(peer);
+  config.eval_timeout = options_.eval_timeout;
+  config.max_message_bytes = options_.max_message_bytes;
+  auto session = std::make_shared<Session>(std::move(config));
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the daemon is shutting down");
+    sessions_.emplace(session->id(), session);
+  }
+  device->AddSessions(1);
+  spdlog::info("session {} opened on device {} with {} queue(s) by {} ({})", session->id(),
+               device->index(), session->queue_count(),
+               request.client_name().empty() ? "an unnamed client" : request.client_name(),
+               peer_name);
+  return session;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::Get(absl::string_view id) {
+  if (id.empty()) return absl::InvalidArgumentError("no session_id given");
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("session ", id, " not found (it was closed, or idle for longer than ",
+                       Seconds(options_.idle_timeout), ", or the daemon restarted)"));
+    }
+    session = it->second;
+    session->BeginUse();  // under mu_: the reaper cannot take it from here on
+  }
+  session->Touch();
+  Session* raw = session.get();
+  return std::shared_ptr<Session>(raw, [keep = std::move(session)](Session* s) { s->EndUse(); });
+}
+
+absl::Status SessionManager::Close(absl::string_view id) {
+  if (id.empty()) return absl::InvalidArgumentError("no session_id given");
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) {
+      return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+    }
+    session = std::move(it->second);
+    sessions_.erase(it);
+  }
+  session->Close();
+  session->device().AddSessions(-1);
+  spdlog::info("session {} closed by its client after {}", session->id(),
+               Seconds(absl::Now() - session->created()));
+  return absl::OkStatus();
+}
+
+std::vector<std::shared_ptr<Session>> SessionManager::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Session>> all;
+  all.reserve(sessions_.size());
+  for (const auto& [id, session] : sessions_) all.push_back(session);
+  std::sort(all.begin(), all.end(),
+            [](const auto& a, const auto& b) { return a->created() < b->created(); });
+  return all;
+}
+
+absl::Time SessionManager::ReapOnce() {
+  const absl::Time now = absl::Now();
+  absl::Time next = now + std::min(options_.idle_timeout, kMaxReapInterval);
+  std::vector<std::shared_ptr<Session>> idle;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      Session& s = *it->second;
+      if (s.users() > 0) {  // a call, stream or eval in progress; Get cannot start one now
+        ++it;
+        continue;
+      }
+      const absl::Time expires = s.last_activity() + options_.idle_timeout;
+      if (expires <= now) {
+        idle.push_back(std::move(it->second));
+        sessions_.erase(it++);
+        continue;
+      }
+      next = std::min(next, expires);
+      ++it;
+    }
+  }
+  for (const auto& session : idle) {
+    const absl::Duration idle_for = now - session->last_activity();
+    session->Close();
+    session->device().AddSessions(-1);
+    spdlog::info("session {} reaped: no call for {} (idle timeout {})", session->id(),
+                 Seconds(idle_for), Seconds(options_.idle_timeout));
+  }
+  return std::max(next, absl::Now() + kMinReapInterval);
+}
+
+void SessionManager::Reap() {
+  while (true) {
+    const absl::Time next = ReapOnce();
+    absl::MutexLock lock(&mu_);
+    // Wakes at the nearest expiry, or at once when stopping; an activity that moves an expiry
+    // later only costs one early look.
+    mu_.AwaitWithDeadline(absl::Condition(&stopping_), next);
+    if (stopping_) return;
+  }
+}
+
+}  // namespace komputed::server

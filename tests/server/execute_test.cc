@@ -1,0 +1,190 @@
+// Execute: asynchronous evals on one stream, events in completion order.
+#include <chrono>
+#include <map>
+#include <thread>
+
+#include "test_util.h"
+
+namespace komputed::server::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint32_t kN = 4096;
+
+class ExecuteTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    ServerTest::SetUp();
+    session_ = Open("execute");
+    for (int p = 0; p < 4; ++p) MakePipeline(session_, Base(p), kN, Scale(p));
+  }
+  static uint64_t Base(int p) { return 10 * (p + 1); }
+  static float Scale(int p) { return static_cast<float>(p + 2); }
+  static std::vector<float> Input(uint64_t id) {
+    std::vector<float> v(kN);
+    for (uint32_t i = 0; i < kN; ++i) v[i] = static_cast<float>((id * 31 + i) % 1000);
+    return v;
+  }
+  // Checks an event of an eval of pipeline p with Input(id).
+  static void ExpectResult(const v1::ExecuteEvent& event, int p) {
+    ASSERT_EQ(event.code(), 0) << event.message();
+    ASSERT_EQ(event.result().downloads_size(), 1);
+    std::vector<float> out = Floats(event.result().downloads(0).data());
+    std::vector<float> in = Input(event.request_id());
+    ASSERT_EQ(out.size(), kN);
+    for (uint32_t i = 0; i < kN; ++i) ASSERT_FLOAT_EQ(out[i], in[i] * Scale(p)) << "element " << i;
+  }
+  v1::ExecuteRequest Request(uint64_t id, int p) {
+    v1::ExecuteRequest req;
+    *req.mutable_eval() = PipelineEval(session_, Base(p), Input(id));
+    req.mutable_eval()->set_request_id(id);
+    return req;
+  }
+
+  std::string session_;
+};
+
+TEST_F(ExecuteTest, EachRequestGetsOneEventWithItsData) {
+  grpc::ClientContext ctx;
+  auto stream = client_->sequences->Execute(&ctx);
+  for (int p = 0; p < 4; ++p) ASSERT_TRUE(stream->Write(Request(100 + p, p)));
+  v1::ExecuteRequest bad;
+  bad.mutable_eval()->set_session_id(session_);
+  bad.mutable_eval()->set_sequence(999);
+  bad.mutable_eval()->set_request_id(7);
+  ASSERT_TRUE(stream->Write(bad));
+  stream->WritesDone();
+
+  std::map<uint64_t, v1::ExecuteEvent> events;
+  v1::ExecuteEvent event;
+  while (stream->Read(&event)) {
+    EXPECT_TRUE(events.emplace(event.request_id(), event).second)
+        << "twice: " << event.request_id();
+  }
+  EXPECT_THAT(stream->Finish(), IsOk());
+  ASSERT_EQ(events.size(), 5u);
+  for (int p = 0; p < 4; ++p) ExpectResult(events.at(100 + p), p);
+  EXPECT_EQ(events.at(7).code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  EXPECT_THAT(events.at(7).message(), HasSubstr("sequence 999"));
+}
+
+TEST_F(ExecuteTest, ManyEvalsInFlightStayCorrect) {
+  grpc::ClientContext ctx;
+  auto stream = client_->sequences->Execute(&ctx);
+  // Keep one eval in flight per pipeline; reuse a pipeline once its event is back.
+  constexpr int kTotal = 200;
+  int sent = 0;
+  int received = 0;
+  std::map<uint64_t, int> pipeline_of;
+  for (int p = 0; p < 4; ++p, ++sent) {
+    pipeline_of[sent] = p;
+    ASSERT_TRUE(stream->Write(Request(sent, p)));
+  }
+  v1::ExecuteEvent event;
+  while (received < kTotal && stream->Read(&event)) {
+    ++received;
+    const int p = pipeline_of.at(event.request_id());
+    ExpectResult(event, p);
+    if (sent < kTotal) {
+      pipeline_of[sent] = p;
+      ASSERT_TRUE(stream->Write(Request(sent, p)));
+      ++sent;
+    }
+  }
+  stream->WritesDone();
+  EXPECT_FALSE(stream->Read(&event));
+  EXPECT_THAT(stream->Finish(), IsOk());
+  EXPECT_EQ(received, kTotal);
+}
+
+TEST_F(ExecuteTest, RequestsNamingAnotherSessionGetAnErrorEvent) {
+  const std::string other = Open("other");
+  grpc::ClientContext ctx;
+  auto stream = client_->sequences->Execute(&ctx);
+  v1::ExecuteRequest unknown;
+  unknown.mutable_eval()->set_session_id("nope");
+  unknown.mutable_eval()->set_request_id(1);
+  ASSERT_TRUE(stream->Write(unknown));
+  v1::ExecuteEvent event;
+  ASSERT_TRUE(stream->Read(&event));
+  EXPECT_EQ(event.request_id(), 1u);
+  EXPECT_EQ(event.code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+
+  ASSERT_TRUE(stream->Write(Request(2, 0)));  // binds the stream to session_
+  ASSERT_TRUE(stream->Read(&event));
+  ExpectResult(event, 0);
+
+  v1::ExecuteRequest wrong = Request(3, 1);
+  wrong.mutable_eval()->set_session_id(other);
+  ASSERT_TRUE(stream->Write(wrong));
+  ASSERT_TRUE(stream->Read(&event));
+  EXPECT_EQ(event.request_id(), 3u);
+  EXPECT_EQ(event.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+
+  v1::ExecuteRequest implicit = Request(4, 1);
+  implicit.mutable_eval()->clear_session_id();  // empty: the stream's session
+  ASSERT_TRUE(stream->Write(implicit));
+  ASSERT_TRUE(stream->Read(&event));
+  ExpectResult(event, 1);
+  stream->WritesDone();
+  EXPECT_THAT(stream->Finish(), IsOk());
+}
+
+// A client that goes away with evals in flight: the daemon keeps serving, and the stream's
+// session is released (it is reaped once idle, which needs the stream's cleanup to have run).
+class ExecuteCancelTest : public ExecuteTest {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions options = ExecuteTest::Options();
+    options.session_idle_timeout = absl::Milliseconds(300);
+    return options;
+  }
+};
+
+TEST_F(ExecuteCancelTest, ClientThatDisappearsMidStreamDoesNotHurtTheDaemon) {
+  // Checked between rounds in another session: the stream's own sequences may still be running
+  // the cancelled evals (a new eval of them is FAILED_PRECONDITION until they complete).
+  const std::string other = Open("other");
+  MakePipeline(other, 1, kN, 3.0f);
+  for (int round = 0; round < 5; ++round) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    auto stream = client_->sequences->Execute(ctx.get());
+    for (int p = 0; p < 4; ++p) ASSERT_TRUE(stream->Write(Request(round * 10 + p, p)));
+    if (round % 2 == 1) {
+      v1::ExecuteEvent event;
+      ASSERT_TRUE(stream->Read(&event));  // some completed, some maybe not
+    }
+    ctx->TryCancel();
+    EXPECT_THAT(stream->Finish(), HasCode(grpc::StatusCode::CANCELLED));
+    ExpectPipelineWorks(other, 1, kN, 3.0f);
+  }
+  // The sessions have no open stream left: they are reaped.
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  bool gone = false;
+  while (!gone && absl::Now() < until) {
+    grpc::ClientContext ctx;
+    v1::ListSessionsResponse list;
+    ASSERT_THAT(client_->sessions->ListSessions(&ctx, v1::ListSessionsRequest(), &list), IsOk());
+    gone = list.sessions_size() == 0;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(gone);
+  grpc::ClientContext ctx;
+  v1::PingResponse pong;
+  EXPECT_THAT(client_->sessions->Ping(&ctx, v1::PingRequest(), &pong), IsOk());
+}
+
+TEST_F(ExecuteTest, ShutdownWithAStreamOpenCompletes) {
+  grpc::ClientContext ctx;
+  auto stream = client_->sequences->Execute(&ctx);
+  for (int p = 0; p < 4; ++p) ASSERT_TRUE(stream->Write(Request(p, p)));
+  server_->Shutdown(absl::Milliseconds(100));  // cancels the stream after 100 ms
+  v1::ExecuteEvent event;
+  while (stream->Read(&event)) {
+  }
+  EXPECT_FALSE(stream->Finish().ok());
+}
+
+}  // namespace
+}  // namespace komputed::server::testing

@@ -1,0 +1,255 @@
+#pragma once
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "komputed/v1/komputed.grpc.pb.h"
+#include "server.h"
+
+namespace komputed::server::testing {
+
+namespace v1 = ::komputed::v1;
+
+// out[i] = in[i] * scale (push constant); one invocation per element.
+inline constexpr char kScaleShader[] = R"(
+#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) readonly buffer In { float a[]; };
+layout(set = 0, binding = 1) writeonly buffer Out { float b[]; };
+layout(push_constant) uniform Push { float scale; };
+void main() {
+  uint i = gl_GlobalInvocationID.x;
+  b[i] = a[i] * scale;
+}
+)";
+
+inline std::string FloatBytes(const std::vector<float>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+}
+
+inline std::vector<float> Floats(const std::string& bytes) {
+  std::vector<float> values(bytes.size() / sizeof(float));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
+  return values;
+}
+
+inline std::string PushFloat(float value) { return FloatBytes({value}); }
+
+// Matches a grpc::Status with the given code, printing the message when it does not.
+MATCHER_P(HasCode, code, "") {
+  if (arg.error_code() == code) return true;
+  *result_listener << "code " << static_cast<int>(arg.error_code()) << ": " << arg.error_message();
+  return false;
+}
+MATCHER(IsOk, "") {
+  if (arg.ok()) return true;
+  *result_listener << "code " << static_cast<int>(arg.error_code()) << ": " << arg.error_message();
+  return false;
+}
+
+// The stubs of every komputed service over one channel.
+struct Client {
+  explicit Client(const std::string& address, bool large_messages = true) {
+    grpc::ChannelArguments args;
+    if (large_messages) {
+      args.SetMaxReceiveMessageSize(256 << 20);
+      args.SetMaxSendMessageSize(256 << 20);
+    }
+    channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    devices = v1::Devices::NewStub(channel);
+    sessions = v1::Sessions::NewStub(channel);
+    tensors = v1::Tensors::NewStub(channel);
+    algorithms = v1::Algorithms::NewStub(channel);
+    sequences = v1::Sequences::NewStub(channel);
+  }
+
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Devices::Stub> devices;
+  std::unique_ptr<v1::Sessions::Stub> sessions;
+  std::unique_ptr<v1::Tensors::Stub> tensors;
+  std::unique_ptr<v1::Algorithms::Stub> algorithms;
+  std::unique_ptr<v1::Sequences::Stub> sequences;
+};
+
+// Builders for requests.
+inline v1::CreateTensorRequest TensorRequest(const std::string& session, uint64_t handle,
+                                             const std::vector<float>& data,
+                                             v1::MemoryType memory = v1::MEMORY_TYPE_DEVICE) {
+  v1::CreateTensorRequest r;
+  r.set_session_id(session);
+  r.set_handle(handle);
+  r.set_element_type(v1::ELEMENT_TYPE_FLOAT32);
+  r.set_count(data.size());
+  r.set_memory_type(memory);
+  r.set_data(FloatBytes(data));
+  return r;
+}
+
+inline v1::CreateAlgorithmRequest ScaleAlgorithm(const std::string& session, uint64_t handle,
+                                                 uint64_t in, uint64_t out, uint32_t count,
+                                                 float scale) {
+  v1::CreateAlgorithmRequest r;
+  r.set_session_id(session);
+  r.set_handle(handle);
+  r.add_tensors(in);
+  r.add_tensors(out);
+  r.set_glsl(kScaleShader);
+  r.mutable_workgroup()->set_x(count);
+  r.mutable_workgroup()->set_y(1);
+  r.mutable_workgroup()->set_z(1);
+  r.set_push_constants(PushFloat(scale));
+  return r;
+}
+
+inline v1::SequenceAction RecordOp(const v1::Operation& op) {
+  v1::SequenceAction a;
+  *a.mutable_record() = op;
+  return a;
+}
+inline v1::Operation SyncDevice(std::vector<uint64_t> tensors) {
+  v1::Operation op;
+  for (uint64_t t : tensors) op.mutable_sync_device()->add_tensors(t);
+  return op;
+}
+inline v1::Operation SyncLocal(std::vector<uint64_t> tensors) {
+  v1::Operation op;
+  for (uint64_t t : tensors) op.mutable_sync_local()->add_tensors(t);
+  return op;
+}
+inline v1::Operation Dispatch(uint64_t algorithm) {
+  v1::Operation op;
+  op.mutable_dispatch()->set_algorithm(algorithm);
+  return op;
+}
+
+// A running in-process daemon (on 127.0.0.1:0) and a client connected to it; each test gets its
+// own daemon, so that totals (memory, sessions) start at zero.
+class ServerTest : public ::testing::Test {
+ protected:
+  virtual ServerOptions Options() {
+    ServerOptions options;
+    options.listen = "127.0.0.1:0";
+    return options;
+  }
+
+  void SetUp() override {
+    auto server = Server::Start(Options());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ASSERT_GT(server_->port(), 0);
+    client_ = std::make_unique<Client>(server_->address());
+  }
+
+  void TearDown() override {
+    client_.reset();
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  // Opens a session (and fails the test when it cannot).
+  std::string Open(const std::string& name = "test", std::vector<uint32_t> families = {}) {
+    grpc::ClientContext ctx;
+    v1::OpenSessionRequest req;
+    req.set_client_name(name);
+    for (uint32_t f : families) req.add_queue_families(f);
+    v1::OpenSessionResponse resp;
+    grpc::Status s = client_->sessions->OpenSession(&ctx, req, &resp);
+    EXPECT_THAT(s, IsOk());
+    return resp.session_id();
+  }
+
+  grpc::Status CreateTensor(const v1::CreateTensorRequest& req) {
+    grpc::ClientContext ctx;
+    v1::CreateTensorResponse resp;
+    return client_->tensors->CreateTensor(&ctx, req, &resp);
+  }
+  grpc::Status DestroyTensor(const std::string& session, uint64_t handle) {
+    grpc::ClientContext ctx;
+    v1::DestroyTensorRequest req;
+    req.set_session_id(session);
+    req.set_handle(handle);
+    v1::DestroyTensorResponse resp;
+    return client_->tensors->DestroyTensor(&ctx, req, &resp);
+  }
+  grpc::Status CreateAlgorithm(const v1::CreateAlgorithmRequest& req) {
+    grpc::ClientContext ctx;
+    v1::CreateAlgorithmResponse resp;
+    return client_->algorithms->CreateAlgorithm(&ctx, req, &resp);
+  }
+  grpc::Status CreateSequence(const std::string& session, uint64_t handle, uint32_t queue = 0,
+                              uint32_t timestamps = 0) {
+    grpc::ClientContext ctx;
+    v1::CreateSequenceRequest req;
+    req.set_session_id(session);
+    req.set_handle(handle);
+    req.set_queue(queue);
+    req.set_total_timestamps(timestamps);
+    v1::CreateSequenceResponse resp;
+    return client_->sequences->CreateSequence(&ctx, req, &resp);
+  }
+  grpc::Status Record(const std::string& session, uint64_t sequence,
+                      std::vector<v1::SequenceAction> actions) {
+    grpc::ClientContext ctx;
+    v1::RecordRequest req;
+    req.set_session_id(session);
+    req.set_sequence(sequence);
+    for (auto& a : actions) *req.add_actions() = a;
+    v1::RecordResponse resp;
+    return client_->sequences->Record(&ctx, req, &resp);
+  }
+  grpc::Status Eval(const v1::EvalRequest& req, v1::EvalResponse* resp) {
+    grpc::ClientContext ctx;
+    return client_->sequences->Eval(&ctx, req, resp);
+  }
+
+  // Sets up, in `session`, tensors in (h) and out (h+1) of `n` floats, a scale algorithm (h+2)
+  // and a sequence (h+3) recording sync_device(in), dispatch, sync_local(out).
+  void MakePipeline(const std::string& session, uint64_t h, uint32_t n, float scale) {
+    std::vector<float> zeros(n, 0.0f);
+    ASSERT_THAT(CreateTensor(TensorRequest(session, h, zeros)), IsOk());
+    ASSERT_THAT(CreateTensor(TensorRequest(session, h + 1, zeros)), IsOk());
+    ASSERT_THAT(CreateAlgorithm(ScaleAlgorithm(session, h + 2, h, h + 1, n, scale)), IsOk());
+    ASSERT_THAT(CreateSequence(session, h + 3), IsOk());
+    ASSERT_THAT(Record(session, h + 3,
+                       {RecordOp(SyncDevice({h})), RecordOp(Dispatch(h + 2)),
+                        RecordOp(SyncLocal({h + 1}))}),
+                IsOk());
+  }
+
+  // An eval of MakePipeline's sequence with `input` uploaded and the output downloaded.
+  static v1::EvalRequest PipelineEval(const std::string& session, uint64_t h,
+                                      const std::vector<float>& input) {
+    v1::EvalRequest req;
+    req.set_session_id(session);
+    req.set_sequence(h + 3);
+    v1::TensorData* up = req.add_uploads();
+    up->set_handle(h);
+    up->set_data(FloatBytes(input));
+    req.add_downloads(h + 1);
+    return req;
+  }
+
+  // Runs MakePipeline's sequence on fresh input and checks the output.
+  void ExpectPipelineWorks(const std::string& session, uint64_t h, uint32_t n, float scale) {
+    std::vector<float> input(n);
+    for (uint32_t i = 0; i < n; ++i) input[i] = static_cast<float>(i) + 0.5f;
+    v1::EvalResponse resp;
+    ASSERT_THAT(Eval(PipelineEval(session, h, input), &resp), IsOk());
+    ASSERT_EQ(resp.downloads_size(), 1);
+    EXPECT_EQ(resp.downloads(0).handle(), h + 1);
+    std::vector<float> out = Floats(resp.downloads(0).data());
+    ASSERT_EQ(out.size(), n);
+    for (uint32_t i = 0; i < n; ++i) ASSERT_FLOAT_EQ(out[i], input[i] * scale) << "element " << i;
+  }
+
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<Client> client_;
+};
+
+}  // namespace komputed::server::testing
