@@ -3,7 +3,9 @@ BUILD ?= build
 BUILD_TYPE ?= Release
 CTEST_JOBS ?= 2
 
-.PHONY: setup configure build run test bench install clean
+.PHONY: setup configure build run example test bench install clean
+
+LISTEN ?= 127.0.0.1:50051
 
 setup:
 	@bash scripts/setup
@@ -14,7 +16,17 @@ configure: setup
 build: configure
 	cmake --build $(BUILD)
 
-run: build
+# The daemon in the foreground on the default device (lavapipe without a GPU); Ctrl-C stops it.
+run: configure
+	cmake --build $(BUILD) --target komputed komputectl array_multiplication
+	@echo "komputed: starting on $(LISTEN). In another terminal, run the example against it:"
+	@echo "  KOMPUTED_ADDRESS=$(LISTEN) $(BUILD)/client/examples/array_multiplication"
+	@echo "  $(BUILD)/client/komputectl --address=$(LISTEN) devices"
+	$(BUILD)/server/komputed --listen=$(LISTEN)
+
+# The example in-process (no daemon).
+example: configure
+	cmake --build $(BUILD) --target array_multiplication
 	$(BUILD)/client/examples/array_multiplication
 
 test: build
