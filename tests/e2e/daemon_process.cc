@@ -14,6 +14,11 @@
 
 namespace komputed::testing {
 
+std::string DaemonProcess::DefaultBinary() {
+  const char* env = std::getenv("KOMPUTED_BINARY");
+  return env != nullptr && env[0] != '\0' ? env : KOMPUTED_BINARY;
+}
+
 DaemonProcess::DaemonProcess(const std::vector<std::string>& flags, const std::string& binary) {
   int out[2];
   if (pipe(out) != 0) std::abort();

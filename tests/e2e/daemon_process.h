@@ -12,8 +12,10 @@ class DaemonProcess {
  public:
   // Starts `binary` with --listen=127.0.0.1:0 plus `flags`, and waits (bounded) for the line
   // "komputed listening on ADDRESS". Aborts the test binary on failure.
+  // `binary` defaults to $KOMPUTED_BINARY, else the one this build made.
   explicit DaemonProcess(const std::vector<std::string>& flags = {},
-                         const std::string& binary = KOMPUTED_BINARY);
+                         const std::string& binary = DefaultBinary());
+  static std::string DefaultBinary();
   // SIGTERM, then SIGKILL after 30 s.
   ~DaemonProcess();
   DaemonProcess(const DaemonProcess&) = delete;

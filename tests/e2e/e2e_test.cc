@@ -153,7 +153,9 @@ TEST(EndToEnd, VanishedClientIsReapedAndItsMemoryReturned) {
     dup2(out[1], STDOUT_FILENO);
     close(out[0]);
     close(out[1]);
-    execl(VANISHING_CLIENT, VANISHING_CLIENT, daemon.address().c_str(), nullptr);
+    const char* env = std::getenv("VANISHING_CLIENT");
+    const char* client = env != nullptr && env[0] != '\0' ? env : VANISHING_CLIENT;
+    execl(client, client, daemon.address().c_str(), nullptr);
     _exit(127);
   }
   close(out[1]);
