@@ -312,3 +312,71 @@ TEST(EndToEnd, SixteenConcurrentClients) {
 }
 
 }  // namespace
+
+namespace {
+
+// Two devices without two GPUs: the Vulkan loader enumerates lavapipe once per ICD file it is
+// given, so the same ICD under two names yields two distinct physical devices, each with its own
+// VkDevice, queues and memory accounting in the daemon.
+TEST(EndToEnd, TwoDevicesAreEachServedAndAccountedSeparately) {
+  std::string icd;
+  for (const char* path : {"/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",
+                           "/usr/share/vulkan/icd.d/lvp_icd.json"}) {
+    if (access(path, R_OK) == 0) icd = path;
+  }
+  if (icd.empty()) GTEST_SKIP() << "lavapipe's ICD file is not installed";
+  const std::string copy = std::string(BUILD_DIR) + "/tests/e2e/lvp_second_icd.json";
+  ASSERT_EQ(std::system(("cp " + icd + " " + copy).c_str()), 0);
+  const char* previous = std::getenv("VK_DRIVER_FILES");
+  const std::string saved = previous != nullptr ? previous : "";
+  setenv("VK_DRIVER_FILES", (icd + ":" + copy).c_str(), 1);
+  DaemonProcess daemon;
+  if (previous != nullptr) {
+    setenv("VK_DRIVER_FILES", saved.c_str(), 1);
+  } else {
+    unsetenv("VK_DRIVER_FILES");
+  }
+  Stubs stubs(daemon.address());
+  ASSERT_EQ(stubs.Devices().devices_size(), 2);
+
+  // One client per device, at the same time, each holding a different amount of memory.
+  const uint64_t kBytes[2] = {uint64_t{8} << 20, uint64_t{24} << 20};
+  std::atomic<int> ready{0};
+  std::atomic<bool> release{false};
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> clients;
+  for (uint32_t d = 0; d < 2; ++d) {
+    clients.emplace_back([&, d] {
+      kp::Manager mgr(daemon.address(), d);
+      auto held = mgr.tensorT<float>(kBytes[d] / sizeof(float));
+      for (int i = 0; i < 50; ++i) {
+        auto v = Scale(mgr, {1, 2, 3}, static_cast<float>(d + 1));
+        wrong += v != std::vector<float>{1.f * (d + 1), 2.f * (d + 1), 3.f * (d + 1)};
+      }
+      ++ready;
+      while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    });
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (ready < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(ready.load(), 2);
+  auto devices = stubs.Devices();
+  for (uint32_t d = 0; d < 2; ++d) {
+    const auto& info = devices.devices(static_cast<int>(d));
+    EXPECT_EQ(info.index(), d);
+    EXPECT_EQ(info.sessions(), 1u) << "device " << d;
+    // The held tensor (device buffer and staging) and the small ones of Scale().
+    EXPECT_GE(info.memory_in_use_bytes(), kBytes[d]) << "device " << d;
+    EXPECT_LT(info.memory_in_use_bytes(), kBytes[d] * 3) << "device " << d;
+  }
+  auto sessions = stubs.Sessions();
+  ASSERT_EQ(sessions.sessions_size(), 2);
+  EXPECT_NE(sessions.sessions(0).device_index(), sessions.sessions(1).device_index());
+  release = true;
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+}  // namespace
