@@ -287,7 +287,7 @@ int Run() {
   std::string spec = Encode(ctype, absl::StrSplit(absl::GetFlag(FLAGS_spec), ','), "--spec");
 
   try {
-    kp::Manager mgr(Address(), absl::GetFlag(FLAGS_device));
+    kp::Manager mgr(kp::Remote{Address(), absl::GetFlag(FLAGS_device), {}});
     if (spirv.empty()) spirv = kp::compileSource(code);
     std::vector<Binding> bindings;
     for (absl::string_view item_view : absl::StrSplit(absl::GetFlag(FLAGS_tensors), ',')) {
@@ -386,7 +386,7 @@ int Bench() {
   std::printf("ping round trip      p50 %8.1f us   p99 %8.1f us   (%zu calls)\n",
               Percentile(rtt, 0.5), Percentile(rtt, 0.99), rtt.size());
   try {
-    kp::Manager mgr(Address(), absl::GetFlag(FLAGS_device));
+    kp::Manager mgr(kp::Remote{Address(), absl::GetFlag(FLAGS_device), {}});
     auto t = mgr.tensor(std::vector<float>(1024, 1.0f));
     auto seq = mgr.sequence();
     seq->record<kp::OpTensorSyncDevice>({t})->record<kp::OpTensorSyncLocal>({t});

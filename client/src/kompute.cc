@@ -349,6 +349,7 @@ std::shared_ptr<Sequence> Sequence::record(std::shared_ptr<OpBase> op) {
   if (op == nullptr) throw Error(ErrorCode::kInvalidArgument, "record: null operation");
   std::lock_guard<std::mutex> lock(mu_);
   recordLocked(*op);
+  recorded_.push_back(std::move(op));
   return shared_from_this();
 }
 
@@ -363,7 +364,9 @@ std::shared_ptr<Sequence> Sequence::eval(std::shared_ptr<OpBase> op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     Check(implOrThrow().Clear());
+    recorded_.clear();
     recordLocked(*op);
+    recorded_.push_back(std::move(op));
   }
   return eval();
 }
@@ -379,7 +382,9 @@ std::shared_ptr<Sequence> Sequence::evalAsync(std::shared_ptr<OpBase> op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     Check(implOrThrow().Clear());
+    recorded_.clear();
     recordLocked(*op);
+    recorded_.push_back(std::move(op));
   }
   return evalAsync();
 }
@@ -403,6 +408,7 @@ std::shared_ptr<Sequence> Sequence::evalAwait(uint64_t waitFor) {
 void Sequence::clear() {
   std::lock_guard<std::mutex> lock(mu_);
   Check(implOrThrow().Clear());
+  recorded_.clear();
 }
 
 void Sequence::begin() {
@@ -435,6 +441,15 @@ bool Sequence::isInit() const {
 void Sequence::rerecord() {
   std::lock_guard<std::mutex> lock(mu_);
   Check(implOrThrow().Rerecord());
+  // Recording a dispatch with an override sets the algorithm's push constants again (the
+  // backend did the same).
+  for (const auto& op : recorded_) {
+    if (op->kind() == detail::OpKind::kDispatch && op->pushConstants().has_value()) {
+      std::lock_guard<std::mutex> algo_lock(op->algorithm()->mu_);
+      op->algorithm()->push_ = *op->pushConstants();
+      op->algorithm()->push_size_ = op->pushConstantSize();
+    }
+  }
 }
 
 std::vector<std::uint64_t> Sequence::getTimestamps() {
@@ -444,6 +459,7 @@ std::vector<std::uint64_t> Sequence::getTimestamps() {
 
 void Sequence::destroy() {
   std::lock_guard<std::mutex> lock(mu_);
+  recorded_.clear();
   impl_.reset();  // waits for a submission in flight
 }
 
@@ -486,9 +502,10 @@ Manager::Manager(uint32_t physicalDeviceIndex, const std::vector<uint32_t>& fami
   backend_ = MakeBackend(options);
 }
 
-Manager::Manager(const std::string& address, uint32_t deviceIndex,
-                 const std::vector<uint32_t>& familyQueueIndices)
-    : backend_(MakeRemote(address, deviceIndex, familyQueueIndices)) {}
+Manager::Manager(const std::string& address) : backend_(MakeRemote(address, 0, {})) {}
+
+Manager::Manager(const Remote& remote)
+    : backend_(MakeRemote(remote.address, remote.deviceIndex, remote.familyQueueIndices)) {}
 
 Manager::~Manager() { destroy(); }
 

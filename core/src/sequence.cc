@@ -106,11 +106,25 @@ absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(std::shared_ptr<Devic
 
 Sequence::~Sequence() {
   absl::MutexLock lock(&mu_);
+  bool idle = true;
   if (running_) {
     // The command buffer must not be freed while the device uses it.
-    if (!device_->Wait(fence_.get(), absl::Seconds(30)).ok()) {
-      vkQueueWaitIdle(device_->queue(queue_).handle);
-    }
+    idle = device_->Wait(fence_.get(), absl::Seconds(30)).ok();
+  }
+  if (idle && timeline_ && timeline_value_ > 0) {
+    // The fence can signal before the driver is done with the timeline semaphore of the same
+    // submission: wait for the semaphore itself before destroying it.
+    VkSemaphore semaphore = timeline_.get();
+    VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO};
+    wi.semaphoreCount = 1;
+    wi.pSemaphores = &semaphore;
+    wi.pValues = &timeline_value_;
+    idle = vkWaitSemaphores(device_->handle(), &wi, /*timeout_ns=*/10'000'000'000ull) == VK_SUCCESS;
+  }
+  if (!idle) {
+    Queue& q = device_->queue(queue_);
+    absl::MutexLock queue_lock(&q.mu);
+    vkQueueWaitIdle(q.handle);
   }
 }
 

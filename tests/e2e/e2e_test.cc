@@ -216,9 +216,9 @@ TEST(EndToEnd, BadInputIsRejectedOverTheWireAndChangesNothing) {
               mgr.sequence()->record<kp::OpTensorCopy>(std::vector<std::shared_ptr<kp::Tensor>>{a, u});
             }),
             kp::ErrorCode::kInvalidArgument);
-  EXPECT_EQ(CodeOf([&] { kp::Manager too_many(daemon.address(), 0, std::vector<uint32_t>(64, 0)); }),
+  EXPECT_EQ(CodeOf([&] { kp::Manager too_many(kp::Remote{daemon.address(), 0, std::vector<uint32_t>(64, 0)}); }),
             kp::ErrorCode::kInvalidArgument);
-  EXPECT_EQ(CodeOf([&] { kp::Manager no_device(daemon.address(), 99); }),
+  EXPECT_EQ(CodeOf([&] { kp::Manager no_device(kp::Remote{daemon.address(), 99, {}}); }),
             kp::ErrorCode::kInvalidArgument);
 
   // Chunks that do not add up.
@@ -347,7 +347,7 @@ TEST(EndToEnd, TwoDevicesAreEachServedAndAccountedSeparately) {
   std::vector<std::thread> clients;
   for (uint32_t d = 0; d < 2; ++d) {
     clients.emplace_back([&, d] {
-      kp::Manager mgr(daemon.address(), d);
+      kp::Manager mgr(kp::Remote{daemon.address(), d, {}});
       auto held = mgr.tensorT<float>(kBytes[d] / sizeof(float));
       for (int i = 0; i < 50; ++i) {
         auto v = Scale(mgr, {1, 2, 3}, static_cast<float>(d + 1));

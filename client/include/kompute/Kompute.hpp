@@ -441,6 +441,7 @@ class Sequence : public std::enable_shared_from_this<Sequence> {
 
   mutable std::mutex mu_;
   std::shared_ptr<internal::BackendSequence> impl_;
+  std::vector<std::shared_ptr<OpBase>> recorded_;  // since the last clear, for rerecord()
 };
 
 // A physical device as listed by Manager::listDevices().
@@ -454,6 +455,13 @@ class PhysicalDevice {
   vk::PhysicalDeviceProperties properties_;
 };
 
+// Where a remote Manager runs: a komputed daemon, one of its devices, the queues to take.
+struct Remote {
+  std::string address;                        // host:port
+  uint32_t deviceIndex = 0;                   // the daemon's device index
+  std::vector<uint32_t> familyQueueIndices;   // as Manager(deviceIndex, familyQueueIndices)
+};
+
 // Creates and owns tensors, algorithms and sequences on one device.
 class Manager {
  public:
@@ -465,9 +473,11 @@ class Manager {
   explicit Manager(uint32_t physicalDeviceIndex,
                    const std::vector<uint32_t>& familyQueueIndices = {},
                    const std::vector<std::string>& desiredExtensions = {});
-  // Remote on the komputed daemon at `address` (host:port), whatever KOMPUTED_ADDRESS says.
-  explicit Manager(const std::string& address, uint32_t deviceIndex = 0,
-                   const std::vector<uint32_t>& familyQueueIndices = {});
+  // Remote on the komputed daemon at `address` (host:port), device 0, whatever
+  // KOMPUTED_ADDRESS says.
+  explicit Manager(const std::string& address);
+  // Remote, with a device index and queue families (as the local constructor's).
+  explicit Manager(const Remote& remote);
   ~Manager();
   Manager(const Manager&) = delete;
   Manager& operator=(const Manager&) = delete;
