@@ -330,15 +330,20 @@ class RemoteAlgorithm final : public BackendAlgorithm {
     std::lock_guard<std::mutex> lock(mu_);
     return tensors_;
   }
-  void set_tensors(std::vector<std::shared_ptr<RemoteTensor>> t, uint64_t push_bytes) {
+  void set_tensors(std::vector<std::shared_ptr<RemoteTensor>> t, std::vector<uint8_t> push) {
     std::lock_guard<std::mutex> lock(mu_);
     created_ = true;
     tensors_ = std::move(t);
-    push_bytes_ = push_bytes;
+    push_ = std::move(push);
   }
-  uint64_t push_bytes() const {
+  // The push constants that a dispatch recorded now would use.
+  std::vector<uint8_t> push() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return push_bytes_;
+    return push_;
+  }
+  void set_push(std::vector<uint8_t> push) {
+    std::lock_guard<std::mutex> lock(mu_);
+    push_ = std::move(push);
   }
 
  private:
@@ -346,7 +351,7 @@ class RemoteAlgorithm final : public BackendAlgorithm {
   uint64_t handle_;
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<RemoteTensor>> tensors_;
-  uint64_t push_bytes_ = 0;
+  std::vector<uint8_t> push_;
   bool created_ = false;
 };
 
@@ -377,6 +382,8 @@ struct LocalOp {
   Op::Kind kind;
   std::vector<std::shared_ptr<RemoteTensor>> tensors;
   std::shared_ptr<RemoteAlgorithm> algorithm;
+  v1::Operation wire;                                // as sent
+  std::optional<std::vector<uint8_t>> push_override;  // a dispatch's override
 };
 
 class RemoteSequence final : public BackendSequence {
@@ -391,8 +398,15 @@ class RemoteSequence final : public BackendSequence {
       in_flight = in_flight_;
     }
     if (in_flight != nullptr) {
-      std::unique_lock<std::mutex> lock(in_flight->mu);
-      in_flight->cv.wait_for(lock, std::chrono::seconds(30), [&] { return in_flight->done; });
+      // As in-process: destroying a running sequence waits for it, and its results arrive.
+      bool done;
+      {
+        std::unique_lock<std::mutex> lock(in_flight->mu);
+        done = in_flight->cv.wait_for(lock, std::chrono::seconds(30),
+                                      [&] { return in_flight->done; });
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done && in_flight->status.ok()) FinishLocked(in_flight->result).IgnoreError();
     }
     v1::Command c;
     c.mutable_destroy_sequence()->set_handle(handle_);
@@ -404,7 +418,7 @@ class RemoteSequence final : public BackendSequence {
     if (in_flight_ != nullptr) {
       return absl::FailedPreconditionError("cannot record: the sequence is running; await it first");
     }
-    LocalOp local{op.kind, {}, nullptr};
+    LocalOp local{op.kind, {}, nullptr, {}, op.push_constants};
     KD_ASSIGN_OR_RETURN(local.tensors, Unwrap(owner(), op.tensors));
     v1::Operation wire;
     auto list = [&](v1::TensorList* l) {
@@ -431,15 +445,22 @@ class RemoteSequence final : public BackendSequence {
         KD_ASSIGN_OR_RETURN(local.algorithm, Unwrap(owner(), op.algorithm));
         auto* d = wire.mutable_dispatch();
         d->set_algorithm(local.algorithm->handle());
+        // A record captures the push constants of its moment: an override, or the algorithm's
+        // values now. Sending them explicitly keeps that true although records travel later than
+        // SetPushConstants calls.
+        std::vector<uint8_t> push = local.algorithm->push();
         if (op.push_constants.has_value()) {
-          if (op.push_constants->size() != local.algorithm->push_bytes()) {
+          if (op.push_constants->size() != push.size()) {
             return absl::InvalidArgumentError(absl::StrCat(
                 "push constants of ", op.push_constants->size(),
-                " bytes given; the algorithm was built with ", local.algorithm->push_bytes(),
-                " bytes"));
+                " bytes given; the algorithm was built with ", push.size(), " bytes"));
           }
+          push = *op.push_constants;
+          local.algorithm->set_push(push);  // an override stays with the algorithm
+        }
+        if (!push.empty()) {
           d->set_has_push_constants(true);
-          d->set_push_constants(op.push_constants->data(), op.push_constants->size());
+          d->set_push_constants(push.data(), push.size());
         }
         break;
       }
@@ -454,6 +475,7 @@ class RemoteSequence final : public BackendSequence {
         break;
       }
     }
+    local.wire = wire;
     *actions_.add_actions()->mutable_record() = std::move(wire);
     if (!recording_) {
       cb_ops_.clear();
@@ -524,7 +546,18 @@ class RemoteSequence final : public BackendSequence {
     if (in_flight_ != nullptr) {
       return absl::FailedPreconditionError("cannot rerecord: the sequence is running");
     }
-    actions_.add_actions()->set_rerecord(true);
+    // Recorded again from scratch, each dispatch with the push constants of this moment: its
+    // override, or its algorithm's current values (what a rerecord does in-process).
+    actions_.add_actions()->set_clear(true);
+    for (LocalOp& op : all_ops_) {
+      if (op.kind == Op::Kind::kDispatch) {
+        std::vector<uint8_t> push = op.push_override.value_or(op.algorithm->push());
+        if (op.push_override.has_value()) op.algorithm->set_push(push);
+        op.wire.mutable_dispatch()->set_has_push_constants(!push.empty());
+        op.wire.mutable_dispatch()->set_push_constants(push.data(), push.size());
+      }
+      *actions_.add_actions()->mutable_record() = op.wire;
+    }
     cb_ops_ = all_ops_;
     recording_ = !cb_ops_.empty();
     return absl::OkStatus();
@@ -670,7 +703,7 @@ class RemoteSequence final : public BackendSequence {
   std::shared_ptr<Remote> remote_;
   const uint64_t handle_;
   mutable std::mutex mu_;
-  v1::RecordRequest actions_;       // not yet sent
+  v1::RecordRequest actions_;       // not yet sent: they go with this sequence's next eval
   std::vector<LocalOp> all_ops_;    // since the last clear
   std::vector<LocalOp> cb_ops_;     // in the current batch
   bool recording_ = false;
@@ -771,8 +804,11 @@ class RemoteBackend final : public Backend {
     grpc::ClientContext context;
     SetDeadline(context, RpcTimeout());
     v1::SetPushConstantsResponse response;
-    return FromGrpc(remote_->algorithms->SetPushConstants(&context, request, &response),
-                    "setting push constants");
+    KD_RETURN_IF_ERROR(FromGrpc(
+        remote_->algorithms->SetPushConstants(&context, request, &response),
+        "setting push constants"));
+    static_cast<RemoteAlgorithm&>(algorithm).set_push(std::move(values));
+    return absl::OkStatus();
   }
 
   absl::StatusOr<std::shared_ptr<BackendSequence>> CreateSequence(
@@ -840,7 +876,7 @@ class RemoteBackend final : public Backend {
     grpc::Status s = rebuild ? remote_->algorithms->RebuildAlgorithm(&context, request, &response)
                              : remote_->algorithms->CreateAlgorithm(&context, request, &response);
     KD_RETURN_IF_ERROR(FromGrpc(s, rebuild ? "rebuilding an algorithm" : "creating an algorithm"));
-    algorithm.set_tensors(std::move(tensors), spec.push_constants.size());
+    algorithm.set_tensors(std::move(tensors), spec.push_constants);
     return absl::OkStatus();
   }
 

@@ -3,10 +3,18 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "../e2e/daemon_process.h"
 #include "kp_test.h"
 
 namespace kptest {
 namespace {
+
+// The daemon of the remote backend: started on first use, stopped (SIGTERM) at exit.
+const std::string& DaemonAddress() {
+  static std::unique_ptr<komputed::testing::DaemonProcess> daemon =
+      std::make_unique<komputed::testing::DaemonProcess>();
+  return daemon->address();
+}
 
 // A hung evaluation fails its test within a minute instead of kp's default ten minutes (unless
 // the environment says otherwise). kp reads the variable at the process's first evaluation.
@@ -18,6 +26,8 @@ std::string Name(BackendKind kind) {
   switch (kind) {
     case BackendKind::kInProcess:
       return "InProcess";
+    case BackendKind::kRemote:
+      return "Remote";
   }
   return "Unknown";
 }
@@ -28,6 +38,8 @@ std::unique_ptr<kp::Manager> MakeManager(BackendKind kind) {
     case BackendKind::kInProcess:
       unsetenv("KOMPUTED_ADDRESS");  // which would make kp::Manager remote
       return std::make_unique<kp::Manager>();
+    case BackendKind::kRemote:
+      return std::make_unique<kp::Manager>(kp::Remote{DaemonAddress(), 0, {}});
   }
   throw std::logic_error("unknown backend " + Name(kind));
 }
@@ -40,11 +52,15 @@ std::unique_ptr<kp::Manager> MakeManager(BackendKind kind, uint32_t device_index
     case BackendKind::kInProcess:
       unsetenv("KOMPUTED_ADDRESS");  // which would make kp::Manager remote
       return std::make_unique<kp::Manager>(device_index, family_queue_indices, extensions);
+    case BackendKind::kRemote:
+      // Device extensions are the daemon's to choose.
+      return std::make_unique<kp::Manager>(
+          kp::Remote{DaemonAddress(), device_index, family_queue_indices});
   }
   throw std::logic_error("unknown backend " + Name(kind));
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, KpTest, ::testing::Values(BackendKind::kInProcess),
+INSTANTIATE_TEST_SUITE_P(Backends, KpTest, ::testing::Values(BackendKind::kInProcess, BackendKind::kRemote),
                          [](const ::testing::TestParamInfo<BackendKind>& info) {
                            return Name(info.param);
                          });

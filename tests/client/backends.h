@@ -13,6 +13,7 @@ namespace kptest {
 
 enum class BackendKind {
   kInProcess,  // kp over core on the local Vulkan device
+  kRemote,     // kp on a komputed daemon (the real binary, started once for the test program)
 };
 
 // A name usable in a test name ("InProcess").
