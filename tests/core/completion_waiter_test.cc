@@ -1,0 +1,265 @@
+// Tests of CompletionWaiter: callbacks once submissions complete, deadlines, shutdown.
+
+#include "komputed/core/completion_waiter.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "komputed/core/algorithm.h"
+#include "komputed/core/device.h"
+#include "komputed/core/sequence.h"
+#include "komputed/core/shader.h"
+#include "komputed/core/tensor.h"
+
+namespace komputed::core {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::ElementsAre;
+
+const absl::Status& ToStatus(const absl::Status& s) { return s; }
+template <typename T>
+const absl::Status& ToStatus(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+
+MATCHER_P(StatusIs, code, absl::StrCat("has status code ", absl::StatusCodeToString(code))) {
+  const absl::Status& s = ToStatus(arg);
+  *result_listener << "whose status is " << s;
+  return s.code() == code;
+}
+
+#define KD_TEST_CONCAT_INNER(a, b) a##b
+#define KD_TEST_CONCAT(a, b) KD_TEST_CONCAT_INNER(a, b)
+#define ASSERT_OK(expr)                                       \
+  do {                                                        \
+    const absl::Status kd_assert_status_ = (expr);            \
+    ASSERT_TRUE(kd_assert_status_.ok()) << kd_assert_status_; \
+  } while (0)
+#define ASSERT_OK_AND_ASSIGN(lhs, expr) \
+  ASSERT_OK_AND_ASSIGN_IMPL(KD_TEST_CONCAT(kd_statusor_, __LINE__), lhs, expr)
+#define ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                              \
+  ASSERT_TRUE(tmp.ok()) << tmp.status();          \
+  lhs = std::move(tmp).value()
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+
+std::shared_ptr<Device> TestDevice() {
+  static const std::shared_ptr<Device>* device = [] {
+    absl::StatusOr<std::shared_ptr<Device>> d = Device::Create({});
+    if (!d.ok()) {
+      // Nothing here can run without one: stop with the reason rather than crash later.
+      std::fprintf(stderr, "core_test needs a Vulkan device: %s\n", d.status().ToString().c_str());
+      std::exit(1);
+    }
+    return new std::shared_ptr<Device>(*std::move(d));
+  }();
+  return *device;
+}
+
+constexpr char kAddShader[] = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) readonly buffer A { float a[]; };
+layout(set = 0, binding = 1) buffer B { float b[]; };
+void main() {
+  uint i = gl_GlobalInvocationID.x;
+  b[i] += a[i];
+}
+)";
+
+// As in sequence_test.cc: many invocations of a short loop, nothing written.
+constexpr char kBusyShader[] = R"(#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) buffer Out { float result[]; };
+layout(push_constant) uniform Params { uint iterations; } params;
+void main() {
+  float acc = float(gl_GlobalInvocationID.x + gl_GlobalInvocationID.y);
+  for (uint k = 0; k < params.iterations; ++k) acc = acc * 0.999 + 1.0;
+  if (acc == -12345.0) result[0] = acc;
+}
+)";
+
+const std::vector<uint32_t>& Spirv(const char* source) {
+  static auto* add = new absl::StatusOr<std::vector<uint32_t>>(CompileGlsl(kAddShader));
+  static auto* busy = new absl::StatusOr<std::vector<uint32_t>>(CompileGlsl(kBusyShader));
+  static const std::vector<uint32_t> empty;
+  const auto* spirv = source == kAddShader ? add : busy;
+  EXPECT_TRUE(spirv->ok()) << spirv->status();
+  return spirv->ok() ? **spirv : empty;
+}
+
+std::vector<float> HostFloats(const Tensor& t) {
+  const float* p = static_cast<const float*>(t.host_data());
+  return std::vector<float>(p, p + t.count());
+}
+
+// A sequence doing b += a (a = {1, 2, 3}) and syncing b to the host.
+struct Work {
+  std::shared_ptr<Tensor> b;
+  std::shared_ptr<Sequence> seq;
+};
+
+absl::StatusOr<Work> MakeWork() {
+  const std::vector<float> a_values = {1, 2, 3};
+  const std::vector<float> zeros = {0, 0, 0};
+  absl::StatusOr<std::shared_ptr<Tensor>> a = Tensor::Create(
+      TestDevice(), ElementType::kFloat32, 3, 0, MemoryType::kDevice, a_values.data());
+  if (!a.ok()) return a.status();
+  absl::StatusOr<std::shared_ptr<Tensor>> b =
+      Tensor::Create(TestDevice(), ElementType::kFloat32, 3, 0, MemoryType::kDevice, zeros.data());
+  if (!b.ok()) return b.status();
+  AlgorithmSpec spec;
+  spec.tensors = {*a, *b};
+  spec.spirv = Spirv(kAddShader);
+  spec.workgroup = {3, 1, 1};
+  absl::StatusOr<std::shared_ptr<Algorithm>> add = Algorithm::Create(TestDevice(), spec);
+  if (!add.ok()) return add.status();
+  absl::StatusOr<std::unique_ptr<Sequence>> seq = Sequence::Create(TestDevice(), 0, 0);
+  if (!seq.ok()) return seq.status();
+  Work w;
+  w.b = *b;
+  w.seq = *std::move(seq);
+  if (absl::Status s = w.seq->Record(op::Dispatch{*add}); !s.ok()) return s;
+  if (absl::Status s = w.seq->Record(op::SyncToHost{{w.b}}); !s.ok()) return s;
+  return w;
+}
+
+// Collects the callback's status.
+struct Done {
+  absl::Notification notification;
+  absl::Status status;
+  std::function<void(absl::Status)> Callback() {
+    return [this](absl::Status s) {
+      status = std::move(s);
+      notification.Notify();
+    };
+  }
+  bool Wait() { return notification.WaitForNotificationWithTimeout(kTimeout); }
+};
+
+TEST(CompletionWaiter, IdleSequenceIsDoneAtOnce) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
+                       CompletionWaiter::Create(TestDevice()));
+  ASSERT_OK_AND_ASSIGN(Work w, MakeWork());
+  Done done;
+  waiter->Watch(w.seq, absl::Now() + kTimeout, done.Callback());
+  // Called before Watch returned.
+  EXPECT_TRUE(done.notification.HasBeenNotified());
+  EXPECT_TRUE(done.status.ok()) << done.status;
+  EXPECT_EQ(waiter->pending(), 0u);
+}
+
+TEST(CompletionWaiter, CallsBackWhenComplete) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
+                       CompletionWaiter::Create(TestDevice()));
+  ASSERT_OK_AND_ASSIGN(Work w, MakeWork());
+  ASSERT_OK(w.seq->Submit());
+  Done done;
+  waiter->Watch(w.seq, absl::Now() + kTimeout, done.Callback());
+  ASSERT_TRUE(done.Wait());
+  ASSERT_TRUE(done.status.ok()) << done.status;
+  // The host steps ran: the sequence is idle and its results are on the host.
+  EXPECT_FALSE(w.seq->IsRunning());
+  EXPECT_THAT(HostFloats(*w.b), ElementsAre(1, 2, 3));
+  // And again, with the same sequence.
+  ASSERT_OK(w.seq->Submit());
+  Done again;
+  waiter->Watch(w.seq, absl::Now() + kTimeout, again.Callback());
+  ASSERT_TRUE(again.Wait());
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_THAT(HostFloats(*w.b), ElementsAre(2, 4, 6));
+}
+
+TEST(CompletionWaiter, ManySubmissions) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
+                       CompletionWaiter::Create(TestDevice()));
+  constexpr int kCount = 8;
+  std::vector<Work> works;
+  std::vector<std::unique_ptr<Done>> dones;
+  for (int i = 0; i < kCount; ++i) {
+    ASSERT_OK_AND_ASSIGN(Work w, MakeWork());
+    works.push_back(std::move(w));
+    dones.push_back(std::make_unique<Done>());
+  }
+  for (int i = 0; i < kCount; ++i) {
+    ASSERT_OK(works[i].seq->Submit());
+    waiter->Watch(works[i].seq, absl::Now() + kTimeout, dones[i]->Callback());
+  }
+  for (int i = 0; i < kCount; ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_TRUE(dones[i]->Wait());
+    EXPECT_TRUE(dones[i]->status.ok()) << dones[i]->status;
+    EXPECT_THAT(HostFloats(*works[i].b), ElementsAre(1, 2, 3));
+  }
+  EXPECT_EQ(waiter->pending(), 0u);
+}
+
+TEST(CompletionWaiter, DeadlinePassed) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
+                       CompletionWaiter::Create(TestDevice()));
+  std::shared_ptr<Device> device = TestDevice();
+  const bool cpu = device->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+  const std::vector<float> zero = {0};
+  ASSERT_OK_AND_ASSIGN(
+      std::shared_ptr<Tensor> out,
+      Tensor::Create(device, ElementType::kFloat32, 1, 0, MemoryType::kDevice, zero.data()));
+  AlgorithmSpec spec;
+  spec.tensors = {out};
+  spec.spirv = Spirv(kBusyShader);
+  const uint32_t* max = device->limits().maxComputeWorkGroupCount;
+  spec.workgroup =
+      cpu ? Workgroup{std::min<uint32_t>(max[0], 16384), 1, 1}
+          : Workgroup{std::min<uint32_t>(max[0], 65535), std::min<uint32_t>(max[1], 64), 1};
+  const uint32_t iterations = cpu ? 256 : 4096;
+  spec.push_constants.resize(4);
+  std::memcpy(spec.push_constants.data(), &iterations, 4);
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> busy, Algorithm::Create(device, spec));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Sequence> seq, Sequence::Create(device, 0, 0));
+  ASSERT_OK(seq->Record(op::Dispatch{busy}));
+  ASSERT_OK(seq->Submit());
+  Done done;
+  waiter->Watch(seq, absl::InfinitePast(), done.Callback());
+  ASSERT_TRUE(done.Wait());
+  EXPECT_THAT(done.status, AnyOf(StatusIs(absl::StatusCode::kOk),
+                                 StatusIs(absl::StatusCode::kDeadlineExceeded)));
+  if (absl::IsDeadlineExceeded(done.status)) {
+    // The submission stays in flight, for the owner to wait for.
+    EXPECT_TRUE(seq->IsRunning());
+    ASSERT_OK(seq->Wait(absl::Seconds(30)));
+  }
+  EXPECT_FALSE(seq->IsRunning());
+}
+
+TEST(CompletionWaiter, DestructionCompletesWatched) {
+  ASSERT_OK_AND_ASSIGN(Work w, MakeWork());
+  Done done;
+  {
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
+                         CompletionWaiter::Create(TestDevice()));
+    ASSERT_OK(w.seq->Submit());
+    waiter->Watch(w.seq, absl::Now() + kTimeout, done.Callback());
+  }
+  EXPECT_TRUE(done.notification.HasBeenNotified());
+  EXPECT_TRUE(done.status.ok()) << done.status;
+  EXPECT_THAT(HostFloats(*w.b), ElementsAre(1, 2, 3));
+}
+
+}  // namespace
+}  // namespace komputed::core

@@ -1,0 +1,179 @@
+// Tests of the shader helpers: GLSL compilation, SPIR-V validation, the built-in shaders.
+
+#include "komputed/core/shader.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+
+namespace komputed::core {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+const absl::Status& ToStatus(const absl::Status& s) { return s; }
+template <typename T>
+const absl::Status& ToStatus(const absl::StatusOr<T>& s) {
+  return s.status();
+}
+
+MATCHER_P(StatusIs, code, absl::StrCat("has status code ", absl::StatusCodeToString(code))) {
+  const absl::Status& s = ToStatus(arg);
+  *result_listener << "whose status is " << s;
+  return s.code() == code;
+}
+
+MATCHER_P2(StatusIs, code, message,
+           absl::StrCat("has status code ", absl::StatusCodeToString(code), " and a message that ",
+                        ::testing::DescribeMatcher<std::string>(message))) {
+  const absl::Status& s = ToStatus(arg);
+  *result_listener << "whose status is " << s;
+  return s.code() == code && ::testing::Matches(message)(std::string(s.message()));
+}
+
+#define KD_TEST_CONCAT_INNER(a, b) a##b
+#define KD_TEST_CONCAT(a, b) KD_TEST_CONCAT_INNER(a, b)
+#define ASSERT_OK(expr)                                       \
+  do {                                                        \
+    const absl::Status kd_assert_status_ = (expr);            \
+    ASSERT_TRUE(kd_assert_status_.ok()) << kd_assert_status_; \
+  } while (0)
+#define ASSERT_OK_AND_ASSIGN(lhs, expr) \
+  ASSERT_OK_AND_ASSIGN_IMPL(KD_TEST_CONCAT(kd_statusor_, __LINE__), lhs, expr)
+#define ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                              \
+  ASSERT_TRUE(tmp.ok()) << tmp.status();          \
+  lhs = std::move(tmp).value()
+
+constexpr uint32_t kSpirvMagic = 0x07230203u;
+
+constexpr char kAddShader[] = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) readonly buffer A { float a[]; };
+layout(set = 0, binding = 1) buffer B { float b[]; };
+void main() {
+  uint i = gl_GlobalInvocationID.x;
+  b[i] += a[i];
+}
+)";
+
+// Line 5 has the error (a missing semicolon before "b[i]").
+constexpr char kBrokenShader[] = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer B { float b[]; };
+void main() {
+  uint i = gl_GlobalInvocationID.x
+  b[i] = 1.0;
+}
+)";
+
+TEST(Shader, CompileGlslReturnsSpirv) {
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, CompileGlsl(kAddShader));
+  ASSERT_GT(spirv.size(), 5u);  // at least the header
+  EXPECT_EQ(spirv[0], kSpirvMagic);
+  // Compiled for Vulkan 1.1: valid there and on later versions.
+  EXPECT_TRUE(ValidateSpirv(spirv, VK_API_VERSION_1_1).ok());
+  EXPECT_TRUE(ValidateSpirv(spirv, VK_API_VERSION_1_3).ok());
+}
+
+TEST(Shader, CompileGlslSyntaxError) {
+  absl::StatusOr<std::vector<uint32_t>> spirv = CompileGlsl(kBrokenShader, "broken.comp");
+  EXPECT_THAT(spirv, StatusIs(absl::StatusCode::kInvalidArgument,
+                              AllOf(HasSubstr("broken.comp:"), HasSubstr("error"))));
+  // The compiler reports the line where it noticed the error: the one after the missing ';'.
+  EXPECT_THAT(spirv, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("broken.comp:6")));
+}
+
+TEST(Shader, CompileGlslSemanticErrorNamesTheLine) {
+  constexpr char kUndeclared[] = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer B { float b[]; };
+void main() {
+  b[0] = undeclared_variable;
+}
+)";
+  EXPECT_THAT(CompileGlsl(kUndeclared, "undeclared.comp"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("undeclared.comp:5"), HasSubstr("error"),
+                             HasSubstr("undeclared_variable"))));
+}
+
+TEST(Shader, CompileGlslDefines) {
+  constexpr char kDefined[] = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer B { ELEMENT b[]; };
+void main() { b[gl_GlobalInvocationID.x] = ELEMENT(VALUE); }
+)";
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv,
+                       CompileGlsl(kDefined, "defined.comp", {"ELEMENT=uint", "VALUE=3"}));
+  EXPECT_EQ(spirv[0], kSpirvMagic);
+  // Without the definitions the source does not compile.
+  EXPECT_THAT(CompileGlsl(kDefined, "defined.comp"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("defined.comp")));
+}
+
+TEST(Shader, CompileGlslWithoutMain) {
+  EXPECT_THAT(CompileGlsl("#version 450\nlayout(local_size_x = 1) in;\n", "nomain.comp"),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(Shader, ValidateSpirvEmpty) {
+  EXPECT_THAT(ValidateSpirv({}, VK_API_VERSION_1_1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("empty")));
+}
+
+TEST(Shader, ValidateSpirvGarbage) {
+  const std::vector<uint32_t> garbage = {0xdeadbeef, 1, 2, 3, 4, 5, 6, 7};
+  EXPECT_THAT(ValidateSpirv(garbage, VK_API_VERSION_1_1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("deadbeef")));
+}
+
+TEST(Shader, ValidateSpirvGarbageAfterTheMagic) {
+  const std::vector<uint32_t> garbage = {kSpirvMagic, 0xffffffff, 0xffffffff, 0xffffffff,
+                                         0xffffffff,  0xffffffff, 0xffffffff};
+  EXPECT_THAT(ValidateSpirv(garbage, VK_API_VERSION_1_1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("invalid SPIR-V")));
+}
+
+TEST(Shader, ValidateSpirvTruncated) {
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, CompileGlsl(kAddShader));
+  for (size_t keep : {size_t{1}, size_t{5}, spirv.size() / 2, spirv.size() - 1}) {
+    SCOPED_TRACE(absl::StrCat(keep, " of ", spirv.size(), " words"));
+    EXPECT_THAT(ValidateSpirv(absl::MakeConstSpan(spirv).first(keep), VK_API_VERSION_1_1),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+  }
+}
+
+TEST(Shader, MultiplyShaderForEveryNumericType) {
+  for (ElementType type :
+       {ElementType::kFloat32, ElementType::kInt32, ElementType::kUInt32, ElementType::kFloat64}) {
+    SCOPED_TRACE(ElementTypeName(type));
+    ASSERT_OK_AND_ASSIGN(absl::Span<const uint32_t> spirv, MultiplyShader(type));
+    ASSERT_FALSE(spirv.empty());
+    EXPECT_EQ(spirv[0], kSpirvMagic);
+    EXPECT_TRUE(ValidateSpirv(spirv, VK_API_VERSION_1_1).ok());
+  }
+  // Four distinct shaders.
+  ASSERT_OK_AND_ASSIGN(absl::Span<const uint32_t> f, MultiplyShader(ElementType::kFloat32));
+  ASSERT_OK_AND_ASSIGN(absl::Span<const uint32_t> i, MultiplyShader(ElementType::kInt32));
+  EXPECT_NE(std::vector<uint32_t>(f.begin(), f.end()), std::vector<uint32_t>(i.begin(), i.end()));
+}
+
+TEST(Shader, MultiplyShaderForOtherTypes) {
+  EXPECT_THAT(MultiplyShader(ElementType::kBool),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bool")));
+  EXPECT_THAT(MultiplyShader(ElementType::kBytes),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bytes")));
+}
+
+}  // namespace
+}  // namespace komputed::core
