@@ -192,6 +192,11 @@ AlgorithmSpec Algorithm::spec() const {
   return spec_;
 }
 
+size_t Algorithm::push_constant_size() const {
+  absl::MutexLock lock(&mu_);
+  return spec_.push_constants.size();
+}
+
 uint64_t Algorithm::generation() const {
   absl::MutexLock lock(&mu_);
   return generation_;

@@ -141,6 +141,10 @@ absl::Status Sequence::ValidateLocked(const Op& op) const {
     const Tensor& src = *o->tensors[0];
     for (size_t i = 1; i < o->tensors.size(); ++i) {
       const Tensor& dst = *o->tensors[i];
+      if (&dst == &src) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("OpTensorCopy: tensor ", i, " is the source (tensor 0) itself"));
+      }
       if (dst.element_type() != src.element_type() || dst.element_size() != src.element_size()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "OpTensorCopy: tensor ", i, " holds ", ElementTypeName(dst.element_type()),
@@ -156,6 +160,16 @@ absl::Status Sequence::ValidateLocked(const Op& op) const {
   }
   if (const auto* o = std::get_if<op::Dispatch>(&op)) {
     if (o->algorithm == nullptr) return absl::InvalidArgumentError("OpAlgoDispatch: no algorithm");
+    if (&o->algorithm->device() != &device) {
+      return absl::FailedPreconditionError("OpAlgoDispatch: the algorithm belongs to another device");
+    }
+    if (o->push_constants.has_value() &&
+        o->push_constants->size() != o->algorithm->push_constant_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "OpAlgoDispatch: push constants of ", o->push_constants->size(),
+          " bytes given; the algorithm was built with ", o->algorithm->push_constant_size(),
+          " bytes"));
+    }
     return absl::OkStatus();
   }
   const auto& o = std::get<op::MemoryBarrier>(op);
@@ -242,6 +256,9 @@ absl::Status Sequence::Submit() {
   if (recording_) {
     KD_RETURN_IF_ERROR(device_->Check(vkEndCommandBuffer(cb_), "vkEndCommandBuffer"));
     recording_ = false;
+  }
+  if (device_->lost()) {
+    return absl::UnavailableError(absl::StrCat("device ", device_->info().index, " was lost"));
   }
   VkFence fence = fence_.get();
   KD_RETURN_IF_ERROR(device_->Check(vkResetFences(device_->handle(), 1, &fence), "vkResetFences"));

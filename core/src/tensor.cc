@@ -198,11 +198,12 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
   } else if (memory == MemoryType::kStorage) {
     if (initial != nullptr) {
       KD_ASSIGN_OR_RETURN(Buffer upload,
-                          Buffer::Create(*device, bytes, VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
+                          Buffer::Create(*device, alloc, VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
                                          kHostVisible, 0, "an upload buffer"));
       std::memcpy(upload.mapped(), initial, bytes);
+      std::memset(static_cast<uint8_t*>(upload.mapped()) + bytes, 0, alloc - bytes);
       KD_RETURN_IF_ERROR(device->RunOnce([&](VkCommandBuffer cb) {
-        VkBufferCopy region{0, 0, bytes};
+        VkBufferCopy region{0, 0, alloc};  // the padding too
         vkCmdCopyBuffer(cb, upload.handle(), t->primary_.handle(), 1, &region);
       }));
     } else {

@@ -25,6 +25,7 @@
 #include "komputed/core/device.h"
 #include "komputed/core/shader.h"
 #include "komputed/core/tensor.h"
+#include "status_matchers.h"
 
 namespace komputed::core {
 namespace {
@@ -38,39 +39,6 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
 
-const absl::Status& ToStatus(const absl::Status& s) { return s; }
-template <typename T>
-const absl::Status& ToStatus(const absl::StatusOr<T>& s) {
-  return s.status();
-}
-
-MATCHER_P(StatusIs, code, absl::StrCat("has status code ", absl::StatusCodeToString(code))) {
-  const absl::Status& s = ToStatus(arg);
-  *result_listener << "whose status is " << s;
-  return s.code() == code;
-}
-
-MATCHER_P2(StatusIs, code, message,
-           absl::StrCat("has status code ", absl::StatusCodeToString(code), " and a message that ",
-                        ::testing::DescribeMatcher<std::string>(message))) {
-  const absl::Status& s = ToStatus(arg);
-  *result_listener << "whose status is " << s;
-  return s.code() == code && ::testing::Matches(message)(std::string(s.message()));
-}
-
-#define KD_TEST_CONCAT_INNER(a, b) a##b
-#define KD_TEST_CONCAT(a, b) KD_TEST_CONCAT_INNER(a, b)
-#define ASSERT_OK(expr)                                       \
-  do {                                                        \
-    const absl::Status kd_assert_status_ = (expr);            \
-    ASSERT_TRUE(kd_assert_status_.ok()) << kd_assert_status_; \
-  } while (0)
-#define ASSERT_OK_AND_ASSIGN(lhs, expr) \
-  ASSERT_OK_AND_ASSIGN_IMPL(KD_TEST_CONCAT(kd_statusor_, __LINE__), lhs, expr)
-#define ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                              \
-  ASSERT_TRUE(tmp.ok()) << tmp.status();          \
-  lhs = std::move(tmp).value()
 
 constexpr absl::Duration kTimeout = absl::Seconds(60);
 
@@ -417,9 +385,9 @@ TEST(Sequence, CopyErrorsRecordNothing) {
   EXPECT_THAT(seq->Record(op::Copy{{f4, i4}}),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr("tensor 1"), HasSubstr("int32"), HasSubstr("float32"))));
-  EXPECT_THAT(seq->Record(op::Copy{{f4, f4, f3}}),
+  EXPECT_THAT(seq->Record(op::Copy{{f4, f3}}),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("tensor 2"), HasSubstr("3 elements"))));
+                       AllOf(HasSubstr("tensor 1"), HasSubstr("3 elements"))));
   EXPECT_THAT(seq->Record(op::Copy{{bytes4x4, bytes4x8}}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tensor 1")));
   EXPECT_THAT(seq->Record(op::Copy{{f4}}),
@@ -810,7 +778,7 @@ absl::StatusOr<std::shared_ptr<Device>> ValidatedDevice() {
 // Bug: op::Copy accepts a tensor copied onto itself (tensors {a, a}); vkCmdCopyBuffer then gets
 // overlapping source and destination regions (VUID-vkCmdCopyBuffer-pRegions-00117), which is
 // undefined behaviour. Expected: INVALID_ARGUMENT from Record.
-TEST(Sequence, DISABLED_CopyOntoItselfIsRejected) {
+TEST(Sequence, CopyOntoItselfIsRejected) {
   absl::StatusOr<std::shared_ptr<Device>> device = ValidatedDevice();
   if (absl::IsFailedPrecondition(device.status())) GTEST_SKIP() << device.status();
   ASSERT_OK(device.status());
@@ -825,7 +793,7 @@ TEST(Sequence, DISABLED_CopyOntoItselfIsRejected) {
 // Bug: Record does not check that a dispatched algorithm belongs to the sequence's device (it
 // does for tensors), so another device's pipeline and descriptor set are recorded into this
 // device's command buffer. Expected: FAILED_PRECONDITION, as for tensors. (Not submitted here.)
-TEST(Sequence, DISABLED_DispatchOfAnotherDevicesAlgorithmIsRejected) {
+TEST(Sequence, DispatchOfAnotherDevicesAlgorithmIsRejected) {
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Device> other, Device::Create({}));
   ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, Compile(kAddShader));
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> a, Floats({1, 2}, MemoryType::kDevice, other));
@@ -846,7 +814,7 @@ TEST(Sequence, DISABLED_DispatchOfAnotherDevicesAlgorithmIsRejected) {
 // algorithm was rebuilt with other push constants), Rerecord fails half-way and leaves the ops
 // before it recorded: Submit then runs that partial command buffer. Expected: Rerecord checks
 // everything before resetting, so that a failed Rerecord changes nothing and Submit still refuses.
-TEST(Sequence, DISABLED_FailedRerecordChangesNothing) {
+TEST(Sequence, FailedRerecordChangesNothing) {
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> a, Floats({1, 2}));
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> b, Floats({0, 0}));
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> c, Floats({0, 0}));

@@ -52,6 +52,9 @@ class Algorithm {
   absl::Status SetPushConstants(std::vector<uint8_t> values);
 
   AlgorithmSpec spec() const;
+  const Device& device() const { return *device_; }
+  // Bytes of push constants the algorithm takes.
+  size_t push_constant_size() const;
   uint64_t generation() const;  // incremented by each Rebuild
 
   // Records bind + push constants + dispatch (the caller adds barriers). The returned token keeps
