@@ -1,5 +1,11 @@
 // komputed: the GPU compute daemon. Parses flags, starts the server, serves until SIGINT or
-// SIGTERM. Everything else lives in the komputed_server library.
+// SIGTERM, then drains (see Server::Drain) and exits 0. Everything else lives in the
+// komputed_server library.
+//
+// stdout carries two lines that scripts and tests read, in this order:
+//   komputed listening on HOST:PORT
+//   komputed metrics on HOST:PORT        (absent with --metrics_listen="")
+// Logs go to stderr.
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -11,24 +17,54 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/time/time.h"
+#include "komputed/core/malloc_tuning.h"
 #include "server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
-          "host:port to serve gRPC on; port 0 picks a free port (printed at start)");
+          "host:port to serve gRPC on (the komputed.v1 services, grpc.health.v1.Health and server "
+          "reflection); port 0 picks a free port (printed at start)");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "host:port to serve Prometheus metrics on, at /metrics; port 0 picks a free port "
+          "(printed at start); empty: no metrics endpoint");
 ABSL_FLAG(std::vector<std::string>, devices, {},
           "comma-separated Vulkan device indices to serve (e.g. 0,2); empty: every device");
 ABSL_FLAG(absl::Duration, session_idle_timeout, absl::Seconds(60),
           "close a session after this long with no call and no open Execute stream");
 ABSL_FLAG(absl::Duration, eval_timeout, absl::Seconds(600),
           "bound on an eval's wait for the device when the request gives no timeout_ms");
-ABSL_FLAG(int, max_message_bytes, 64 << 20, "largest gRPC message received or sent, in bytes");
+ABSL_FLAG(absl::Duration, eval_inline_wait, absl::Milliseconds(2),
+          "a unary Eval waits this long for a short submission on the serving thread (at most "
+          "2 threads per device) before handing it to the device's completion waiter; saves a "
+          "thread hand-off per eval; 0 hands every submission off");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(25),
+          "on SIGTERM or SIGINT: health turns NOT_SERVING, new sessions and evaluations are "
+          "refused, and evaluations in flight get this long to complete before the daemon exits "
+          "(keep Kubernetes' terminationGracePeriodSeconds above it)");
+ABSL_FLAG(int, max_message_bytes, 64 << 20,
+          "largest gRPC message received or sent, in bytes (at least 4096); larger tensor data "
+          "moves in chunks (WriteTensor, ReadTensor)");
 ABSL_FLAG(std::string, log_level, "info",
           "log level: trace, debug, info, warning, error, critical or off");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("komputed: serves Vulkan compute devices over gRPC");
+  // --help and --helpshort list the flags of this file (absl looks for komputed.cc by default).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "server/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.normalize_filename = [](absl::string_view file) {
+    const size_t at = file.rfind("server/");
+    return std::string(at == absl::string_view::npos ? file : file.substr(at));
+  };
+  absl::SetFlagsUsageConfig(usage);
+  absl::SetProgramUsageMessage(
+      "serves Vulkan compute devices over gRPC (the Kompute programming model).\n"
+      "Usage: komputed [--flag=value]... (or --flagfile=FILE, one --flag=value a line)");
   absl::ParseCommandLine(argc, argv);
 
   const std::string level_name = absl::GetFlag(FLAGS_log_level);
@@ -41,8 +77,13 @@ int main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("komputed"));
   spdlog::set_level(level);
 
+  // Tensor data moves in messages of megabytes: keep their buffers' pages instead of faulting
+  // fresh ones in for every message (KOMPUTED_MALLOC_TUNING=0 leaves malloc alone).
+  komputed::core::TuneMallocForBulkTransfers();
+
   komputed::server::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   for (const std::string& d : absl::GetFlag(FLAGS_devices)) {
     uint32_t index = 0;
     if (!absl::SimpleAtoi(d, &index)) {
@@ -53,7 +94,9 @@ int main(int argc, char** argv) {
   }
   options.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
   options.eval_timeout = absl::GetFlag(FLAGS_eval_timeout);
+  options.eval_inline_wait = absl::GetFlag(FLAGS_eval_inline_wait);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
 
   // Every thread started from here on inherits the blocked signals; main takes them with sigwait.
   sigset_t stop_signals;
@@ -68,11 +111,16 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("komputed listening on %s\n", (*server)->address().c_str());
+  if (!(*server)->metrics_address().empty()) {
+    std::printf("komputed metrics on %s\n", (*server)->metrics_address().c_str());
+  }
   std::fflush(stdout);
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   spdlog::info("komputed: {} received", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
-  (*server)->Shutdown(absl::Seconds(2));
+  (*server)->Drain(options.drain_timeout);
+  server->reset();  // frees the sessions and devices before exit
+  spdlog::info("komputed stopped");
   return 0;
 }

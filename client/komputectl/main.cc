@@ -26,6 +26,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -76,8 +78,8 @@ std::shared_ptr<grpc::Channel> Channel() {
 }
 
 void SetDeadline(grpc::ClientContext& c) {
-  c.set_deadline(std::chrono::system_clock::now() +
-                 std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_timeout) * 1000)));
+  c.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(
+                                                        absl::GetFlag(FLAGS_timeout) * 1000)));
 }
 
 void Check(const grpc::Status& s, const std::string& what) {
@@ -113,11 +115,16 @@ void PrintTable(const std::vector<std::vector<std::string>>& rows) {
 
 const char* TypeName(uint32_t t) {
   switch (t) {
-    case 1: return "integrated";
-    case 2: return "discrete";
-    case 3: return "virtual";
-    case 4: return "cpu";
-    default: return "other";
+    case 1:
+      return "integrated";
+    case 2:
+      return "discrete";
+    case 3:
+      return "virtual";
+    case 4:
+      return "cpu";
+    default:
+      return "other";
   }
 }
 
@@ -127,15 +134,16 @@ int Devices() {
   SetDeadline(c);
   v1::ListDevicesResponse r;
   Check(stub->ListDevices(&c, v1::ListDevicesRequest(), &r), "listing devices");
-  std::vector<std::vector<std::string>> rows = {
-      {"INDEX", "NAME", "TYPE", "MEMORY", "IN USE", "SESSIONS", "QUEUE FAMILIES",
-       "MAX WORKGROUPS", "PUSH", "STORAGE RANGE"}};
+  std::vector<std::vector<std::string>> rows = {{"INDEX", "NAME", "TYPE", "MEMORY", "IN USE",
+                                                 "SESSIONS", "QUEUE FAMILIES", "MAX WORKGROUPS",
+                                                 "PUSH", "STORAGE RANGE"}};
   for (const auto& d : r.devices()) {
     std::vector<std::string> families;
     for (const auto& f : d.queue_families()) {
-      std::string caps = absl::StrCat(f.graphics() ? "g" : "", f.compute() ? "c" : "",
-                                      f.transfer() ? "t" : "");
-      families.push_back(absl::StrCat(f.index(), ":", caps.empty() ? "-" : caps, "x", f.queue_count()));
+      std::string caps =
+          absl::StrCat(f.graphics() ? "g" : "", f.compute() ? "c" : "", f.transfer() ? "t" : "");
+      families.push_back(
+          absl::StrCat(f.index(), ":", caps.empty() ? "-" : caps, "x", f.queue_count()));
     }
     const auto& l = d.limits();
     std::string wg = l.max_compute_work_group_count_size() == 3
@@ -143,11 +151,10 @@ int Devices() {
                                         l.max_compute_work_group_count(1), "x",
                                         l.max_compute_work_group_count(2))
                          : "?";
-    rows.push_back({absl::StrCat(d.index()), d.name(), TypeName(d.device_type()),
-                    Bytes(d.memory_bytes()), Bytes(d.memory_in_use_bytes()),
-                    absl::StrCat(d.sessions()), absl::StrJoin(families, " "), wg,
-                    absl::StrCat(l.max_push_constants_size(), " B"),
-                    Bytes(l.max_storage_buffer_range())});
+    rows.push_back(
+        {absl::StrCat(d.index()), d.name(), TypeName(d.device_type()), Bytes(d.memory_bytes()),
+         Bytes(d.memory_in_use_bytes()), absl::StrCat(d.sessions()), absl::StrJoin(families, " "),
+         wg, absl::StrCat(l.max_push_constants_size(), " B"), Bytes(l.max_storage_buffer_range())});
   }
   PrintTable(rows);
   return 0;
@@ -197,7 +204,8 @@ std::string ReadFile(const std::string& path) {
 }
 
 bool EndsWith(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 struct Binding {
@@ -251,7 +259,8 @@ void WriteOutput(const Binding& b) {
   std::ofstream out(b.output, std::ios::binary);
   if (!out) Fail(absl::StrCat("cannot write ", b.output));
   if (!EndsWith(b.output, ".txt")) {
-    out.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(b.tensor->memorySize()));
+    out.write(reinterpret_cast<const char*>(p),
+              static_cast<std::streamsize>(b.tensor->memorySize()));
     return;
   }
   for (size_t i = 0; i < n; ++i) {
@@ -308,12 +317,13 @@ int Run() {
       } else {
         data = ReadFile(parts[1]);
         if (EndsWith(parts[1], ".txt")) {
-          data = Encode(b.type, absl::StrSplit(data, absl::ByAnyChar(" \t\r\n,"), absl::SkipEmpty()),
-                        parts[1]);
+          data =
+              Encode(b.type, absl::StrSplit(data, absl::ByAnyChar(" \t\r\n,"), absl::SkipEmpty()),
+                     parts[1]);
         }
         if (data.empty() || data.size() % size != 0) {
-          Fail(absl::StrCat(parts[1], ": ", data.size(), " bytes is not a whole number of ",
-                            b.type, " values"));
+          Fail(absl::StrCat(parts[1], ": ", data.size(), " bytes is not a whole number of ", b.type,
+                            " values"));
         }
       }
       if (io.size() == 2) b.output = io[1];
@@ -324,8 +334,7 @@ int Run() {
     for (const auto& b : bindings) params.push_back(b.tensor);
     auto spec_bytes = std::vector<uint8_t>(spec.begin(), spec.end());
     auto push_bytes = std::vector<uint8_t>(push.begin(), push.end());
-    auto algo = mgr.algorithm(params, spirv, workgroup, std::vector<float>{},
-                              std::vector<float>{});
+    auto algo = mgr.algorithm(params, spirv, workgroup, std::vector<float>{}, std::vector<float>{});
     algo->rebuildRaw(params, spirv, workgroup, spec_bytes, SizeOf(ctype), push_bytes,
                      SizeOf(ctype));
     auto seq = mgr.sequence(0, 3);
@@ -360,6 +369,7 @@ void Progress(const char* what, double fraction) {
   if (fraction >= 1) std::fprintf(stderr, "\r%*s\r", 60, "");
 }
 
+// `v` is never empty: every measurement loop runs at least once.
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
@@ -373,15 +383,16 @@ int Bench() {
   auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  while (elapsed() < seconds) {
+  do {  // at least one call, whatever --seconds says
     grpc::ClientContext c;
     SetDeadline(c);
     v1::PingResponse r;
     auto t0 = std::chrono::steady_clock::now();
     Check(sessions->Ping(&c, v1::PingRequest(), &r), "ping");
-    rtt.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-    Progress("ping", std::min(1.0, elapsed() / seconds));
-  }
+    rtt.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    Progress("ping", seconds > 0 ? std::min(1.0, elapsed() / seconds) : 1.0);
+  } while (elapsed() < seconds);
   Progress("ping", 1);
   std::printf("ping round trip      p50 %8.1f us   p99 %8.1f us   (%zu calls)\n",
               Percentile(rtt, 0.5), Percentile(rtt, 0.99), rtt.size());
@@ -392,12 +403,13 @@ int Bench() {
     seq->record<kp::OpTensorSyncDevice>({t})->record<kp::OpTensorSyncLocal>({t});
     std::vector<double> evals;
     start = std::chrono::steady_clock::now();
-    while (elapsed() < seconds) {
+    do {
       auto t0 = std::chrono::steady_clock::now();
       seq->eval();
-      evals.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
-      Progress("eval (4 KiB)", std::min(1.0, elapsed() / seconds));
-    }
+      evals.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      Progress("eval (4 KiB)", seconds > 0 ? std::min(1.0, elapsed() / seconds) : 1.0);
+    } while (elapsed() < seconds);
     Progress("eval (4 KiB)", 1);
     std::printf("eval 4 KiB up+down   p50 %8.1f us   p99 %8.1f us   (%zu evals)\n",
                 Percentile(evals, 0.5), Percentile(evals, 0.99), evals.size());
@@ -438,6 +450,17 @@ int Bench() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --help lists the flags of this file (absl looks for komputectl.cc by default).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "komputectl/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  usage.normalize_filename = [](absl::string_view file) {
+    const size_t at = file.rfind("client/");
+    return std::string(at == absl::string_view::npos ? file : file.substr(at));
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "komputectl COMMAND [flags]\n\n"
       "commands:\n"
@@ -461,5 +484,6 @@ int main(int argc, char** argv) {
   if (command == "sessions") return Sessions();
   if (command == "run") return Run();
   if (command == "bench") return Bench();
-  Fail(absl::StrCat("unknown command \"", command, "\" (devices, health, sessions, run, bench)"), 2);
+  Fail(absl::StrCat("unknown command \"", command, "\" (devices, health, sessions, run, bench)"),
+       2);
 }

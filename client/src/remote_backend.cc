@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "komputed/core/malloc_tuning.h"
 #include "komputed/core/status.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 
@@ -115,7 +116,7 @@ class Remote : public std::enable_shared_from_this<Remote> {
     for (uint64_t offset = 0; offset < bytes; offset += kChunkBytes) {
       uint64_t n = std::min(kChunkBytes, bytes - offset);
       chunk.set_offset(offset);
-      chunk.set_data(data + offset, n);
+      chunk.mutable_data()->assign(reinterpret_cast<const char*>(data) + offset, n);
       if (!writer->Write(chunk)) break;
       chunk.clear_session_id();
       chunk.clear_handle();
@@ -141,16 +142,15 @@ class Remote : public std::enable_shared_from_this<Remote> {
       if (chunk.offset() > bytes || chunk.data().size() > bytes - chunk.offset()) {
         context.TryCancel();
         reader->Finish();
-        return absl::DataLossError(
-            absl::StrCat("reading tensor ", handle, ": chunk out of range"));
+        return absl::DataLossError(absl::StrCat("reading tensor ", handle, ": chunk out of range"));
       }
       std::memcpy(data + chunk.offset(), chunk.data().data(), chunk.data().size());
       received += chunk.data().size();
     }
     KD_RETURN_IF_ERROR(FromGrpc(reader->Finish(), absl::StrCat("reading tensor ", handle)));
     if (received != bytes) {
-      return absl::DataLossError(absl::StrCat("reading tensor ", handle, ": got ", received,
-                                              " of ", bytes, " bytes"));
+      return absl::DataLossError(
+          absl::StrCat("reading tensor ", handle, ": got ", received, " of ", bytes, " bytes"));
     }
     return absl::OkStatus();
   }
@@ -190,7 +190,8 @@ class Remote : public std::enable_shared_from_this<Remote> {
   void StartKeepAlive() {
     keepalive_ = std::thread([this] {
       std::unique_lock<std::mutex> lock(keepalive_mu_);
-      const auto period = absl::ToChronoNanoseconds(std::max(idle_timeout / 3, absl::Milliseconds(50)));
+      const auto period =
+          absl::ToChronoNanoseconds(std::max(idle_timeout / 3, absl::Milliseconds(50)));
       while (!keepalive_cv_.wait_for(lock, period, [this] { return stop_keepalive_; })) {
         lock.unlock();
         grpc::ClientContext context;
@@ -382,7 +383,7 @@ struct LocalOp {
   Op::Kind kind;
   std::vector<std::shared_ptr<RemoteTensor>> tensors;
   std::shared_ptr<RemoteAlgorithm> algorithm;
-  v1::Operation wire;                                // as sent
+  v1::Operation wire;                                 // as sent
   std::optional<std::vector<uint8_t>> push_override;  // a dispatch's override
 };
 
@@ -402,8 +403,8 @@ class RemoteSequence final : public BackendSequence {
       bool done;
       {
         std::unique_lock<std::mutex> lock(in_flight->mu);
-        done = in_flight->cv.wait_for(lock, std::chrono::seconds(30),
-                                      [&] { return in_flight->done; });
+        done =
+            in_flight->cv.wait_for(lock, std::chrono::seconds(30), [&] { return in_flight->done; });
       }
       std::lock_guard<std::mutex> lock(mu_);
       if (done && in_flight->status.ok()) FinishLocked(in_flight->result).IgnoreError();
@@ -416,7 +417,8 @@ class RemoteSequence final : public BackendSequence {
   absl::Status Record(const Op& op) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (in_flight_ != nullptr) {
-      return absl::FailedPreconditionError("cannot record: the sequence is running; await it first");
+      return absl::FailedPreconditionError(
+          "cannot record: the sequence is running; await it first");
     }
     LocalOp local{op.kind, {}, nullptr, {}, op.push_constants};
     KD_ASSIGN_OR_RETURN(local.tensors, Unwrap(owner(), op.tensors));
@@ -428,10 +430,9 @@ class RemoteSequence final : public BackendSequence {
       case Op::Kind::kSyncDevice:
       case Op::Kind::kSyncLocal:
         if (local.tensors.empty()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(op.kind == Op::Kind::kSyncDevice ? "OpTensorSyncDevice"
-                                                            : "OpTensorSyncLocal",
-                           " needs at least 1 tensor(s), got 0"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              op.kind == Op::Kind::kSyncDevice ? "OpTensorSyncDevice" : "OpTensorSyncLocal",
+              " needs at least 1 tensor(s), got 0"));
         }
         list(op.kind == Op::Kind::kSyncDevice ? wire.mutable_sync_device()
                                               : wire.mutable_sync_local());
@@ -451,9 +452,9 @@ class RemoteSequence final : public BackendSequence {
         std::vector<uint8_t> push = local.algorithm->push();
         if (op.push_constants.has_value()) {
           if (op.push_constants->size() != push.size()) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "push constants of ", op.push_constants->size(),
-                " bytes given; the algorithm was built with ", push.size(), " bytes"));
+            return absl::InvalidArgumentError(
+                absl::StrCat("push constants of ", op.push_constants->size(),
+                             " bytes given; the algorithm was built with ", push.size(), " bytes"));
           }
           push = *op.push_constants;
           local.algorithm->set_push(push);  // an override stays with the algorithm
@@ -502,11 +503,11 @@ class RemoteSequence final : public BackendSequence {
     auto p = in_flight_;
     {
       std::unique_lock<std::mutex> plock(p->mu);
-      bool done = p->cv.wait_for(plock, absl::ToChronoNanoseconds(timeout),
-                                 [&] { return p->done; });
+      bool done =
+          p->cv.wait_for(plock, absl::ToChronoNanoseconds(timeout), [&] { return p->done; });
       if (!done) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "the submission did not complete within ", absl::FormatDuration(timeout)));
+        return absl::DeadlineExceededError(
+            absl::StrCat("the submission did not complete within ", absl::FormatDuration(timeout)));
       }
     }
     in_flight_.reset();
@@ -585,10 +586,10 @@ class RemoteSequence final : public BackendSequence {
     for (size_t i = 1; i < t.size(); ++i) {
       if (t[i]->spec().type != t[0]->spec().type ||
           t[i]->spec().element_size != t[0]->spec().element_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "OpTensorCopy: tensor ", i, " holds ", core::ElementTypeName(t[i]->spec().type),
-            " elements but the source (tensor 0) holds ",
-            core::ElementTypeName(t[0]->spec().type)));
+        return absl::InvalidArgumentError(absl::StrCat("OpTensorCopy: tensor ", i, " holds ",
+                                                       core::ElementTypeName(t[i]->spec().type),
+                                                       " elements but the source (tensor 0) holds ",
+                                                       core::ElementTypeName(t[0]->spec().type)));
       }
       if (t[i]->spec().count != t[0]->spec().count) {
         return absl::InvalidArgumentError(
@@ -642,7 +643,7 @@ class RemoteSequence final : public BackendSequence {
         inline_bytes += t->bytes();
         auto* u = request.add_uploads();
         u->set_handle(t->handle());
-        u->set_data(t->host(), t->bytes());
+        u->mutable_data()->assign(reinterpret_cast<const char*>(t->host()), t->bytes());
       } else {
         // Commands first, so that the tensors exist in their final state, then the data.
         if (request.commands_size() > 0) {
@@ -652,8 +653,7 @@ class RemoteSequence final : public BackendSequence {
           grpc::ClientContext context;
           SetDeadline(context, RpcTimeout());
           v1::EvalResponse ignored;
-          KD_RETURN_IF_ERROR(
-              FromGrpc(remote_->sequences->Eval(&context, flush, &ignored), "eval"));
+          KD_RETURN_IF_ERROR(FromGrpc(remote_->sequences->Eval(&context, flush, &ignored), "eval"));
         }
         KD_RETURN_IF_ERROR(remote_->Write(t->handle(), t->host(), t->bytes()));
       }
@@ -703,9 +703,9 @@ class RemoteSequence final : public BackendSequence {
   std::shared_ptr<Remote> remote_;
   const uint64_t handle_;
   mutable std::mutex mu_;
-  v1::RecordRequest actions_;       // not yet sent: they go with this sequence's next eval
-  std::vector<LocalOp> all_ops_;    // since the last clear
-  std::vector<LocalOp> cb_ops_;     // in the current batch
+  v1::RecordRequest actions_;     // not yet sent: they go with this sequence's next eval
+  std::vector<LocalOp> all_ops_;  // since the last clear
+  std::vector<LocalOp> cb_ops_;   // in the current batch
   bool recording_ = false;
   std::shared_ptr<Remote::Pending> in_flight_;
   std::map<uint64_t, std::shared_ptr<RemoteTensor>> inline_downloads_;
@@ -736,7 +736,7 @@ class RemoteBackend final : public Backend {
     request.set_element_size(spec.element_size);
     request.set_memory_type(ToWire(spec.memory));
     const bool inline_data = data != nullptr && bytes <= kInlineLimit;
-    if (inline_data) request.set_data(data, bytes);
+    if (inline_data) request.mutable_data()->assign(reinterpret_cast<const char*>(data), bytes);
     {
       grpc::ClientContext context;
       SetDeadline(context, RpcTimeout());
@@ -792,8 +792,7 @@ class RemoteBackend final : public Backend {
     return Build(static_cast<RemoteAlgorithm&>(algorithm), spec, /*rebuild=*/true);
   }
 
-  absl::Status SetPushConstants(BackendAlgorithm& algorithm,
-                                std::vector<uint8_t> values) override {
+  absl::Status SetPushConstants(BackendAlgorithm& algorithm, std::vector<uint8_t> values) override {
     if (algorithm.owner() != this) {
       return absl::FailedPreconditionError("the algorithm belongs to another Manager");
     }
@@ -804,9 +803,8 @@ class RemoteBackend final : public Backend {
     grpc::ClientContext context;
     SetDeadline(context, RpcTimeout());
     v1::SetPushConstantsResponse response;
-    KD_RETURN_IF_ERROR(FromGrpc(
-        remote_->algorithms->SetPushConstants(&context, request, &response),
-        "setting push constants"));
+    KD_RETURN_IF_ERROR(FromGrpc(remote_->algorithms->SetPushConstants(&context, request, &response),
+                                "setting push constants"));
     static_cast<RemoteAlgorithm&>(algorithm).set_push(std::move(values));
     return absl::OkStatus();
   }
@@ -833,9 +831,9 @@ class RemoteBackend final : public Backend {
     grpc::ClientContext context;
     SetDeadline(context, RpcTimeout());
     v1::ListDevicesResponse response;
-    KD_RETURN_IF_ERROR(FromGrpc(
-        remote_->devices->ListDevices(&context, v1::ListDevicesRequest(), &response),
-        "listing devices"));
+    KD_RETURN_IF_ERROR(
+        FromGrpc(remote_->devices->ListDevices(&context, v1::ListDevicesRequest(), &response),
+                 "listing devices"));
     std::vector<VkPhysicalDeviceProperties> out;
     for (const auto& d : response.devices()) out.push_back(PropertiesOf(d));
     return out;
@@ -886,6 +884,7 @@ class RemoteBackend final : public Backend {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Backend>> CreateRemoteBackend(const RemoteOptions& options) {
+  core::TuneMallocForBulkTransfers();  // tensor data moves in multi-megabyte messages
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);

@@ -12,8 +12,8 @@
 
 namespace komputed::server {
 
-absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(uint32_t pool_index,
-                                                                 uint32_t physical_index) {
+absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
+    uint32_t pool_index, uint32_t physical_index, const DevicePoolOptions& pool_options) {
   KD_ASSIGN_OR_RETURN(std::vector<core::PhysicalDeviceInfo> all, core::Device::List());
   if (physical_index >= all.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -22,6 +22,7 @@ absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(uint32_t pool_i
   const core::PhysicalDeviceInfo& info = all[physical_index];
   core::DeviceOptions options;
   options.physical_device_index = physical_index;
+  options.calls = pool_options.vulkan_calls;
   for (uint32_t f = 0; f < info.queue_families.size(); ++f) {
     if (!info.HasCompute(f)) continue;
     for (uint32_t q = 0; q < info.queue_families[f].queueCount; ++q) {
@@ -39,6 +40,17 @@ absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(uint32_t pool_i
   for (uint32_t i = 0; i < pooled->device_->queue_count(); ++i) {
     const core::Queue& q = pooled->device_->queue(i);
     pooled->queue_index_[{q.family, q.index}] = i;
+  }
+  Metrics& m = *pool_options.metrics;
+  const std::string device = absl::StrCat(pool_index);
+  pooled->memory_used_ = &m.device_memory_used_bytes(device);
+  m.device_memory_limit_bytes(device).Set(static_cast<double>(info.DeviceLocalBytes()));
+  pooled->losses_ = &m.device_losses_total(device);
+  for (uint32_t i = 0; i < pooled->device_->queue_count(); ++i) {
+    const std::string queue = absl::StrCat(i);
+    pooled->queue_metrics_.push_back({&m.submissions_total(device, queue),
+                                      &m.gpu_execution_seconds_total(device, queue),
+                                      &m.queue_depth(device, queue)});
   }
   spdlog::info("device {}: {} (Vulkan device {}), {} queue(s), timeline semaphores: {}", pool_index,
                info.properties.deviceName, physical_index, pooled->device_->queue_count(),
@@ -85,6 +97,33 @@ absl::StatusOr<std::vector<uint32_t>> PooledDevice::ResolveQueues(
   return result;
 }
 
+void PooledDevice::AddMemory(int64_t bytes) {
+  memory_in_use_.fetch_add(bytes, std::memory_order_relaxed);
+  memory_used_->Increment(static_cast<double>(bytes));
+}
+
+void PooledDevice::Submitted(size_t queue) {
+  if (queue >= queue_metrics_.size()) return;
+  queue_metrics_[queue].submissions->Increment();
+  queue_metrics_[queue].depth->Increment();
+}
+
+void PooledDevice::Completed(size_t queue, uint64_t gpu_ns) {
+  if (queue >= queue_metrics_.size()) return;
+  queue_metrics_[queue].depth->Decrement();
+  if (gpu_ns > 0) queue_metrics_[queue].gpu_seconds->Increment(static_cast<double>(gpu_ns) * 1e-9);
+}
+
+void PooledDevice::CheckLost() {
+  if (!device_->lost() || loss_reported_.exchange(true)) return;
+  losses_->Increment();
+  spdlog::error(
+      "device {} ({}) was lost (VK_ERROR_DEVICE_LOST): its sessions' calls fail with "
+      "UNAVAILABLE",
+      index_, device_->properties().deviceName);
+  if (on_loss_) on_loss_();
+}
+
 void PooledDevice::Describe(v1::DeviceInfo* out) const {
   const core::PhysicalDeviceInfo& info = device_->info();
   const VkPhysicalDeviceProperties& p = info.properties;
@@ -122,7 +161,9 @@ void PooledDevice::Describe(v1::DeviceInfo* out) const {
 }
 
 absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(
-    const std::vector<uint32_t>& physical_indices) {
+    const std::vector<uint32_t>& physical_indices, const DevicePoolOptions& options) {
+  if (options.metrics == nullptr)
+    return absl::InvalidArgumentError("the device pool needs metrics");
   KD_ASSIGN_OR_RETURN(std::vector<core::PhysicalDeviceInfo> all, core::Device::List());
   if (all.empty()) {
     return absl::UnavailableError(
@@ -145,10 +186,24 @@ absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(
   }
   auto pool = std::unique_ptr<DevicePool>(new DevicePool());
   for (uint32_t i = 0; i < chosen.size(); ++i) {
-    KD_ASSIGN_OR_RETURN(auto device, PooledDevice::Open(i, chosen[i]));
+    KD_ASSIGN_OR_RETURN(auto device, PooledDevice::Open(i, chosen[i], options));
     pool->devices_.push_back(std::move(device));
   }
   return pool;
+}
+
+DevicePool::~DevicePool() {
+  for (auto& device : devices_) device->waiter_.reset();
+}
+
+size_t DevicePool::usable() const {
+  size_t n = 0;
+  for (const auto& device : devices_) n += device->usable() ? 1 : 0;
+  return n;
+}
+
+void DevicePool::SetLossListener(std::function<void()> listener) {
+  for (auto& device : devices_) device->on_loss_ = listener;
 }
 
 absl::StatusOr<PooledDevice*> DevicePool::Get(uint32_t index) const {

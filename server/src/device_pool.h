@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -10,18 +11,30 @@
 #include "absl/status/statusor.h"
 #include "komputed/core/completion_waiter.h"
 #include "komputed/core/device.h"
+#include "komputed/core/vulkan_calls.h"
 #include "komputed/v1/komputed.pb.h"
+#include "metrics.h"
 
 namespace komputed::server {
 
+// How the pool opens its devices.
+struct DevicePoolOptions {
+  // The Vulkan calls that can fail (tests inject faults here); null: the real ones.
+  std::shared_ptr<core::VulkanCalls> vulkan_calls;
+  // Where the devices' metrics go; must outlive the pool. Required.
+  Metrics* metrics = nullptr;
+};
+
 // One device the daemon serves: a core::Device opened with every queue of every compute-capable
-// queue family, the one CompletionWaiter that watches its submissions, and the totals of what
-// sessions hold on it. Owned by the DevicePool; lives as long as the pool. Thread-safe.
+// queue family, the one CompletionWaiter that watches its submissions, the totals of what
+// sessions hold on it, and its metrics. Owned by the DevicePool; lives as long as the pool.
+// Thread-safe.
 class PooledDevice {
  public:
   // `pool_index` is the daemon's device index (what OpenSession takes).
   static absl::StatusOr<std::unique_ptr<PooledDevice>> Open(uint32_t pool_index,
-                                                            uint32_t physical_index);
+                                                            uint32_t physical_index,
+                                                            const DevicePoolOptions& options);
 
   uint32_t index() const { return index_; }
   const std::shared_ptr<core::Device>& device() const { return device_; }
@@ -33,7 +46,7 @@ class PooledDevice {
   absl::StatusOr<std::vector<uint32_t>> ResolveQueues(const std::vector<uint32_t>& families) const;
 
   // Tensor memory that sessions hold on this device.
-  void AddMemory(int64_t bytes) { memory_in_use_.fetch_add(bytes, std::memory_order_relaxed); }
+  void AddMemory(int64_t bytes);
   uint64_t memory_in_use() const {
     return static_cast<uint64_t>(memory_in_use_.load(std::memory_order_relaxed));
   }
@@ -46,17 +59,56 @@ class PooledDevice {
   // What ListDevices and OpenSession report about this device.
   void Describe(v1::DeviceInfo* info) const;
 
+  // Metrics of the device's queues (`queue` is the device queue index): a submission went to
+  // the queue; its evaluation completed after `gpu_ns` nanoseconds of GPU time (0: unknown).
+  void Submitted(size_t queue);
+  void Completed(size_t queue, uint64_t gpu_ns);
+
+  // Threads waiting inline for a submission (Session::Eval's fast path): Begin admits one while
+  // fewer than `limit` are; End follows each admitted Begin.
+  bool BeginInlineWait(int limit) {
+    int n = inline_waits_.load(std::memory_order_relaxed);
+    while (n < limit) {
+      if (inline_waits_.compare_exchange_weak(n, n + 1, std::memory_order_acquire)) return true;
+    }
+    return false;
+  }
+  void EndInlineWait() { inline_waits_.fetch_sub(1, std::memory_order_release); }
+
+  // False once the device is lost (VK_ERROR_DEVICE_LOST).
+  bool usable() const { return !device_->lost(); }
+  // Call after a device operation failed: when the device was lost and this is the first to
+  // notice, counts and logs the loss and tells the pool's loss listener.
+  void CheckLost();
+
  private:
+  friend class DevicePool;
   PooledDevice() = default;
+
+  // The series of one queue.
+  struct QueueMetrics {
+    prometheus::Counter* submissions = nullptr;
+    prometheus::Counter* gpu_seconds = nullptr;
+    prometheus::Gauge* depth = nullptr;
+  };
 
   uint32_t index_ = 0;
   std::shared_ptr<core::Device> device_;
-  // Destroyed before the device (declared after it); completes every watched submission first.
-  std::unique_ptr<core::CompletionWaiter> waiter_;
   // (queue family, index within the family) → device queue index.
   absl::flat_hash_map<std::pair<uint32_t, uint32_t>, uint32_t> queue_index_;
   std::atomic<int64_t> memory_in_use_{0};
   std::atomic<int32_t> sessions_{0};
+  std::atomic<int> inline_waits_{0};
+  std::atomic<bool> loss_reported_{false};
+  std::function<void()> on_loss_;  // set by the pool before any session exists
+
+  prometheus::Gauge* memory_used_ = nullptr;
+  prometheus::Counter* losses_ = nullptr;
+  std::vector<QueueMetrics> queue_metrics_;  // by device queue index
+
+  // Declared last, so destroyed first: it completes every watched submission, whose callbacks
+  // use the members above (and it holds the device itself).
+  std::unique_ptr<core::CompletionWaiter> waiter_;
 };
 
 // The devices the daemon serves, indexed 0..size()-1 in the order they were chosen. Immutable
@@ -67,9 +119,18 @@ class DevicePool {
   // that order). INVALID_ARGUMENT for an index that does not exist or is given twice;
   // UNAVAILABLE when there is no Vulkan device at all.
   static absl::StatusOr<std::unique_ptr<DevicePool>> Create(
-      const std::vector<uint32_t>& physical_indices);
+      const std::vector<uint32_t>& physical_indices, const DevicePoolOptions& options);
+
+  // Completes every device's watched submissions (their callbacks may use any device) before
+  // it closes the devices.
+  ~DevicePool();
 
   size_t size() const { return devices_.size(); }
+  // Devices not lost.
+  size_t usable() const;
+  // Called (on the thread that noticed) each time a device is found lost. Set it before any
+  // session is opened; not thread-safe against CheckLost.
+  void SetLossListener(std::function<void()> listener);
   // INVALID_ARGUMENT naming the index and the number of devices.
   absl::StatusOr<PooledDevice*> Get(uint32_t index) const;
   PooledDevice& at(size_t index) const { return *devices_[index]; }

@@ -1,7 +1,6 @@
 #include "server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <spdlog/spdlog.h>
@@ -9,9 +8,20 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "komputed/core/status.h"
+#include "rpc_metrics.h"
 
 namespace komputed::server {
+namespace {
+
+// After the evaluations of a drain have completed: how long no call may arrive before gRPC stops
+// (clients still calling get refusals, not calls cut off), and then how long the last replies
+// have to reach their clients before the remaining calls (idle streams) are cancelled.
+constexpr absl::Duration kQuietPeriod = absl::Milliseconds(200);
+constexpr absl::Duration kReplyGrace = absl::Seconds(1);
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.max_message_bytes < 4096) {
@@ -24,41 +34,75 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.eval_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the eval timeout must be positive");
   }
+  if (options.eval_inline_wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the eval inline wait must not be negative");
+  }
+  if (options.drain_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the drain timeout must not be negative");
+  }
   auto server = std::unique_ptr<Server>(new Server(std::move(options)));
-  const ServerOptions& o = server->options_;
+  Server* const s = server.get();
+  const ServerOptions& o = s->options_;
 
-  KD_ASSIGN_OR_RETURN(server->pool_, DevicePool::Create(o.devices));
+  s->metrics_ = std::make_unique<Metrics>();
+  s->gate_ = std::make_unique<WorkGate>();
+  s->health_ = std::make_unique<HealthService>(std::vector<std::string>{
+      v1::Devices::service_full_name(), v1::Sessions::service_full_name(),
+      v1::Tensors::service_full_name(), v1::Algorithms::service_full_name(),
+      v1::Sequences::service_full_name()});
+
+  DevicePoolOptions pool_options;
+  pool_options.vulkan_calls = o.vulkan_calls;
+  pool_options.metrics = s->metrics_.get();
+  KD_ASSIGN_OR_RETURN(s->pool_, DevicePool::Create(o.devices, pool_options));
+  s->pool_->SetLossListener([s] { s->UpdateHealth(); });
   SessionManagerOptions session_options;
   session_options.idle_timeout = o.session_idle_timeout;
   session_options.eval_timeout = o.eval_timeout;
+  session_options.inline_wait = o.eval_inline_wait;
   session_options.max_message_bytes = static_cast<uint64_t>(o.max_message_bytes);
-  server->sessions_ = std::make_unique<SessionManager>(server->pool_.get(), session_options);
+  session_options.metrics = s->metrics_.get();
+  session_options.gate = s->gate_.get();
+  s->sessions_ = std::make_unique<SessionManager>(s->pool_.get(), session_options);
 
-  ServiceContext context{server->pool_.get(), server->sessions_.get(),
+  ServiceContext context{s->pool_.get(), s->sessions_.get(),
                          static_cast<uint64_t>(o.max_message_bytes)};
-  server->devices_service_ = std::make_unique<DevicesService>(context);
-  server->sessions_service_ = std::make_unique<SessionsService>(context);
-  server->tensors_service_ = std::make_unique<TensorsService>(context);
-  server->algorithms_service_ = std::make_unique<AlgorithmsService>(context);
-  server->sequences_service_ = std::make_unique<SequencesService>(context);
+  s->devices_service_ = std::make_unique<DevicesService>(context);
+  s->sessions_service_ = std::make_unique<SessionsService>(context);
+  s->tensors_service_ = std::make_unique<TensorsService>(context);
+  s->algorithms_service_ = std::make_unique<AlgorithmsService>(context);
+  s->sequences_service_ = std::make_unique<SequencesService>(context);
 
-  grpc::EnableDefaultHealthCheckService(true);
+  if (!o.metrics_listen.empty()) {
+    KD_ASSIGN_OR_RETURN(s->metrics_endpoint_,
+                        MetricsEndpoint::Start(o.metrics_listen, s->metrics_->registry()));
+  }
+
+  // The health service is komputed's own (HealthService); gRPC's default one stays off.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &s->port_);
   builder.SetMaxReceiveMessageSize(o.max_message_bytes);
   builder.SetMaxSendMessageSize(o.max_message_bytes);
-  builder.RegisterService(server->devices_service_.get());
-  builder.RegisterService(server->sessions_service_.get());
-  builder.RegisterService(server->tensors_service_.get());
-  builder.RegisterService(server->algorithms_service_.get());
-  builder.RegisterService(server->sequences_service_.get());
-  server->grpc_server_ = builder.BuildAndStart();
-  if (server->grpc_server_ == nullptr || server->port_ == 0) {
+  builder.RegisterService(s->devices_service_.get());
+  builder.RegisterService(s->sessions_service_.get());
+  builder.RegisterService(s->tensors_service_.get());
+  builder.RegisterService(s->algorithms_service_.get());
+  builder.RegisterService(s->sequences_service_.get());
+  builder.RegisterService(s->health_.get());
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<RpcMetricsFactory>(s->metrics_.get(), s->gate_.get()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  s->grpc_server_ = builder.BuildAndStart();
+  if (s->grpc_server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", o.listen, " (address in use, or not a host:port?)"));
   }
-  spdlog::info("komputed serving {} device(s) on {}", server->pool_->size(), server->address());
+  s->UpdateHealth();
+  spdlog::info("komputed serving {} device(s) on {}{}", s->pool_->size(), s->address(),
+               s->metrics_endpoint_ == nullptr
+                   ? ", metrics not served"
+                   : absl::StrCat(", metrics on http://", s->metrics_address(), "/metrics"));
   return server;
 }
 
@@ -71,6 +115,45 @@ std::string Server::address() const {
   return absl::StrCat(host, ":", port_);
 }
 
+std::string Server::metrics_address() const {
+  return metrics_endpoint_ == nullptr ? std::string() : metrics_endpoint_->address();
+}
+
+void Server::UpdateHealth() {
+  // After Shutdown the pool may be going (its waiters' last callbacks can report a loss).
+  if (stopped_.load()) return;
+  health_->SetServing(!draining_.load() && pool_->usable() > 0);
+}
+
+void Server::Drain(absl::Duration timeout) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_ || draining_.load()) {
+      mu_.Await(absl::Condition(&shut_down_));
+      return;
+    }
+    draining_.store(true);
+  }
+  const absl::Time start = absl::Now();
+  UpdateHealth();  // NOT_SERVING first: probes and load balancers stop sending work
+  gate_->Close();  // then new sessions and evaluations are refused
+  spdlog::info(
+      "komputed draining: refusing new sessions and evaluations, waiting up to {} for "
+      "{} evaluation(s) in flight",
+      absl::FormatDuration(timeout), gate_->in_flight());
+  if (gate_->WaitIdle(start + timeout)) {
+    // Clients whose evaluations just completed may be calling again: answer them (UNAVAILABLE)
+    // until they have stopped, within the drain timeout.
+    gate_->WaitQuiet(kQuietPeriod, start + timeout);
+    spdlog::info("komputed drained in {}",
+                 absl::StrFormat("%.3fs", absl::ToDoubleSeconds(absl::Now() - start)));
+  } else {
+    spdlog::warn("komputed drain timeout ({}): {} evaluation(s) still in flight are cancelled",
+                 absl::FormatDuration(timeout), gate_->in_flight());
+  }
+  Shutdown(kReplyGrace);
+}
+
 void Server::Shutdown(absl::Duration grace) {
   {
     absl::MutexLock lock(&mu_);
@@ -80,6 +163,10 @@ void Server::Shutdown(absl::Duration grace) {
     }
     shutting_down_ = true;
   }
+  if (gate_ != nullptr) gate_->Close();
+  stopped_.store(true);
+  // NOT_SERVING, and the Watch streams end (else gRPC would wait for them until `grace`).
+  if (health_ != nullptr) health_->Shutdown();
   if (grpc_server_ != nullptr) {
     spdlog::info("komputed shutting down");
     // Waits for every call to end: those still running after `grace` are cancelled, and their

@@ -2,6 +2,7 @@
 
 #include <grpcpp/server.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -12,26 +13,43 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "device_pool.h"
+#include "health.h"
+#include "komputed/core/vulkan_calls.h"
+#include "metrics.h"
 #include "services.h"
 #include "session_manager.h"
+#include "work_gate.h"
 
 namespace komputed::server {
 
 struct ServerOptions {
   // host:port to listen on; port 0 picks a free port (see Server::port()).
   std::string listen = "127.0.0.1:50051";
+  // host:port to serve Prometheus metrics on (/metrics); port 0 picks a free port. Empty: the
+  // metrics are kept (Server::metrics()) but not served. (komputed's flag defaults to
+  // 127.0.0.1:9464; the library's default is empty so that in-process servers do not collide.)
+  std::string metrics_listen;
   // Physical device indices to serve, in the daemon's order; empty: every device.
   std::vector<uint32_t> devices;
   absl::Duration session_idle_timeout = absl::Seconds(60);
   // Bound on an eval's wait for the device when the request gives none.
   absl::Duration eval_timeout = absl::Seconds(600);
+  // How long a unary Eval waits for its submission on the gRPC thread before handing it to the
+  // device's completion waiter; zero: always hand it off.
+  absl::Duration eval_inline_wait = absl::Milliseconds(2);
   // Largest message received or sent.
   int max_message_bytes = 64 << 20;
+  // How long Drain waits for evaluations in flight.
+  absl::Duration drain_timeout = absl::Seconds(25);
+  // The Vulkan calls that can fail (tests inject faults); null: the real ones.
+  std::shared_ptr<core::VulkanCalls> vulkan_calls;
 };
 
-// The komputed daemon: its devices, its sessions and the gRPC server that serves them (with
-// server reflection and the standard health service). Start() returns once it is listening.
-// Thread-safe; Shutdown may be called from any thread, more than once.
+// The komputed daemon: its devices, its sessions, the gRPC server that serves them (with server
+// reflection and the grpc.health.v1 health service), and its metrics (served over HTTP when
+// metrics_listen is set). Start() returns once it is listening. Health is SERVING while at least
+// one device is usable (not lost) and the daemon is not draining or stopped.
+// Thread-safe; Drain and Shutdown may be called from any thread, more than once.
 class Server {
  public:
   static absl::StatusOr<std::unique_ptr<Server>> Start(ServerOptions options);
@@ -44,7 +62,19 @@ class Server {
   int port() const { return port_; }
   // The listen address with the bound port, e.g. "127.0.0.1:43125".
   std::string address() const;
+  // The metrics address with the bound port ("127.0.0.1:9464"); empty when not served.
+  std::string metrics_address() const;
   const ServerOptions& options() const { return options_; }
+  Metrics& metrics() const { return *metrics_; }
+
+  // The graceful stop (SIGTERM): health turns NOT_SERVING; new sessions and new evaluations
+  // (Eval, and each Execute request) are refused with UNAVAILABLE ("komputed is draining");
+  // evaluations in flight complete, for up to `timeout`, and the daemon keeps answering (with
+  // refusals) until no call has come for 200 ms, within `timeout`; then Shutdown(1 s) lets the
+  // last replies reach their clients, ends the remaining calls and streams (cancelled) and
+  // frees every session. Returns when all of that is done.
+  void Drain(absl::Duration timeout);
+  bool draining() const { return draining_.load(); }
 
   // Stops taking calls, lets calls in progress finish for up to `grace` (then cancels them and
   // waits for their submissions to complete), and closes every session.
@@ -55,9 +85,23 @@ class Server {
  private:
   explicit Server(ServerOptions options) : options_(std::move(options)) {}
 
+  // SERVING while a device is usable and the daemon is not draining.
+  void UpdateHealth();
+
   const ServerOptions options_;
   int port_ = 0;
-  // Destroyed in reverse order: gRPC first, then the sessions, then the devices.
+  // Destroyed in reverse order: the metrics endpoint and gRPC first, then the services, the
+  // sessions and the devices (whose waiters' last callbacks may still update health, the gate
+  // and the metrics), then those.
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<WorkGate> gate_;
+  std::unique_ptr<HealthService> health_;
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> stopped_{false};  // set by Shutdown: health no longer follows the devices
+  absl::Mutex mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+
   std::unique_ptr<DevicePool> pool_;
   std::unique_ptr<SessionManager> sessions_;
   std::unique_ptr<DevicesService> devices_service_;
@@ -66,10 +110,7 @@ class Server {
   std::unique_ptr<AlgorithmsService> algorithms_service_;
   std::unique_ptr<SequencesService> sequences_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
-
-  absl::Mutex mu_;
-  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
 };
 
 }  // namespace komputed::server

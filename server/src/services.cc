@@ -21,7 +21,11 @@ namespace {
 // Room in a message for everything but a chunk's data bytes.
 constexpr uint64_t kChunkOverhead = 1024;
 
-grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, const absl::Status& status) {
+// Finishes a unary call with `status`, logging a failure with the method and the session that
+// the request names (empty when none).
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, absl::string_view method,
+                                absl::string_view session_id, const absl::Status& status) {
+  if (!status.ok()) LogFailure(method, session_id, context->peer(), status);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
@@ -29,11 +33,12 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, const absl
 
 // Looks the session up and replies with what `fn(session)` returns.
 template <typename Fn>
-grpc::ServerUnaryReactor* InSession(grpc::CallbackServerContext* context, SessionManager& sessions,
-                                    const std::string& session_id, Fn&& fn) {
+grpc::ServerUnaryReactor* InSession(grpc::CallbackServerContext* context, absl::string_view method,
+                                    SessionManager& sessions, const std::string& session_id,
+                                    Fn&& fn) {
   absl::StatusOr<std::shared_ptr<Session>> session = sessions.Get(session_id);
-  if (!session.ok()) return Reply(context, session.status());
-  return Reply(context, fn(**session));
+  if (!session.ok()) return Reply(context, method, session_id, session.status());
+  return Reply(context, method, session_id, fn(**session));
 }
 
 absl::Time Deadline(const grpc::CallbackServerContext& context) {
@@ -53,17 +58,18 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::TensorChunk>
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client is done sending (or gone)
       if (write_ == nullptr) {
-        Finish(ToGrpcStatus(absl::InvalidArgumentError(
-            "WriteTensor: no chunk was sent (the first one names the session and tensor)")));
+        End(absl::InvalidArgumentError(
+            "WriteTensor: no chunk was sent (the first one names the session and tensor)"));
         return;
       }
       absl::Status status = write_->Finish();
       if (status.ok()) response_->set_bytes_written(write_->bytes_written());
-      Finish(ToGrpcStatus(status));
+      End(status);
       return;
     }
     absl::Status status;
     if (write_ == nullptr) {
+      session_id_ = chunk_.session_id();
       absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Get(chunk_.session_id());
       if (session.ok()) {
         absl::StatusOr<std::unique_ptr<TensorWrite>> write =
@@ -80,7 +86,7 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::TensorChunk>
       status = write_->Write(chunk_);
     }
     if (!status.ok()) {
-      Finish(ToGrpcStatus(status));  // the rest of the client's chunks are dropped
+      End(status);  // the rest of the client's chunks are dropped
       return;
     }
     StartRead(&chunk_);
@@ -89,8 +95,14 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::TensorChunk>
   void OnDone() override { delete this; }
 
  private:
+  void End(const absl::Status& status) {
+    if (!status.ok()) LogFailure("WriteTensor", session_id_, "", status);
+    Finish(ToGrpcStatus(status));
+  }
+
   SessionManager* const sessions_;
   v1::WriteTensorResponse* const response_;
+  std::string session_id_;  // named by the first chunk
   v1::TensorChunk chunk_;
   std::unique_ptr<TensorWrite> write_;
 };
@@ -102,12 +114,14 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::TensorChunk>
                     uint64_t max_chunk_bytes) {
     absl::StatusOr<std::shared_ptr<Session>> session = sessions->Get(request.session_id());
     if (!session.ok()) {
+      LogFailure("ReadTensor", request.session_id(), "", session.status());
       Finish(ToGrpcStatus(session.status()));
       return;
     }
     absl::StatusOr<std::unique_ptr<TensorRead>> read =
         TensorRead::Begin(*std::move(session), request, max_chunk_bytes);
     if (!read.ok()) {
+      LogFailure("ReadTensor", request.session_id(), "", read.status());
       Finish(ToGrpcStatus(read.status()));
       return;
     }
@@ -210,12 +224,15 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
     }
     absl::StatusOr<std::shared_ptr<Session>> session = Bind(eval.session_id());
     if (!session.ok()) {
+      LogFailure("Execute", eval.session_id(), "", session.status());
       Complete(std::move(event), session.status());
       return;
     }
     v1::EvalResponse* result = event->mutable_result();
-    (*session)->Eval(eval, absl::InfiniteFuture(), result,
+    (*session)->Eval(eval, absl::InfiniteFuture(), result, /*may_wait_inline=*/false,
                      [this, event = std::move(event)](absl::Status status) mutable {
+                       // session_ is set (Bind) and the reactor alive (pending_) until Complete.
+                       if (!status.ok()) LogFailure("Execute", session_->id(), "", status);
                        Complete(std::move(event), status);
                      });
   }
@@ -313,7 +330,7 @@ grpc::ServerUnaryReactor* DevicesService::ListDevices(grpc::CallbackServerContex
                                                       const v1::ListDevicesRequest*,
                                                       v1::ListDevicesResponse* response) {
   for (size_t i = 0; i < ctx_.pool->size(); ++i) ctx_.pool->at(i).Describe(response->add_devices());
-  return Reply(context, absl::OkStatus());
+  return Reply(context, "ListDevices", "", absl::OkStatus());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -323,40 +340,42 @@ grpc::ServerUnaryReactor* SessionsService::OpenSession(grpc::CallbackServerConte
                                                        const v1::OpenSessionRequest* request,
                                                        v1::OpenSessionResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> session = ctx_.sessions->Open(*request, context->peer());
-  if (!session.ok()) return Reply(context, session.status());
+  if (!session.ok()) return Reply(context, "OpenSession", "", session.status());
   response->set_session_id((*session)->id());
   (*session)->device().Describe(response->mutable_device());
   response->set_queue_count((*session)->queue_count());
   response->set_idle_timeout_ms(
       static_cast<uint64_t>(absl::ToInt64Milliseconds(ctx_.sessions->options().idle_timeout)));
   response->set_max_message_bytes(ctx_.max_message_bytes);
-  return Reply(context, absl::OkStatus());
+  return Reply(context, "OpenSession", (*session)->id(), absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* SessionsService::CloseSession(grpc::CallbackServerContext* context,
                                                         const v1::CloseSessionRequest* request,
                                                         v1::CloseSessionResponse*) {
-  return Reply(context, ctx_.sessions->Close(request->session_id()));
+  return Reply(context, "CloseSession", request->session_id(),
+               ctx_.sessions->Close(request->session_id()));
 }
 
 grpc::ServerUnaryReactor* SessionsService::KeepAlive(grpc::CallbackServerContext* context,
                                                      const v1::KeepAliveRequest* request,
                                                      v1::KeepAliveResponse*) {
-  return Reply(context, ctx_.sessions->Get(request->session_id()).status());
+  return Reply(context, "KeepAlive", request->session_id(),
+               ctx_.sessions->Get(request->session_id()).status());
 }
 
 grpc::ServerUnaryReactor* SessionsService::ListSessions(grpc::CallbackServerContext* context,
                                                         const v1::ListSessionsRequest*,
                                                         v1::ListSessionsResponse* response) {
   for (const auto& session : ctx_.sessions->List()) session->Describe(response->add_sessions());
-  return Reply(context, absl::OkStatus());
+  return Reply(context, "ListSessions", "", absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* SessionsService::Ping(grpc::CallbackServerContext* context,
                                                 const v1::PingRequest* request,
                                                 v1::PingResponse* response) {
   response->set_payload(request->payload());
-  return Reply(context, absl::OkStatus());
+  return Reply(context, "Ping", "", absl::OkStatus());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -365,14 +384,14 @@ grpc::ServerUnaryReactor* SessionsService::Ping(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* TensorsService::CreateTensor(grpc::CallbackServerContext* context,
                                                        const v1::CreateTensorRequest* request,
                                                        v1::CreateTensorResponse*) {
-  return InSession(context, *ctx_.sessions, request->session_id(),
+  return InSession(context, "CreateTensor", *ctx_.sessions, request->session_id(),
                    [&](Session& s) { return s.CreateTensor(*request); });
 }
 
 grpc::ServerUnaryReactor* TensorsService::DestroyTensor(grpc::CallbackServerContext* context,
                                                         const v1::DestroyTensorRequest* request,
                                                         v1::DestroyTensorResponse*) {
-  return InSession(context, *ctx_.sessions, request->session_id(),
+  return InSession(context, "DestroyTensor", *ctx_.sessions, request->session_id(),
                    [&](Session& s) { return s.DestroyTensor(*request); });
 }
 
@@ -395,28 +414,28 @@ grpc::ServerWriteReactor<v1::TensorChunk>* TensorsService::ReadTensor(
 grpc::ServerUnaryReactor* AlgorithmsService::CreateAlgorithm(
     grpc::CallbackServerContext* context, const v1::CreateAlgorithmRequest* request,
     v1::CreateAlgorithmResponse*) {
-  return InSession(context, *ctx_.sessions, request->session_id(),
+  return InSession(context, "CreateAlgorithm", *ctx_.sessions, request->session_id(),
                    [&](Session& s) { return s.CreateAlgorithm(*request); });
 }
 
 grpc::ServerUnaryReactor* AlgorithmsService::RebuildAlgorithm(
     grpc::CallbackServerContext* context, const v1::CreateAlgorithmRequest* request,
     v1::CreateAlgorithmResponse*) {
-  return InSession(context, *ctx_.sessions, request->session_id(),
+  return InSession(context, "RebuildAlgorithm", *ctx_.sessions, request->session_id(),
                    [&](Session& s) { return s.RebuildAlgorithm(*request); });
 }
 
 grpc::ServerUnaryReactor* AlgorithmsService::SetPushConstants(
     grpc::CallbackServerContext* context, const v1::SetPushConstantsRequest* request,
     v1::SetPushConstantsResponse*) {
-  return InSession(context, *ctx_.sessions, request->session_id(),
+  return InSession(context, "SetPushConstants", *ctx_.sessions, request->session_id(),
                    [&](Session& s) { return s.SetPushConstants(*request); });
 }
 
 grpc::ServerUnaryReactor* AlgorithmsService::DestroyAlgorithm(
     grpc::CallbackServerContext* context, const v1::DestroyAlgorithmRequest* request,
     v1::DestroyAlgorithmResponse*) {
-  return InSession(context, *ctx_.sessions, request->session_id(),
+  return InSession(context, "DestroyAlgorithm", *ctx_.sessions, request->session_id(),
                    [&](Session& s) { return s.DestroyAlgorithm(*request); });
 }
 
@@ -426,14 +445,14 @@ grpc::ServerUnaryReactor* AlgorithmsService::DestroyAlgorithm(
 grpc::ServerUnaryReactor* SequencesService::CreateSequence(grpc::CallbackServerContext* context,
                                                            const v1::CreateSequenceRequest* request,
                                                            v1::CreateSequenceResponse*) {
-  return InSession(context, *ctx_.sessions, request->session_id(),
+  return InSession(context, "CreateSequence", *ctx_.sessions, request->session_id(),
                    [&](Session& s) { return s.CreateSequence(*request); });
 }
 
 grpc::ServerUnaryReactor* SequencesService::Record(grpc::CallbackServerContext* context,
                                                    const v1::RecordRequest* request,
                                                    v1::RecordResponse*) {
-  return InSession(context, *ctx_.sessions, request->session_id(),
+  return InSession(context, "Record", *ctx_.sessions, request->session_id(),
                    [&](Session& s) { return s.Record(*request); });
 }
 
@@ -441,12 +460,13 @@ grpc::ServerUnaryReactor* SequencesService::Eval(grpc::CallbackServerContext* co
                                                  const v1::EvalRequest* request,
                                                  v1::EvalResponse* response) {
   absl::StatusOr<std::shared_ptr<Session>> found = ctx_.sessions->Get(request->session_id());
-  if (!found.ok()) return Reply(context, found.status());
+  if (!found.ok()) return Reply(context, "Eval", request->session_id(), found.status());
   std::shared_ptr<Session> session = *std::move(found);  // alive until Eval has returned
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // The callback holds the session in use (not reaped) until the eval has completed.
-  session->Eval(*request, Deadline(*context), response,
+  session->Eval(*request, Deadline(*context), response, /*may_wait_inline=*/true,
                 [reactor, session](absl::Status status) mutable {
+                  if (!status.ok()) LogFailure("Eval", session->id(), "", status);
                   session.reset();
                   reactor->Finish(ToGrpcStatus(status));
                 });
@@ -456,19 +476,20 @@ grpc::ServerUnaryReactor* SequencesService::Eval(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* SequencesService::DestroySequence(
     grpc::CallbackServerContext* context, const v1::DestroySequenceRequest* request,
     v1::DestroySequenceResponse*) {
-  return InSession(context, *ctx_.sessions, request->session_id(),
+  return InSession(context, "DestroySequence", *ctx_.sessions, request->session_id(),
                    [&](Session& s) { return s.DestroySequence(*request); });
 }
 
 grpc::ServerUnaryReactor* SequencesService::GetTimestamps(grpc::CallbackServerContext* context,
                                                           const v1::GetTimestampsRequest* request,
                                                           v1::GetTimestampsResponse* response) {
-  return InSession(context, *ctx_.sessions, request->session_id(), [&](Session& s) {
-    absl::StatusOr<std::vector<uint64_t>> timestamps = s.GetTimestamps(request->handle());
-    if (!timestamps.ok()) return timestamps.status();
-    for (uint64_t t : *timestamps) response->add_timestamps_ns(t);
-    return absl::OkStatus();
-  });
+  return InSession(
+      context, "GetTimestamps", *ctx_.sessions, request->session_id(), [&](Session& s) {
+        absl::StatusOr<std::vector<uint64_t>> timestamps = s.GetTimestamps(request->handle());
+        if (!timestamps.ok()) return timestamps.status();
+        for (uint64_t t : *timestamps) response->add_timestamps_ns(t);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent>* SequencesService::Execute(

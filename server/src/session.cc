@@ -5,6 +5,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "komputed/core/shader.h"
 #include "komputed/core/status.h"
@@ -92,15 +93,28 @@ std::vector<uint8_t> Bytes(const std::string& data) {
   return std::vector<uint8_t>(data.begin(), data.end());
 }
 
-void CollectDownloads(
+// Fills the response's downloads; returns their bytes.
+uint64_t CollectDownloads(
     const std::vector<std::pair<uint64_t, std::shared_ptr<core::Tensor>>>& downloads,
     v1::EvalResponse* response) {
+  uint64_t bytes = 0;
   for (const auto& [handle, tensor] : downloads) {
     v1::TensorData* data = response->add_downloads();
     data->set_handle(handle);
     data->set_offset(0);
-    data->set_data(HostData(*tensor), tensor->byte_size());
+    data->mutable_data()->assign(HostData(*tensor), tensor->byte_size());
+    bytes += tensor->byte_size();
   }
+  return bytes;
+}
+
+// Whether an algorithm build failed on core's SPIR-V validation (ValidateSpirv reports
+// INVALID_ARGUMENT "invalid SPIR-V: ..." or "not SPIR-V: ..."); other failures happen before
+// the validation (sizes, workgroups) or after it (Vulkan objects).
+bool FailedSpirvValidation(const absl::Status& status) {
+  return absl::IsInvalidArgument(status) &&
+         (absl::StrContains(status.message(), "invalid SPIR-V") ||
+          absl::StrContains(status.message(), "not SPIR-V"));
 }
 
 }  // namespace
@@ -110,11 +124,14 @@ void CollectDownloads(
 struct Session::Prepared {
   std::shared_ptr<SequenceEntry> sequence;
   uint64_t sequence_handle = 0;
+  bool submitted = false;  // a command buffer went to the device queue
   std::vector<std::pair<uint64_t, std::shared_ptr<core::Tensor>>> downloads;
 };
 
 Session::Session(SessionConfig config)
     : config_(std::move(config)),
+      uploads_(&config_.metrics->bytes_transferred_total("upload")),
+      downloads_(&config_.metrics->bytes_transferred_total("download")),
       created_(absl::Now()),
       last_activity_ns_(absl::ToUnixNanos(created_)) {}
 
@@ -131,6 +148,14 @@ absl::Time Session::last_activity() const {
 void Session::AddMemory(int64_t bytes) {
   memory_bytes_.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
   config_.device->AddMemory(bytes);
+}
+
+void Session::CountValidation(const absl::Status& build) const {
+  if (build.ok()) {
+    config_.metrics->shader_validations_total("ok").Increment();
+  } else if (FailedSpirvValidation(build)) {
+    config_.metrics->shader_validations_total("error").Increment();
+  }
 }
 
 void Session::Close() {
@@ -298,7 +323,11 @@ absl::Status Session::CreateTensorLocked(const v1::CreateTensorRequest& request)
   auto tensor =
       core::Tensor::Create(config_.device->device(), type, request.count(), element_size, memory,
                            request.data().empty() ? nullptr : request.data().data());
-  if (!tensor.ok()) return Annotate(tensor.status(), what);
+  if (!tensor.ok()) {
+    config_.device->CheckLost();
+    return Annotate(tensor.status(), what);
+  }
+  CountUpload(request.data().size());
   AddMemory(MemoryCost(**tensor));
   tensors_.emplace(handle, *std::move(tensor));
   return absl::OkStatus();
@@ -339,8 +368,12 @@ absl::StatusOr<core::AlgorithmSpec> Session::SpecLocked(
   switch (request.shader_case()) {
     case v1::CreateAlgorithmRequest::kSpirv: {
       const std::string& bytes = request.spirv();
-      if (bytes.empty()) return absl::InvalidArgumentError("the SPIR-V is empty");
+      if (bytes.empty()) {
+        config_.metrics->shader_validations_total("error").Increment();
+        return absl::InvalidArgumentError("the SPIR-V is empty");
+      }
       if (bytes.size() % 4 != 0) {
+        config_.metrics->shader_validations_total("error").Increment();
         return absl::InvalidArgumentError(absl::StrCat(
             "SPIR-V of ", bytes.size(), " bytes is not a whole number of 4-byte words"));
       }
@@ -349,9 +382,10 @@ absl::StatusOr<core::AlgorithmSpec> Session::SpecLocked(
       break;
     }
     case v1::CreateAlgorithmRequest::kGlsl: {
-      KD_ASSIGN_OR_RETURN(
-          spec.spirv,
-          core::CompileGlsl(request.glsl(), absl::StrCat("algorithm ", request.handle())));
+      auto spirv = core::CompileGlsl(request.glsl(), absl::StrCat("algorithm ", request.handle()));
+      config_.metrics->shader_compilations_total(spirv.ok() ? "ok" : "error").Increment();
+      if (!spirv.ok()) return spirv.status();
+      spec.spirv = *std::move(spirv);
       break;
     }
     case v1::CreateAlgorithmRequest::SHADER_NOT_SET:
@@ -383,6 +417,7 @@ absl::Status Session::CreateAlgorithmLocked(const v1::CreateAlgorithmRequest& re
   auto spec = SpecLocked(request);
   if (!spec.ok()) return Annotate(spec.status(), what);
   auto algorithm = core::Algorithm::Create(config_.device->device(), *std::move(spec));
+  CountValidation(algorithm.status());
   if (!algorithm.ok()) return Annotate(algorithm.status(), what);
   algorithms_.emplace(handle, *std::move(algorithm));
   return absl::OkStatus();
@@ -401,7 +436,9 @@ absl::Status Session::RebuildAlgorithmLocked(const v1::CreateAlgorithmRequest& r
   const std::string what = absl::StrCat("algorithm ", request.handle(), ": ");
   auto spec = SpecLocked(request);
   if (!spec.ok()) return Annotate(spec.status(), what);
-  return Annotate(algorithm->Rebuild(*std::move(spec)), what);
+  absl::Status rebuilt = algorithm->Rebuild(*std::move(spec));
+  CountValidation(rebuilt);
+  return Annotate(rebuilt, what);
 }
 
 absl::Status Session::SetPushConstants(const v1::SetPushConstantsRequest& request) {
@@ -711,18 +748,36 @@ absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const v1::EvalReque
     const v1::TensorData& upload = request.uploads(i);
     std::memcpy(HostData(*upload_tensors[i]) + upload.offset(), upload.data().data(),
                 upload.data().size());
+    CountUpload(upload.data().size());
   }
   if (prepared.sequence != nullptr) {
-    KD_RETURN_IF_ERROR(Annotate(prepared.sequence->sequence->Submit(),
-                                absl::StrCat("sequence ", request.sequence(), ": ")));
+    core::Sequence& sequence = *prepared.sequence->sequence;
+    absl::Status submitted = sequence.Submit();
+    if (!submitted.ok()) {
+      config_.device->CheckLost();
+      return Annotate(submitted, absl::StrCat("sequence ", request.sequence(), ": "));
+    }
+    // Nothing is submitted for a sequence that never recorded anything.
+    prepared.submitted = sequence.IsRunning();
+    if (prepared.submitted) config_.device->Submitted(sequence.queue());
     prepared.sequence->awaited.store(true);
   }
   return prepared;
 }
 
 void Session::Eval(const v1::EvalRequest& request, absl::Time deadline, v1::EvalResponse* response,
-                   std::function<void(absl::Status)> done) {
+                   bool may_wait_inline, std::function<void(absl::Status)> on_done) {
   Touch();
+  WorkGate* const gate = config_.gate;
+  if (gate != nullptr && !gate->Enter()) {
+    on_done(WorkGate::Refusal("evaluations"));
+    return;
+  }
+  // The gate counts the eval in flight until its caller has been told.
+  auto done = [gate, on_done = std::move(on_done)](absl::Status status) {
+    on_done(std::move(status));
+    if (gate != nullptr) gate->Exit();
+  };
   absl::StatusOr<Prepared> prepared;
   {
     absl::MutexLock lock(&mu_);
@@ -733,7 +788,7 @@ void Session::Eval(const v1::EvalRequest& request, absl::Time deadline, v1::Eval
     return;
   }
   if (prepared->sequence == nullptr) {
-    CollectDownloads(prepared->downloads, response);
+    CountDownload(CollectDownloads(prepared->downloads, response));
     done(absl::OkStatus());
     return;
   }
@@ -744,31 +799,53 @@ void Session::Eval(const v1::EvalRequest& request, absl::Time deadline, v1::Eval
   deadline = std::min(deadline, absl::Now() + timeout);
   std::shared_ptr<SequenceEntry> entry = prepared->sequence;
   const uint64_t handle = prepared->sequence_handle;
+  const bool submitted = prepared->submitted;
+  PooledDevice* const device = config_.device;  // the pool outlives the waiter's callbacks
+  prometheus::Counter* const downloaded = downloads_;
+  // What runs once the submission has completed (or failed, or run past the deadline).
+  auto finish = [entry, handle, timeout, submitted, device, downloaded,
+                 downloads = std::move(prepared->downloads), response,
+                 done = std::move(done)](absl::Status status) mutable {
+    uint64_t gpu_ns = 0;
+    if (status.ok()) {
+      downloaded->Increment(static_cast<double>(CollectDownloads(downloads, response)));
+      std::vector<uint64_t> timestamps = entry->sequence->Timestamps();
+      for (uint64_t t : timestamps) response->add_timestamps_ns(t);
+      if (timestamps.size() >= 2) {
+        gpu_ns = timestamps.back() - timestamps.front();
+        response->set_device_time_ns(gpu_ns);
+      }
+    } else if (absl::IsDeadlineExceeded(status)) {
+      status = absl::DeadlineExceededError(
+          absl::StrCat("sequence ", handle, ": the submission did not complete within ",
+                       absl::FormatDuration(timeout),
+                       " (it is still running; a later eval of the "
+                       "sequence fails until it has completed)"));
+    } else {
+      status = Annotate(status, absl::StrCat("sequence ", handle, ": "));
+      device->CheckLost();
+    }
+    if (submitted) device->Completed(entry->sequence->queue(), gpu_ns);
+    entry->awaited.store(false);
+    done(status);
+  };
+  // Short work: wait on this thread, then reply from it (no hand-off to the waiter thread and
+  // back). Bounded in time and in the number of threads doing it, so that long submissions and
+  // many concurrent ones still go to the waiter.
+  if (may_wait_inline && submitted && config_.inline_wait > absl::ZeroDuration() &&
+      device->BeginInlineWait(config_.inline_waiters)) {
+    const absl::Duration budget =
+        std::min(config_.inline_wait, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    absl::Status status = entry->sequence->Wait(budget);
+    device->EndInlineWait();
+    if (!absl::IsDeadlineExceeded(status)) {
+      finish(std::move(status));
+      return;
+    }
+  }
   // The waiter holds the sequence (and through its recording, its tensors and algorithms) until
   // the submission completes, even if the session is closed meanwhile.
-  config_.device->waiter().Watch(
-      entry->sequence, deadline,
-      [entry, handle, timeout, downloads = std::move(prepared->downloads), response,
-       done = std::move(done)](absl::Status status) {
-        if (status.ok()) {
-          CollectDownloads(downloads, response);
-          std::vector<uint64_t> timestamps = entry->sequence->Timestamps();
-          for (uint64_t t : timestamps) response->add_timestamps_ns(t);
-          if (timestamps.size() >= 2) {
-            response->set_device_time_ns(timestamps.back() - timestamps.front());
-          }
-        } else if (absl::IsDeadlineExceeded(status)) {
-          status = absl::DeadlineExceededError(
-              absl::StrCat("sequence ", handle, ": the submission did not complete within ",
-                           absl::FormatDuration(timeout),
-                           " (it is still running; a later eval of the "
-                           "sequence fails until it has completed)"));
-        } else {
-          status = Annotate(status, absl::StrCat("sequence ", handle, ": "));
-        }
-        entry->awaited.store(false);
-        done(status);
-      });
+  config_.device->waiter().Watch(entry->sequence, deadline, std::move(finish));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -827,6 +904,7 @@ absl::Status TensorWrite::Write(const v1::TensorChunk& chunk) {
   }
   std::memcpy(HostData(*tensor_) + offset, chunk.data().data(), length);
   written_ += length;
+  session_->CountUpload(length);
   // Keep the written ranges merged, so that the map stays small.
   uint64_t start = offset;
   uint64_t stop = end;
@@ -887,8 +965,9 @@ void TensorRead::Next(v1::TensorChunk* chunk) {
   chunk->Clear();
   chunk->set_handle(handle_);
   chunk->set_offset(next_);
-  chunk->set_data(HostData(*tensor_) + next_, n);
+  chunk->mutable_data()->assign(HostData(*tensor_) + next_, n);
   next_ += n;
+  session_->CountDownload(n);
 }
 
 }  // namespace komputed::server

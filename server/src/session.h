@@ -19,6 +19,8 @@
 #include "komputed/core/sequence.h"
 #include "komputed/core/tensor.h"
 #include "komputed/v1/komputed.pb.h"
+#include "metrics.h"
+#include "work_gate.h"
 
 namespace komputed::server {
 
@@ -31,6 +33,12 @@ struct SessionConfig {
   std::string peer;
   absl::Duration eval_timeout = absl::Seconds(600);  // when an eval names none
   uint64_t max_message_bytes = 64 << 20;             // the daemon's largest message
+  Metrics* metrics = nullptr;                        // required; outlives every session
+  WorkGate* gate = nullptr;                          // admits evaluations; null: always admitted
+  // A unary eval waits this long for its submission on the calling thread before handing it to
+  // the device's waiter (saves a thread hand-off for short work); zero: always hand it off.
+  absl::Duration inline_wait = absl::ZeroDuration();
+  int inline_waiters = 2;  // at most this many calling threads wait inline per device
 };
 
 // One client's session on one device: its handle tables (tensors, algorithms, sequences, named
@@ -89,15 +97,22 @@ class Session {
   // submission; then, once the device has finished (on the device's waiter thread, or at once
   // when nothing was submitted), fills `response` with the downloads and timestamps and calls
   // done(status) exactly once. `response` must stay valid until then. The wait is bounded by
-  // the request's timeout_ms (or the daemon's default) and by `deadline`.
+  // the request's timeout_ms (or the daemon's default) and by `deadline`. While the daemon
+  // drains (the gate is closed) it is refused with UNAVAILABLE and changes nothing.
+  // `may_wait_inline`: the caller's thread may wait up to the configured inline_wait for the
+  // submission (and then call done on it); a stream that pipelines evals passes false.
   void Eval(const v1::EvalRequest& request, absl::Time deadline, v1::EvalResponse* response,
-            std::function<void(absl::Status)> done);
+            bool may_wait_inline, std::function<void(absl::Status)> done);
 
   // A tensor whose host data a WriteTensor/ReadTensor call accesses: NOT_FOUND, or
   // FAILED_PRECONDITION for a storage tensor (it has no host data).
   absl::StatusOr<std::shared_ptr<core::Tensor>> HostTensor(uint64_t handle);
 
   void Describe(v1::SessionInfo* info) const;
+
+  // Counts tensor data moved between the client and the daemon (komputed_bytes_transferred_total).
+  void CountUpload(uint64_t bytes) const { uploads_->Increment(static_cast<double>(bytes)); }
+  void CountDownload(uint64_t bytes) const { downloads_->Increment(static_cast<double>(bytes)); }
 
  private:
   // A sequence and whether an eval's completion is pending for it in the waiter.
@@ -151,8 +166,12 @@ class Session {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void AddMemory(int64_t bytes);
+  // Counts an algorithm build by whether its SPIR-V passed validation.
+  void CountValidation(const absl::Status& build) const;
 
   const SessionConfig config_;
+  prometheus::Counter* const uploads_;
+  prometheus::Counter* const downloads_;
   const absl::Time created_;
   std::atomic<int64_t> last_activity_ns_;
   std::atomic<int> users_{0};

@@ -46,6 +46,13 @@ SessionManager::SessionManager(DevicePool* pool, SessionManagerOptions options)
   reaper_ = std::thread([this] { Reap(); });
 }
 
+void SessionManager::Free(Session& session, const char* reason) {
+  session.Close();
+  session.device().AddSessions(-1);
+  options_.metrics->sessions_open().Decrement();
+  if (reason != nullptr) options_.metrics->sessions_reaped_total(reason).Increment();
+}
+
 SessionManager::~SessionManager() { Shutdown(); }
 
 void SessionManager::Shutdown() {
@@ -57,15 +64,23 @@ void SessionManager::Shutdown() {
   }
   if (reaper_.joinable()) reaper_.join();
   for (auto& [id, session] : sessions) {
-    session->Close();
-    session->device().AddSessions(-1);
-    spdlog::info("session {} closed (daemon stopping)", id);
+    const uint64_t held = session->memory_bytes();
+    Free(*session, "drain");
+    spdlog::info("session {} reaped: the daemon is stopping (it held {} bytes, age {})", id, held,
+                 Seconds(absl::Now() - session->created()));
   }
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(const v1::OpenSessionRequest& request,
                                                               std::string peer) {
+  if (options_.gate != nullptr && options_.gate->closed()) {
+    return WorkGate::Refusal("sessions");
+  }
   KD_ASSIGN_OR_RETURN(PooledDevice * device, pool_->Get(request.device_index()));
+  if (!device->usable()) {
+    return absl::UnavailableError(absl::StrCat(
+        "device ", request.device_index(), " was lost (VK_ERROR_DEVICE_LOST); use another one"));
+  }
   std::vector<uint32_t> families(request.queue_families().begin(), request.queue_families().end());
   KD_ASSIGN_OR_RETURN(std::vector<uint32_t> queues, device->ResolveQueues(families));
   const std::string peer_name = peer;
@@ -76,7 +91,10 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(const v1::OpenSess
   config.client_name = request.client_name();
   config.peer = std::move(peer);
   config.eval_timeout = options_.eval_timeout;
+  config.inline_wait = options_.inline_wait;
   config.max_message_bytes = options_.max_message_bytes;
+  config.metrics = options_.metrics;
+  config.gate = options_.gate;
   auto session = std::make_shared<Session>(std::move(config));
   {
     absl::MutexLock lock(&mu_);
@@ -84,6 +102,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(const v1::OpenSess
     sessions_.emplace(session->id(), session);
   }
   device->AddSessions(1);
+  options_.metrics->sessions_open().Increment();
+  options_.metrics->sessions_opened_total().Increment();
   spdlog::info("session {} opened on device {} with {} queue(s) by {} ({})", session->id(),
                device->index(), session->queue_count(),
                request.client_name().empty() ? "an unnamed client" : request.client_name(),
@@ -122,10 +142,10 @@ absl::Status SessionManager::Close(absl::string_view id) {
     session = std::move(it->second);
     sessions_.erase(it);
   }
-  session->Close();
-  session->device().AddSessions(-1);
-  spdlog::info("session {} closed by its client after {}", session->id(),
-               Seconds(absl::Now() - session->created()));
+  const uint64_t held = session->memory_bytes();
+  Free(*session, /*reason=*/nullptr);
+  spdlog::info("session {} closed by its client after {} (it held {} bytes)", session->id(),
+               Seconds(absl::Now() - session->created()), held);
   return absl::OkStatus();
 }
 
@@ -163,8 +183,7 @@ absl::Time SessionManager::ReapOnce() {
   }
   for (const auto& session : idle) {
     const absl::Duration idle_for = now - session->last_activity();
-    session->Close();
-    session->device().AddSessions(-1);
+    Free(*session, "idle");
     spdlog::info("session {} reaped: no call for {} (idle timeout {})", session->id(),
                  Seconds(idle_for), Seconds(options_.idle_timeout));
   }

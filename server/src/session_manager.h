@@ -13,7 +13,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "device_pool.h"
+#include "metrics.h"
 #include "session.h"
+#include "work_gate.h"
 
 namespace komputed::server {
 
@@ -21,7 +23,10 @@ struct SessionManagerOptions {
   // A session with no call and no open Execute stream (or eval in flight) for this long is closed.
   absl::Duration idle_timeout = absl::Seconds(60);
   absl::Duration eval_timeout = absl::Seconds(600);
+  absl::Duration inline_wait = absl::ZeroDuration();  // SessionConfig::inline_wait
   uint64_t max_message_bytes = 64 << 20;
+  Metrics* metrics = nullptr;  // required; outlives the manager
+  WorkGate* gate = nullptr;    // admits new sessions and evaluations; null: always admitted
 };
 
 // The open sessions, by id, and the reaper thread that closes idle ones. Owns the sessions
@@ -36,7 +41,8 @@ class SessionManager {
 
   const SessionManagerOptions& options() const { return options_; }
 
-  // INVALID_ARGUMENT for a device index or queue request the daemon cannot serve.
+  // INVALID_ARGUMENT for a device index or queue request the daemon cannot serve; UNAVAILABLE
+  // while the daemon drains or stops.
   absl::StatusOr<std::shared_ptr<Session>> Open(const v1::OpenSessionRequest& request,
                                                 std::string peer);
   // The session, in use (so not reaped) until the returned pointer and all its copies are gone;
@@ -46,13 +52,16 @@ class SessionManager {
   // Frees everything the session holds. NOT_FOUND for an unknown id.
   absl::Status Close(absl::string_view id);
   std::vector<std::shared_ptr<Session>> List() const;
-  // Closes every session and stops the reaper (idempotent).
+  // Closes every session (counted as reaped for "drain") and stops the reaper (idempotent).
   void Shutdown();
 
  private:
   void Reap();
   // Closes the sessions idle past the timeout; returns when to look next.
   absl::Time ReapOnce() ABSL_LOCKS_EXCLUDED(mu_);
+  // Frees a session taken out of the table; `reason` is a reaped_total label, or null when its
+  // client closed it.
+  void Free(Session& session, const char* reason);
 
   DevicePool* const pool_;
   const SessionManagerOptions options_;

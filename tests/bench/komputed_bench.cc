@@ -9,7 +9,21 @@
 //  3. saxpy_<N>MiB/kp: y = a*x + y over two vectors of N MiB of floats; bytes_per_second counts
 //     3 x 4 bytes per element (x read, y read, y written).
 //
-// After the run it prints the ratios kp/raw and core/raw taken from the run's own results.
+// Remote (remote_bench.cc): a komputed daemon started in this process (Server::Start on
+// 127.0.0.1:0, serving the same device) and a second kp::Manager connected to it over TCP
+// loopback. Client and daemon share the process and its cores, as they would share one host.
+//  4. ping: a bare gRPC round trip (Sessions.Ping), mean latency.
+//  5. tcp_loopback: 256 MiB through a plain TCP socket over 127.0.0.1 in 1 MiB writes, into a
+//     receiver thread: the ceiling for any protocol on this host (KOMPUTED_BENCH_BULK_ITERS / 2
+//     iterations, at least 3).
+//  6. tiny_eval/{inprocess,remote}: the tiny sequence's eval() through kp in-process and remote.
+//  7. async_evals/{inprocess,remote}: K tiny sequences kept in flight with evalAsync, awaited
+//     round robin with evalAwait and submitted again; items_per_second = completed evals.
+//  8. upload_256MiB/remote, download_256MiB/remote: as the kp ones, through the remote Manager.
+//
+// After the run it prints ratios taken from the run's own results: kp/raw and core/raw; remote
+// tiny eval / (in-process + ping); remote / in-process async evals; remote transfers / TCP
+// loopback and / in-process kp.
 // --benchmark_out=FILE (with --benchmark_out_format) writes the results as usual; the console
 // output is always the console format.
 //
@@ -18,12 +32,16 @@
 //   KOMPUTED_BENCH_BULK_ITERS   iterations of each 256 MiB transfer benchmark (default 10)
 //   KOMPUTED_BENCH_SAXPY_MB     MiB per saxpy vector (default 64)
 //   KOMPUTED_BENCH_DEVICE       physical device index (default: core's default choice)
+//   KOMPUTED_BENCH_REMOTE=0     skip the remote benchmarks (4-8)
+//   KOMPUTED_BENCH_REMOTE_BULK_ITERS  iterations of each remote 256 MiB transfer (default 3)
+//   KOMPUTED_BENCH_ASYNC_DEPTH  sequences in flight in async_evals (default 4)
 //   KOMPUTED_BENCH_STRICT=1     exit with status 1 when a ratio misses its target
 //   KOMPUTED_VALIDATION=1       Vulkan validation (core and the raw path share the instance)
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 #include <vulkan/vulkan_core.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -40,22 +58,29 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "bench_common.h"
 #include "komputed/core/algorithm.h"
 #include "komputed/core/device.h"
 #include "komputed/core/sequence.h"
 #include "komputed/core/shader.h"
 #include "komputed/core/status.h"
 #include "komputed/core/tensor.h"
+#include "remote_bench.h"
 
 namespace {
 
 namespace core = komputed::core;
 
-constexpr uint32_t kTinyCount = 1024;
-constexpr uint32_t kTinyLocalSize = 64;
-constexpr uint64_t kTinyBytes = kTinyCount * sizeof(float);
-constexpr uint64_t kBulkBytes = uint64_t{256} << 20;
-constexpr uint64_t kBulkCount = kBulkBytes / sizeof(float);
+using komputed_bench::kBulkBytes;
+using komputed_bench::kBulkCount;
+using komputed_bench::KpTiny;
+using komputed_bench::kTinyBytes;
+using komputed_bench::kTinyCount;
+using komputed_bench::kTinyLocalSize;
+using komputed_bench::MatchesPattern;
+using komputed_bench::Pattern;
+using komputed_bench::PatternVector;
+using komputed_bench::TinyStep;
 constexpr uint32_t kSaxpyLocalSize = 256;
 constexpr float kSaxpyA = 2.0f;
 // The bound on every fence wait of the raw and core paths.
@@ -95,6 +120,9 @@ struct Config {
   uint64_t saxpy_mb = 64;
   std::optional<uint32_t> device;
   bool strict = false;
+  bool remote = true;
+  int64_t remote_bulk_iterations = 3;
+  uint32_t async_depth = 4;
 };
 
 std::optional<double> EnvNumber(const char* name) {
@@ -120,6 +148,13 @@ Config ReadConfig() {
   }
   if (auto v = EnvNumber("KOMPUTED_BENCH_DEVICE")) c.device = static_cast<uint32_t>(*v);
   if (auto v = EnvNumber("KOMPUTED_BENCH_STRICT")) c.strict = *v != 0;
+  if (auto v = EnvNumber("KOMPUTED_BENCH_REMOTE")) c.remote = *v != 0;
+  if (auto v = EnvNumber("KOMPUTED_BENCH_REMOTE_BULK_ITERS"); v && *v >= 1) {
+    c.remote_bulk_iterations = static_cast<int64_t>(*v);
+  }
+  if (auto v = EnvNumber("KOMPUTED_BENCH_ASYNC_DEPTH"); v && *v >= 1) {
+    c.async_depth = static_cast<uint32_t>(*v);
+  }
   return c;
 }
 
@@ -487,12 +522,6 @@ struct CoreTiny {
   std::unique_ptr<core::Sequence> sequence;
 };
 
-struct KpTiny {
-  std::shared_ptr<kp::TensorT<float>> tensor;
-  std::shared_ptr<kp::Algorithm> algorithm;
-  std::shared_ptr<kp::Sequence> sequence;
-};
-
 struct KpSaxpy {
   uint64_t count = 0;
   std::shared_ptr<kp::TensorT<float>> x;
@@ -514,9 +543,11 @@ struct Env {
   CoreTiny core_tiny;
   std::unique_ptr<kp::Manager> mgr;
   KpTiny kp_tiny;
-  std::unique_ptr<KpSaxpy> saxpy;  // made by its first run
+  std::unique_ptr<KpSaxpy> saxpy;                       // made by its first run
+  std::unique_ptr<komputed_bench::RemoteBench> remote;  // uses mgr
 
   void Teardown() {
+    remote.reset();
     saxpy.reset();
     kp_tiny = KpTiny{};
     mgr.reset();
@@ -569,33 +600,28 @@ absl::Status SetUp(Env& env) {
       return absl::InternalError(
           absl::StrCat("kp chose device \"", kp_name, "\", core chose \"", env.device_name, "\""));
     }
-    KpTiny& t = env.kp_tiny;
-    t.tensor = env.mgr->tensor(std::vector<float>(kTinyCount, 0.0f));
-    std::vector<std::shared_ptr<kp::Tensor>> params = {t.tensor};
-    t.algorithm = env.mgr->algorithm(params, env.tiny_spirv,
-                                     kp::Workgroup{kTinyCount / kTinyLocalSize, 1, 1});
-    t.sequence = env.mgr->sequence();
-    t.sequence->record<kp::OpTensorSyncDevice>(params)
-        ->record<kp::OpAlgoDispatch>(t.algorithm)
-        ->record<kp::OpTensorSyncLocal>(params);
+    env.kp_tiny = komputed_bench::MakeKpTiny(*env.mgr, env.tiny_spirv);
   } catch (const kp::Error& e) {
     return absl::Status(static_cast<absl::StatusCode>(e.code()), e.what());
+  }
+
+  // remote: a daemon in this process on the same physical device, and a Manager connected to it.
+  if (env.config.remote) {
+    komputed_bench::RemoteConfig rc;
+    rc.physical_device = device.info().index;
+    rc.tiny_spirv = env.tiny_spirv;
+    rc.min_time_s = env.config.min_time_s;
+    rc.tcp_iterations = std::max<int64_t>(3, env.config.bulk_iterations / 2);
+    rc.bulk_iterations = env.config.remote_bulk_iterations;
+    rc.async_depth = env.config.async_depth;
+    KD_ASSIGN_OR_RETURN(env.remote,
+                        komputed_bench::RemoteBench::Start(std::move(rc), env.mgr.get()));
   }
   return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------
 // The benchmarks
-
-// The host's part of each tiny iteration: write element k, then (after the round trip) expect
-// 2v+1 there.
-struct TinyStep {
-  uint32_t k;
-  float v;
-  explicit TinyStep(uint64_t i)
-      : k(static_cast<uint32_t>(i % kTinyCount)), v(static_cast<float>(i % 4096)) {}
-  float expected() const { return v * 2.0f + 1.0f; }
-};
 
 void BM_TinyRaw(benchmark::State& state) {
   RawVulkan& vk = g_env->raw;
@@ -637,42 +663,7 @@ void BM_TinyCore(benchmark::State& state) {
   }
 }
 
-void BM_TinyKp(benchmark::State& state) {
-  KpTiny& t = g_env->kp_tiny;
-  float* data = t.tensor->data();
-  kp::Sequence& seq = *t.sequence;
-  uint64_t i = 0;
-  try {
-    for (auto _ : state) {
-      const TinyStep step(i++);
-      data[step.k] = step.v;
-      seq.eval();
-      if (data[step.k] != step.expected()) {
-        state.SkipWithError("kp: wrong result");
-        break;
-      }
-    }
-  } catch (const kp::Error& e) {
-    state.SkipWithError(e.what());
-  }
-}
-
-// Host data for the 256 MiB transfers: a pattern that a wrong copy does not reproduce.
-float Pattern(uint64_t i) { return static_cast<float>(i % 1000003); }
-
-std::vector<float> PatternVector(uint64_t count) {
-  std::vector<float> v(count);
-  for (uint64_t i = 0; i < count; ++i) v[i] = Pattern(i);
-  return v;
-}
-
-// Checks a spread of elements against the pattern.
-bool MatchesPattern(const float* data, uint64_t count) {
-  for (uint64_t i = 0; i < count; i += 4093) {
-    if (data[i] != Pattern(i)) return false;
-  }
-  return data[count - 1] == Pattern(count - 1);
-}
+void BM_TinyKp(benchmark::State& state) { komputed_bench::RunKpTiny(state, g_env->kp_tiny, "kp"); }
 
 void BM_UploadRaw(benchmark::State& state) {
   RawVulkan& vk = g_env->raw;
@@ -735,61 +726,11 @@ void BM_DownloadRaw(benchmark::State& state) {
 }
 
 void BM_UploadKp(benchmark::State& state) {
-  kp::Manager& mgr = *g_env->mgr;
-  try {
-    auto tensor = mgr.tensorT<float>(kBulkCount);
-    const std::vector<std::shared_ptr<kp::Tensor>> params = {tensor};
-    auto seq = mgr.sequence();
-    const std::vector<float> src = PatternVector(kBulkCount);
-    for (auto _ : state) {
-      tensor->setRawData(src.data());
-      seq->eval<kp::OpTensorSyncDevice>(params);
-    }
-    state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kBulkBytes));
-    // Untimed: the data must be on the device.
-    std::memset(tensor->data(), 0, kBulkBytes);
-    seq->eval<kp::OpTensorSyncLocal>(params);
-    if (!MatchesPattern(tensor->data(), kBulkCount)) {
-      state.SkipWithError("kp upload: the device does not hold the uploaded data");
-    }
-    seq->destroy();
-    tensor->destroy();
-  } catch (const kp::Error& e) {
-    state.SkipWithError(e.what());
-  }
-  mgr.clear();
+  komputed_bench::RunKpUpload(state, *g_env->mgr, "kp upload");
 }
 
 void BM_DownloadKp(benchmark::State& state) {
-  kp::Manager& mgr = *g_env->mgr;
-  try {
-    auto tensor = mgr.tensorT<float>(kBulkCount);
-    const std::vector<std::shared_ptr<kp::Tensor>> params = {tensor};
-    auto seq = mgr.sequence();
-    {
-      const std::vector<float> src = PatternVector(kBulkCount);
-      tensor->setRawData(src.data());
-      seq->eval<kp::OpTensorSyncDevice>(params);
-      std::memset(tensor->data(), 0, kBulkBytes);
-    }
-    std::vector<float> dst(kBulkCount);
-    uint64_t i = 0;
-    for (auto _ : state) {
-      seq->eval<kp::OpTensorSyncLocal>(params);
-      std::memcpy(dst.data(), tensor->data(), kBulkBytes);
-      const uint64_t k = (i++ * 7919) % kBulkCount;
-      if (dst[k] != Pattern(k)) {
-        state.SkipWithError("kp download: wrong data");
-        break;
-      }
-    }
-    state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kBulkBytes));
-    seq->destroy();
-    tensor->destroy();
-  } catch (const kp::Error& e) {
-    state.SkipWithError(e.what());
-  }
-  mgr.clear();
+  komputed_bench::RunKpDownload(state, *g_env->mgr, "kp download");
 }
 
 // Workgroups for `count` elements: a 2-D grid that stays within 65535 per dimension.
@@ -858,6 +799,8 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                            benchmark::GetTimeUnitMultiplier(run.time_unit));
       auto it = run.counters.find("bytes_per_second");
       if (it != run.counters.end()) s->bytes_per_second.push_back(it->second.value);
+      it = run.counters.find("items_per_second");
+      if (it != run.counters.end()) s->items_per_second.push_back(it->second.value);
     }
     ConsoleReporter::ReportRuns(reports);
   }
@@ -872,11 +815,16 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     const Samples* s = Find(name);
     return s == nullptr ? std::nullopt : Mean(s->bytes_per_second);
   }
+  std::optional<double> MeanItemsPerSecond(const std::string& name) const {
+    const Samples* s = Find(name);
+    return s == nullptr ? std::nullopt : Mean(s->items_per_second);
+  }
 
  private:
   struct Samples {
     std::vector<double> seconds;
     std::vector<double> bytes_per_second;
+    std::vector<double> items_per_second;
   };
   const Samples* Find(const std::string& name) const {
     if (auto it = runs_.find(name); it != runs_.end()) return &it->second;
@@ -910,11 +858,28 @@ bool PrintRatio(const std::string& what, std::optional<double> ratio, bool at_mo
   return met;
 }
 
+// Prints "ratio remote/in-process (async evals): 0.80" (a figure to watch, no target).
+void PrintInfoRatio(const std::string& what, std::optional<double> ratio) {
+  if (!ratio) {
+    std::cout << absl::StrFormat("ratio %s: n/a (not measured)\n", what);
+  } else {
+    std::cout << absl::StrFormat("ratio %s: %.2f\n", what, *ratio);
+  }
+}
+
+std::optional<double> Sum(std::optional<double> a, std::optional<double> b) {
+  if (!a || !b) return std::nullopt;
+  return *a + *b;
+}
+
 std::string Micros(std::optional<double> seconds) {
   return seconds ? absl::StrFormat("%.1f us", *seconds * 1e6) : "n/a";
 }
 std::string GBps(std::optional<double> bytes_per_second) {
   return bytes_per_second ? absl::StrFormat("%.2f GB/s", *bytes_per_second / 1e9) : "n/a";
+}
+std::string PerSecond(std::optional<double> items_per_second) {
+  return items_per_second ? absl::StrFormat("%.0f/s", *items_per_second) : "n/a";
 }
 
 // The benchmark names, which are also the summary's keys.
@@ -949,6 +914,42 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name) {
   met &= PrintRatio("kp/raw (download 256 MiB throughput)",
                     Ratio(r.MeanBytesPerSecond(kDownloadKp), r.MeanBytesPerSecond(kDownloadRaw)),
                     false, 0.90);
+  if (g_env->remote == nullptr) {
+    std::cout << "remote: skipped (KOMPUTED_BENCH_REMOTE=0)\n";
+    return met;
+  }
+  namespace kb = komputed_bench;
+  const auto ping = r.MeanSeconds(kb::kPing);
+  const auto tiny_in = r.MeanSeconds(kb::kTinyEvalInprocess);
+  const auto tiny_remote = r.MeanSeconds(kb::kTinyEvalRemote);
+  const auto async_in = r.MeanItemsPerSecond(kb::kAsyncInprocess);
+  const auto async_remote = r.MeanItemsPerSecond(kb::kAsyncRemote);
+  const auto tcp = r.MeanBytesPerSecond(kb::kTcpLoopback);
+  const auto up_remote = r.MeanBytesPerSecond(kb::kUploadRemote);
+  const auto down_remote = r.MeanBytesPerSecond(kb::kDownloadRemote);
+  std::cout << "\nremote (daemon in this process at " << g_env->remote->address()
+            << ", TCP loopback)\n";
+  std::cout << "gRPC ping, mean round trip: " << Micros(ping) << "\n";
+  std::cout << "tcp loopback 256 MiB: " << GBps(tcp) << "\n";
+  std::cout << "tiny eval, mean: in-process " << Micros(tiny_in) << ", remote "
+            << Micros(tiny_remote) << " (in-process + ping " << Micros(Sum(tiny_in, ping)) << ")\n";
+  std::cout << "async evals (" << g_env->config.async_depth << " in flight): in-process "
+            << PerSecond(async_in) << ", remote " << PerSecond(async_remote) << "\n";
+  std::cout << "upload 256 MiB: remote " << GBps(up_remote) << ", kp in-process "
+            << GBps(r.MeanBytesPerSecond(kUploadKp)) << "\n";
+  std::cout << "download 256 MiB: remote " << GBps(down_remote) << ", kp in-process "
+            << GBps(r.MeanBytesPerSecond(kDownloadKp)) << "\n";
+  met &= PrintRatio("remote/(in-process + ping) (tiny eval)",
+                    Ratio(tiny_remote, Sum(tiny_in, ping)), true, 1.25);
+  PrintInfoRatio("remote/in-process (async evals per second)", Ratio(async_remote, async_in));
+  met &= PrintRatio("remote/tcp_loopback (upload 256 MiB throughput)", Ratio(up_remote, tcp), false,
+                    0.50);
+  met &= PrintRatio("remote/tcp_loopback (download 256 MiB throughput)", Ratio(down_remote, tcp),
+                    false, 0.50);
+  PrintInfoRatio("remote/in-process (upload 256 MiB throughput)",
+                 Ratio(up_remote, r.MeanBytesPerSecond(kUploadKp)));
+  PrintInfoRatio("remote/in-process (download 256 MiB throughput)",
+                 Ratio(down_remote, r.MeanBytesPerSecond(kDownloadKp)));
   return met;
 }
 
@@ -988,17 +989,23 @@ int main(int argc, char** argv) {
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
+  if (env.remote != nullptr) env.remote->RegisterLatencyBenchmarks();
   struct Bulk {
     const char* name;
     void (*fn)(benchmark::State&);
   };
-  for (const Bulk& b : {Bulk{kUploadRaw, BM_UploadRaw}, Bulk{kUploadKp, BM_UploadKp},
-                        Bulk{kDownloadRaw, BM_DownloadRaw}, Bulk{kDownloadKp, BM_DownloadKp}}) {
+  auto register_bulk = [&](const Bulk& b) {
     benchmark::RegisterBenchmark(b.name, b.fn)
         ->UseRealTime()
         ->Iterations(c.bulk_iterations)
         ->Unit(benchmark::kMillisecond);
-  }
+  };
+  register_bulk({kUploadRaw, BM_UploadRaw});
+  register_bulk({kUploadKp, BM_UploadKp});
+  if (env.remote != nullptr) env.remote->RegisterUpload();
+  register_bulk({kDownloadRaw, BM_DownloadRaw});
+  register_bulk({kDownloadKp, BM_DownloadKp});
+  if (env.remote != nullptr) env.remote->RegisterDownload();
   benchmark::RegisterBenchmark(saxpy_name.c_str(), BM_SaxpyKp)
       ->UseRealTime()
       ->MinTime(c.min_time_s)

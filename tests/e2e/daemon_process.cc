@@ -27,7 +27,8 @@ DaemonProcess::DaemonProcess(const std::vector<std::string>& flags, const std::s
     dup2(out[1], STDOUT_FILENO);
     close(out[0]);
     close(out[1]);
-    std::vector<std::string> args = {binary, "--listen=127.0.0.1:0"};
+    std::vector<std::string> args = {binary, "--listen=127.0.0.1:0",
+                                     "--metrics_listen=127.0.0.1:0"};
     args.insert(args.end(), flags.begin(), flags.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());

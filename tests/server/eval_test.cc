@@ -9,8 +9,15 @@ using ::testing::StartsWith;
 
 constexpr uint32_t kN = 16;
 
-class EvalTest : public ServerTest {
+// Every eval test runs twice: with the unary fast path (the serving thread waits for short
+// submissions) and with every submission handed to the device's completion waiter.
+class EvalTest : public ServerTest, public ::testing::WithParamInterface<absl::Duration> {
  protected:
+  ServerOptions Options() override {
+    ServerOptions options = ServerTest::Options();
+    options.eval_inline_wait = GetParam();
+    return options;
+  }
   void SetUp() override {
     ServerTest::SetUp();
     session_ = Open("eval");
@@ -22,7 +29,7 @@ class EvalTest : public ServerTest {
   std::string session_;
 };
 
-TEST_F(EvalTest, SyncDispatchSyncReturnsTheResult) {
+TEST_P(EvalTest, SyncDispatchSyncReturnsTheResult) {
   ExpectWorks();
   // Again, with different input: the recording is reused.
   std::vector<float> input(kN, 3.0f);
@@ -31,7 +38,7 @@ TEST_F(EvalTest, SyncDispatchSyncReturnsTheResult) {
   EXPECT_THAT(Floats(resp.downloads(0).data()), ::testing::Each(6.0f));
 }
 
-TEST_F(EvalTest, DataGivenAtCreationReachesTheShader) {
+TEST_P(EvalTest, DataGivenAtCreationReachesTheShader) {
   std::vector<float> data(kN);
   for (uint32_t i = 0; i < kN; ++i) data[i] = static_cast<float>(i * i);
   ASSERT_THAT(CreateTensor(TensorRequest(session_, 10, data)), IsOk());
@@ -52,7 +59,7 @@ TEST_F(EvalTest, DataGivenAtCreationReachesTheShader) {
   for (uint32_t i = 0; i < kN; ++i) EXPECT_FLOAT_EQ(out[i], -data[i]);
 }
 
-TEST_F(EvalTest, CommandsRunBeforeTheSubmissionInOneRoundTrip) {
+TEST_P(EvalTest, CommandsRunBeforeTheSubmissionInOneRoundTrip) {
   v1::EvalRequest req;
   req.set_session_id(session_);
   *req.add_commands()->mutable_create_tensor() = TensorRequest("", 20, {1, 2, 3, 4});
@@ -72,7 +79,7 @@ TEST_F(EvalTest, CommandsRunBeforeTheSubmissionInOneRoundTrip) {
   EXPECT_THAT(Floats(resp.downloads(0).data()), ::testing::ElementsAre(10, 20, 30, 40));
 }
 
-TEST_F(EvalTest, FailingCommandIsNamedAndEarlierOnesStay) {
+TEST_P(EvalTest, FailingCommandIsNamedAndEarlierOnesStay) {
   v1::EvalRequest req;
   req.set_session_id(session_);
   *req.add_commands()->mutable_create_tensor() = TensorRequest("", 30, {1});
@@ -88,7 +95,7 @@ TEST_F(EvalTest, FailingCommandIsNamedAndEarlierOnesStay) {
   ExpectWorks();
 }
 
-TEST_F(EvalTest, EvalWithoutSequenceReturnsDownloadsAtOnce) {
+TEST_P(EvalTest, EvalWithoutSequenceReturnsDownloadsAtOnce) {
   v1::EvalRequest req;
   req.set_session_id(session_);
   v1::TensorData* up = req.add_uploads();
@@ -103,7 +110,7 @@ TEST_F(EvalTest, EvalWithoutSequenceReturnsDownloadsAtOnce) {
   EXPECT_EQ(host[1], 42.0f);
 }
 
-TEST_F(EvalTest, TimestampsComeBackInNanoseconds) {
+TEST_P(EvalTest, TimestampsComeBackInNanoseconds) {
   ASSERT_THAT(CreateSequence(session_, 40, /*queue=*/0, /*timestamps=*/8), IsOk());
   ASSERT_THAT(Record(session_, 40,
                      {RecordOp(SyncDevice({1})), RecordOp(Dispatch(3)), RecordOp(SyncLocal({2}))}),
@@ -128,7 +135,7 @@ TEST_F(EvalTest, TimestampsComeBackInNanoseconds) {
   EXPECT_EQ(tresp.timestamps_ns_size(), 4);
 }
 
-TEST_F(EvalTest, DispatchPushConstantsOverrideAndStay) {
+TEST_P(EvalTest, DispatchPushConstantsOverrideAndStay) {
   v1::Operation dispatch = Dispatch(3);
   dispatch.mutable_dispatch()->set_has_push_constants(true);
   dispatch.mutable_dispatch()->set_push_constants(PushFloat(5.0f));
@@ -143,7 +150,7 @@ TEST_F(EvalTest, DispatchPushConstantsOverrideAndStay) {
   EXPECT_THAT(Floats(resp.downloads(0).data()), ::testing::Each(5.0f));
 }
 
-TEST_F(EvalTest, RebuiltAlgorithmNeedsRerecord) {
+TEST_P(EvalTest, RebuiltAlgorithmNeedsRerecord) {
   grpc::ClientContext ctx;
   v1::CreateAlgorithmResponse r;
   ASSERT_THAT(
@@ -162,7 +169,7 @@ TEST_F(EvalTest, RebuiltAlgorithmNeedsRerecord) {
   EXPECT_THAT(Floats(resp.downloads(0).data()), ::testing::Each(7.0f));
 }
 
-TEST_F(EvalTest, SetPushConstantsChangesTheNextEval) {
+TEST_P(EvalTest, SetPushConstantsChangesTheNextEval) {
   grpc::ClientContext ctx;
   v1::SetPushConstantsRequest req;
   req.set_session_id(session_);
@@ -177,7 +184,7 @@ TEST_F(EvalTest, SetPushConstantsChangesTheNextEval) {
   ExpectPipelineWorks(session_, 1, kN, 4.0f);
 }
 
-TEST_F(EvalTest, CopyBetweenTensors) {
+TEST_P(EvalTest, CopyBetweenTensors) {
   ASSERT_THAT(CreateTensor(TensorRequest(session_, 50, {1, 2, 3})), IsOk());
   ASSERT_THAT(CreateTensor(TensorRequest(session_, 51, {0, 0, 0})), IsOk());
   ASSERT_THAT(CreateSequence(session_, 52), IsOk());
@@ -199,7 +206,7 @@ TEST_F(EvalTest, CopyBetweenTensors) {
 // ---------------------------------------------------------------------------------------------
 // Validation: the specific code, a message naming the value, and the session still works.
 
-TEST_F(EvalTest, UnknownHandlesAreNotFound) {
+TEST_P(EvalTest, UnknownHandlesAreNotFound) {
   grpc::Status s = DestroyTensor(session_, 999);
   EXPECT_THAT(s, HasCode(grpc::StatusCode::NOT_FOUND));
   EXPECT_EQ(s.error_message(), "tensor 999 not found in this session");
@@ -228,7 +235,7 @@ TEST_F(EvalTest, UnknownHandlesAreNotFound) {
   ExpectWorks();
 }
 
-TEST_F(EvalTest, DuplicateHandlesAlreadyExist) {
+TEST_P(EvalTest, DuplicateHandlesAlreadyExist) {
   EXPECT_THAT(CreateTensor(TensorRequest(session_, 1, {1})),
               HasCode(grpc::StatusCode::ALREADY_EXISTS));
   EXPECT_THAT(CreateAlgorithm(ScaleAlgorithm(session_, 3, 1, 2, kN, 1.0f)),
@@ -237,7 +244,7 @@ TEST_F(EvalTest, DuplicateHandlesAlreadyExist) {
   ExpectWorks();
 }
 
-TEST_F(EvalTest, BadTensorsAreInvalidArguments) {
+TEST_P(EvalTest, BadTensorsAreInvalidArguments) {
   v1::CreateTensorRequest zero = TensorRequest(session_, 70, {});
   grpc::Status s = CreateTensor(zero);
   EXPECT_THAT(s, HasCode(grpc::StatusCode::INVALID_ARGUMENT));
@@ -282,7 +289,7 @@ TEST_F(EvalTest, BadTensorsAreInvalidArguments) {
   ExpectWorks();
 }
 
-TEST_F(EvalTest, InvalidSpirvIsRejected) {
+TEST_P(EvalTest, InvalidSpirvIsRejected) {
   v1::CreateAlgorithmRequest req = ScaleAlgorithm(session_, 80, 1, 2, kN, 1.0f);
   req.set_spirv(std::string(10, '\x01'));
   grpc::Status s = CreateAlgorithm(req);
@@ -304,7 +311,7 @@ TEST_F(EvalTest, InvalidSpirvIsRejected) {
   ExpectWorks();
 }
 
-TEST_F(EvalTest, PushConstantsOfTheWrongSizeAreRejected) {
+TEST_P(EvalTest, PushConstantsOfTheWrongSizeAreRejected) {
   grpc::ClientContext ctx;
   v1::SetPushConstantsRequest req;
   req.set_session_id(session_);
@@ -329,7 +336,7 @@ TEST_F(EvalTest, PushConstantsOfTheWrongSizeAreRejected) {
   ExpectWorks();
 }
 
-TEST_F(EvalTest, WorkgroupBeyondTheDeviceLimitIsRejected) {
+TEST_P(EvalTest, WorkgroupBeyondTheDeviceLimitIsRejected) {
   grpc::ClientContext ctx;
   v1::ListDevicesResponse devices;
   ASSERT_THAT(client_->devices->ListDevices(&ctx, v1::ListDevicesRequest(), &devices), IsOk());
@@ -349,14 +356,14 @@ TEST_F(EvalTest, WorkgroupBeyondTheDeviceLimitIsRejected) {
   ExpectWorks();
 }
 
-TEST_F(EvalTest, SequenceQueueOutOfRangeIsRejected) {
+TEST_P(EvalTest, SequenceQueueOutOfRangeIsRejected) {
   grpc::Status s = CreateSequence(session_, 90, /*queue=*/1);
   EXPECT_THAT(s, HasCode(grpc::StatusCode::INVALID_ARGUMENT));
   EXPECT_THAT(s.error_message(), HasSubstr("queue 1 out of range"));
   ExpectWorks();
 }
 
-TEST_F(EvalTest, BadUploadsAndDownloadsChangeNothing) {
+TEST_P(EvalTest, BadUploadsAndDownloadsChangeNothing) {
   // Out of range: nothing is written, not even the good upload before it.
   v1::EvalRequest req = PipelineEval(session_, 1, std::vector<float>(kN, 100.0f));
   v1::TensorData* bad = req.add_uploads();
@@ -385,7 +392,7 @@ TEST_F(EvalTest, BadUploadsAndDownloadsChangeNothing) {
   ExpectWorks();
 }
 
-TEST_F(EvalTest, EmptyActionsAndOperationsAreRejected) {
+TEST_P(EvalTest, EmptyActionsAndOperationsAreRejected) {
   EXPECT_THAT(Record(session_, 4, {v1::SequenceAction()}),
               HasCode(grpc::StatusCode::INVALID_ARGUMENT));
   EXPECT_THAT(Record(session_, 4, {RecordOp(v1::Operation())}),
@@ -401,7 +408,7 @@ TEST_F(EvalTest, EmptyActionsAndOperationsAreRejected) {
   ExpectWorks();
 }
 
-TEST_F(EvalTest, DownloadsLargerThanAMessageAreRejectedBeforeSubmitting) {
+TEST_P(EvalTest, DownloadsLargerThanAMessageAreRejectedBeforeSubmitting) {
   v1::CreateTensorRequest big;
   big.set_session_id(session_);
   big.set_handle(95);
@@ -418,6 +425,13 @@ TEST_F(EvalTest, DownloadsLargerThanAMessageAreRejectedBeforeSubmitting) {
   EXPECT_THAT(s.error_message(), HasSubstr("ReadTensor"));
   ExpectWorks();
 }
+
+INSTANTIATE_TEST_SUITE_P(InlineWaitAndHandOff, EvalTest,
+                         ::testing::Values(absl::Milliseconds(2), absl::ZeroDuration()),
+                         [](const ::testing::TestParamInfo<absl::Duration>& info) {
+                           return info.param > absl::ZeroDuration() ? std::string("InlineWait")
+                                                                    : std::string("HandOff");
+                         });
 
 }  // namespace
 }  // namespace komputed::server::testing

@@ -50,8 +50,8 @@ TEST(KomputedBinary, PrintsItsAddressServesAndStopsOnSigterm) {
     dup2(out[1], STDOUT_FILENO);
     close(out[0]);
     close(out[1]);
-    execl(KOMPUTED_BINARY, KOMPUTED_BINARY, "--listen=127.0.0.1:0", "--log_level=warning",
-          static_cast<char*>(nullptr));
+    execl(KOMPUTED_BINARY, KOMPUTED_BINARY, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+          "--log_level=warning", static_cast<char*>(nullptr));
     _exit(127);
   }
   close(out[1]);
@@ -88,8 +88,8 @@ TEST(KomputedBinary, BadFlagValueFailsToStart) {
     int devnull = open("/dev/null", O_WRONLY);
     dup2(devnull, STDOUT_FILENO);
     dup2(devnull, STDERR_FILENO);
-    execl(KOMPUTED_BINARY, KOMPUTED_BINARY, "--listen=127.0.0.1:0", "--devices=99",
-          static_cast<char*>(nullptr));
+    execl(KOMPUTED_BINARY, KOMPUTED_BINARY, "--listen=127.0.0.1:0",
+          "--metrics_listen=", "--devices=99", static_cast<char*>(nullptr));
     _exit(127);
   }
   const int status = WaitExit(pid, absl::Seconds(30));

@@ -1,0 +1,13 @@
+#pragma once
+
+namespace komputed::core {
+
+// Tunes glibc malloc for moving tensor data in multi-megabyte messages: without it, each
+// message's buffers are fresh mmap()ed (or freshly trimmed) pages, and the page faults on
+// first touch cost more than the copies (a 4 MiB chunk is 1024 faults). Raises the mmap
+// threshold to 32 MiB and the trim threshold to 128 MiB, so that freed chunk buffers are
+// reused. Process-wide and applied once; skipped when KOMPUTED_MALLOC_TUNING=0 or when
+// GLIBC_TUNABLES is set (the user tunes malloc). Returns whether it was applied.
+bool TuneMallocForBulkTransfers();
+
+}  // namespace komputed::core

@@ -1,0 +1,179 @@
+#include "bench_common.h"
+
+#include <sys/resource.h>
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace komputed_bench {
+
+ProcessUsage ProcessUsage::Now() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
+  };
+  return {static_cast<uint64_t>(usage.ru_minflt),
+          seconds(usage.ru_utime) + seconds(usage.ru_stime)};
+}
+
+void SetTransferCounters(benchmark::State& state, const ProcessUsage& before, uint64_t bytes) {
+  if (bytes == 0) return;
+  const ProcessUsage now = ProcessUsage::Now();
+  const double mib = static_cast<double>(bytes) / double{1 << 20};
+  state.counters["faults_per_MiB"] =
+      static_cast<double>(now.minor_faults - before.minor_faults) / mib;
+  state.counters["cpu_s_per_GiB"] = (now.cpu_seconds - before.cpu_seconds) / (mib / 1024);
+}
+
+float Pattern(uint64_t i) { return static_cast<float>(i % 1000003); }
+
+std::vector<float> PatternVector(uint64_t count) {
+  std::vector<float> v(count);
+  for (uint64_t i = 0; i < count; ++i) v[i] = Pattern(i);
+  return v;
+}
+
+bool MatchesPattern(const float* data, uint64_t count) {
+  for (uint64_t i = 0; i < count; i += 4093) {
+    if (data[i] != Pattern(i)) return false;
+  }
+  return data[count - 1] == Pattern(count - 1);
+}
+
+KpTiny MakeKpTiny(kp::Manager& mgr, const std::vector<uint32_t>& tiny_spirv) {
+  KpTiny t;
+  t.tensor = mgr.tensor(std::vector<float>(kTinyCount, 0.0f));
+  const std::vector<std::shared_ptr<kp::Tensor>> params = {t.tensor};
+  t.algorithm = mgr.algorithm(params, tiny_spirv, kp::Workgroup{kTinyCount / kTinyLocalSize, 1, 1});
+  t.sequence = mgr.sequence();
+  t.sequence->record<kp::OpTensorSyncDevice>(params)
+      ->record<kp::OpAlgoDispatch>(t.algorithm)
+      ->record<kp::OpTensorSyncLocal>(params);
+  return t;
+}
+
+void RunKpTiny(benchmark::State& state, KpTiny& t, const char* what) {
+  float* data = t.tensor->data();
+  kp::Sequence& seq = *t.sequence;
+  uint64_t i = 0;
+  try {
+    for (auto _ : state) {
+      const TinyStep step(i++);
+      data[step.k] = step.v;
+      seq.eval();
+      if (data[step.k] != step.expected()) {
+        state.SkipWithError(absl::StrCat(what, ": wrong result").c_str());
+        break;
+      }
+    }
+  } catch (const kp::Error& e) {
+    state.SkipWithError(absl::StrCat(what, ": ", e.what()).c_str());
+  }
+}
+
+void RunKpAsync(benchmark::State& state, std::vector<KpTiny>& lanes, const char* what) {
+  const size_t k = lanes.size();
+  std::vector<TinyStep> steps;
+  steps.reserve(k);
+  uint64_t i = 0;
+  // Awaits every lane still in flight (an error leaves the sequences idle for the next run).
+  auto drain = [&] {
+    for (KpTiny& lane : lanes) {
+      try {
+        lane.sequence->evalAwait();
+      } catch (const kp::Error&) {
+      }
+    }
+  };
+  try {
+    for (KpTiny& lane : lanes) {  // untimed: fill the pipeline
+      steps.emplace_back(i++);
+      lane.tensor->data()[steps.back().k] = steps.back().v;
+      lane.sequence->evalAsync();
+    }
+    size_t next = 0;
+    for (auto _ : state) {
+      KpTiny& lane = lanes[next];
+      lane.sequence->evalAwait();
+      float* data = lane.tensor->data();
+      if (data[steps[next].k] != steps[next].expected()) {
+        state.SkipWithError(absl::StrCat(what, ": wrong result").c_str());
+        break;
+      }
+      steps[next] = TinyStep(i++);
+      data[steps[next].k] = steps[next].v;
+      lane.sequence->evalAsync();
+      next = next + 1 == k ? 0 : next + 1;
+    }
+    state.SetItemsProcessed(state.iterations());
+  } catch (const kp::Error& e) {
+    state.SkipWithError(absl::StrCat(what, ": ", e.what()).c_str());
+  }
+  drain();
+}
+
+void RunKpUpload(benchmark::State& state, kp::Manager& mgr, const char* what) {
+  try {
+    auto tensor = mgr.tensorT<float>(kBulkCount);
+    const std::vector<std::shared_ptr<kp::Tensor>> params = {tensor};
+    auto seq = mgr.sequence();
+    const std::vector<float> src = PatternVector(kBulkCount);
+    const ProcessUsage usage = ProcessUsage::Now();
+    for (auto _ : state) {
+      tensor->setRawData(src.data());
+      seq->eval<kp::OpTensorSyncDevice>(params);
+    }
+    SetTransferCounters(state, usage, state.iterations() * kBulkBytes);
+    state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kBulkBytes));
+    // Untimed: the data must be on the device.
+    std::memset(tensor->data(), 0, kBulkBytes);
+    seq->eval<kp::OpTensorSyncLocal>(params);
+    if (!MatchesPattern(tensor->data(), kBulkCount)) {
+      state.SkipWithError(
+          absl::StrCat(what, ": the device does not hold the uploaded data").c_str());
+    }
+    seq->destroy();
+    tensor->destroy();
+  } catch (const kp::Error& e) {
+    state.SkipWithError(absl::StrCat(what, ": ", e.what()).c_str());
+  }
+  mgr.clear();
+}
+
+void RunKpDownload(benchmark::State& state, kp::Manager& mgr, const char* what) {
+  try {
+    auto tensor = mgr.tensorT<float>(kBulkCount);
+    const std::vector<std::shared_ptr<kp::Tensor>> params = {tensor};
+    auto seq = mgr.sequence();
+    {
+      const std::vector<float> src = PatternVector(kBulkCount);
+      tensor->setRawData(src.data());
+      seq->eval<kp::OpTensorSyncDevice>(params);
+      std::memset(tensor->data(), 0, kBulkBytes);
+    }
+    std::vector<float> dst(kBulkCount);
+    uint64_t i = 0;
+    const ProcessUsage usage = ProcessUsage::Now();
+    for (auto _ : state) {
+      seq->eval<kp::OpTensorSyncLocal>(params);
+      std::memcpy(dst.data(), tensor->data(), kBulkBytes);
+      const uint64_t k = (i++ * 7919) % kBulkCount;
+      if (dst[k] != Pattern(k)) {
+        state.SkipWithError(absl::StrCat(what, ": wrong data").c_str());
+        break;
+      }
+    }
+    SetTransferCounters(state, usage, state.iterations() * kBulkBytes);
+    state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kBulkBytes));
+    seq->destroy();
+    tensor->destroy();
+  } catch (const kp::Error& e) {
+    state.SkipWithError(absl::StrCat(what, ": ", e.what()).c_str());
+  }
+  mgr.clear();
+}
+
+}  // namespace komputed_bench

@@ -1,0 +1,72 @@
+// What komputed_bench's source files share: the sizes, the host data pattern, and the kp
+// benchmarks that run the same way through an in-process and a remote kp::Manager.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <kompute/Kompute.hpp>
+#include <memory>
+#include <vector>
+
+namespace komputed_bench {
+
+inline constexpr uint32_t kTinyCount = 1024;
+inline constexpr uint32_t kTinyLocalSize = 64;
+inline constexpr uint64_t kTinyBytes = kTinyCount * sizeof(float);
+inline constexpr uint64_t kBulkBytes = uint64_t{256} << 20;
+inline constexpr uint64_t kBulkCount = kBulkBytes / sizeof(float);
+
+// The host's part of each tiny iteration: write element k, then (after the round trip) expect
+// 2v+1 there.
+struct TinyStep {
+  uint32_t k;
+  float v;
+  explicit TinyStep(uint64_t i)
+      : k(static_cast<uint32_t>(i % kTinyCount)), v(static_cast<float>(i % 4096)) {}
+  float expected() const { return v * 2.0f + 1.0f; }
+};
+
+// Host data for the 256 MiB transfers: a pattern that a wrong copy does not reproduce.
+float Pattern(uint64_t i);
+std::vector<float> PatternVector(uint64_t count);
+// Checks a spread of elements (and the last) against the pattern.
+bool MatchesPattern(const float* data, uint64_t count);
+
+// The whole process's minor page faults and CPU time (user + system, every thread: client and
+// in-process daemon alike) so far.
+struct ProcessUsage {
+  uint64_t minor_faults = 0;
+  double cpu_seconds = 0;
+  static ProcessUsage Now();
+};
+// The transfer benchmarks' counters since `before`, over `bytes` moved: faults_per_MiB (on a VM a
+// fault costs microseconds; a path that touches fresh memory on every transfer shows here) and
+// cpu_s_per_GiB (CPU spent per GiB, less sensitive than wall time to other load on the host).
+void SetTransferCounters(benchmark::State& state, const ProcessUsage& before, uint64_t bytes);
+
+// The tiny sequence through kp: a tensor of kTinyCount floats, the x*2+1 algorithm over it and a
+// sequence recorded once with sync to device, dispatch, sync to host.
+struct KpTiny {
+  std::shared_ptr<kp::TensorT<float>> tensor;
+  std::shared_ptr<kp::Algorithm> algorithm;
+  std::shared_ptr<kp::Sequence> sequence;
+};
+
+// Throws kp::Error.
+KpTiny MakeKpTiny(kp::Manager& mgr, const std::vector<uint32_t>& tiny_spirv);
+
+// One sequence->eval() per iteration, each writing one input and checking one output.
+void RunKpTiny(benchmark::State& state, KpTiny& tiny, const char* what);
+
+// Pipelined asynchronous evals: every lane's sequence is evalAsync'ed, then each iteration awaits
+// the oldest (round robin), checks its result and submits it again, so that lanes.size() evals
+// are always in flight. One item per completed eval.
+void RunKpAsync(benchmark::State& state, std::vector<KpTiny>& lanes, const char* what);
+
+// 256 MiB through kp: eval<OpTensorSyncDevice> / eval<OpTensorSyncLocal> on an eDevice tensor,
+// the host memcpy into (out of) the tensor's host data included. `mgr` is in-process or remote.
+void RunKpUpload(benchmark::State& state, kp::Manager& mgr, const char* what);
+void RunKpDownload(benchmark::State& state, kp::Manager& mgr, const char* what);
+
+}  // namespace komputed_bench

@@ -1,0 +1,314 @@
+#include "remote_bench.h"
+
+#include <arpa/inet.h>
+#include <benchmark/benchmark.h>
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "bench_common.h"
+#include "komputed/v1/komputed.grpc.pb.h"
+#include "server.h"
+
+namespace komputed_bench {
+namespace {
+
+namespace v1 = komputed::v1;
+
+// The raw TCP benchmark's write (and read) size.
+constexpr uint64_t kTcpWriteBytes = uint64_t{1} << 20;
+
+absl::Status Errno(const char* what) {
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+// A socket fd closed on destruction.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  ~Fd() { Reset(); }
+  int get() const { return fd_; }
+  void Reset() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+bool WriteAll(int fd, const char* p, uint64_t n) {
+  while (n > 0) {
+    const ssize_t w = write(fd, p, std::min(n, kTcpWriteBytes));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<uint64_t>(w);
+  }
+  return true;
+}
+
+// Reads exactly n bytes; false on EOF or error.
+bool ReadAll(int fd, char* p, uint64_t n) {
+  while (n > 0) {
+    const ssize_t r = read(fd, p, std::min(n, kTcpWriteBytes));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+// A connected pair of TCP sockets over 127.0.0.1 (the receiver's end accepted).
+absl::Status LoopbackPair(Fd* sender, Fd* receiver) {
+  Fd listener(socket(AF_INET, SOCK_STREAM, 0));
+  if (listener.get() < 0) return Errno("socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  if (bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return Errno("bind 127.0.0.1:0");
+  }
+  if (listen(listener.get(), 1) != 0) return Errno("listen");
+  socklen_t len = sizeof(addr);
+  if (getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return Errno("getsockname");
+  }
+  *sender = Fd(socket(AF_INET, SOCK_STREAM, 0));
+  if (sender->get() < 0) return Errno("socket");
+  if (connect(sender->get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return Errno("connect");
+  }
+  *receiver = Fd(accept(listener.get(), nullptr, nullptr));
+  if (receiver->get() < 0) return Errno("accept");
+  const int one = 1;
+  setsockopt(receiver->get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // the ack byte
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+struct RemoteBench::State {
+  RemoteConfig config;
+  kp::Manager* inprocess = nullptr;
+  std::unique_ptr<komputed::server::Server> server;
+  std::string address;
+  std::shared_ptr<grpc::Channel> ping_channel;
+  std::unique_ptr<v1::Sessions::Stub> ping_stub;
+  std::unique_ptr<kp::Manager> remote;
+  KpTiny tiny_inprocess;
+  KpTiny tiny_remote;
+  std::vector<KpTiny> async_inprocess;
+  std::vector<KpTiny> async_remote;
+};
+
+RemoteBench::RemoteBench(std::unique_ptr<State> state) : s_(std::move(state)) {}
+
+RemoteBench::~RemoteBench() {
+  if (s_ == nullptr) return;
+  s_->async_remote.clear();
+  s_->tiny_remote = KpTiny{};
+  s_->remote.reset();  // closes the session
+  s_->async_inprocess.clear();
+  s_->tiny_inprocess = KpTiny{};
+  s_->ping_stub.reset();
+  s_->ping_channel.reset();
+  if (s_->server != nullptr) s_->server->Shutdown();
+  s_->server.reset();
+}
+
+const std::string& RemoteBench::address() const { return s_->address; }
+
+absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig config,
+                                                                kp::Manager* inprocess) {
+  auto s = std::make_unique<State>();
+  s->config = std::move(config);
+  s->inprocess = inprocess;
+  if (s->config.async_depth == 0) s->config.async_depth = 1;
+
+  // The daemon, in this process: its gRPC threads, device and completion waiter live beside the
+  // client's, as on one host. Its log lines would interleave with the results: warnings only.
+  spdlog::set_level(spdlog::level::warn);
+  komputed::server::ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.devices = {s->config.physical_device};
+  auto server = komputed::server::Server::Start(options);
+  if (!server.ok()) return server.status();
+  s->server = *std::move(server);
+  s->address = s->server->address();
+
+  s->ping_channel = grpc::CreateChannel(s->address, grpc::InsecureChannelCredentials());
+  s->ping_stub = v1::Sessions::NewStub(s->ping_channel);
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::PingRequest request;
+    v1::PingResponse response;
+    grpc::Status st = s->ping_stub->Ping(&context, request, &response);
+    if (!st.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("ping of the in-process daemon at ", s->address, ": ", st.error_message()));
+    }
+  }
+
+  try {
+    s->remote = std::make_unique<kp::Manager>(s->address);
+    const std::string local_name = inprocess->getDeviceProperties().deviceName.data();
+    const std::string remote_name = s->remote->getDeviceProperties().deviceName.data();
+    if (local_name != remote_name) {
+      return absl::InternalError(absl::StrCat("the daemon serves \"", remote_name,
+                                              "\", the in-process Manager runs on \"", local_name,
+                                              "\""));
+    }
+    s->tiny_inprocess = MakeKpTiny(*inprocess, s->config.tiny_spirv);
+    s->tiny_remote = MakeKpTiny(*s->remote, s->config.tiny_spirv);
+    for (uint32_t i = 0; i < s->config.async_depth; ++i) {
+      s->async_inprocess.push_back(MakeKpTiny(*inprocess, s->config.tiny_spirv));
+      s->async_remote.push_back(MakeKpTiny(*s->remote, s->config.tiny_spirv));
+    }
+    // Warm up: every remote sequence sent once (its recording travels with its first eval).
+    s->tiny_remote.sequence->eval();
+    for (KpTiny& t : s->async_remote) t.sequence->eval();
+  } catch (const kp::Error& e) {
+    return absl::Status(static_cast<absl::StatusCode>(e.code()), e.what());
+  }
+  return std::unique_ptr<RemoteBench>(new RemoteBench(std::move(s)));
+}
+
+// A bare unary round trip on its own channel: no session, no deadline, empty payload.
+void RemoteBench::Ping(benchmark::State& state, State& s) {
+  v1::PingRequest request;
+  v1::PingResponse response;
+  for (auto _ : state) {
+    grpc::ClientContext context;
+    const grpc::Status st = s.ping_stub->Ping(&context, request, &response);
+    if (!st.ok()) {
+      state.SkipWithError(absl::StrCat("ping: ", st.error_message()).c_str());
+      break;
+    }
+  }
+}
+
+// The ceiling for any protocol here: 256 MiB from one buffer into another through a TCP loopback
+// connection, 1 MiB per write() and read(), a receiver thread acknowledging each 256 MiB with one
+// byte (the time includes it).
+void RemoteBench::TcpLoopback(benchmark::State& state) {
+  Fd sender, receiver;
+  if (absl::Status st = LoopbackPair(&sender, &receiver); !st.ok()) {
+    state.SkipWithError(st.ToString().c_str());
+    return;
+  }
+  const std::vector<float> src = PatternVector(kBulkCount);
+  std::vector<float> dst(kBulkCount);
+  std::atomic<bool> wrong{false};
+  std::thread rx([&, fd = receiver.get()] {
+    char* p = reinterpret_cast<char*>(dst.data());
+    uint64_t round = 0;
+    while (ReadAll(fd, p, kBulkBytes)) {
+      const uint64_t k = (round++ * 7919) % kBulkCount;
+      if (dst[k] != Pattern(k)) wrong = true;
+      const char ack = 1;
+      if (write(fd, &ack, 1) != 1) break;
+    }
+  });
+  const char* p = reinterpret_cast<const char*>(src.data());
+  const ProcessUsage usage = ProcessUsage::Now();
+  for (auto _ : state) {
+    char ack;
+    if (!WriteAll(sender.get(), p, kBulkBytes) || read(sender.get(), &ack, 1) != 1) {
+      state.SkipWithError(absl::StrCat("tcp_loopback: ", std::strerror(errno)).c_str());
+      break;
+    }
+  }
+  SetTransferCounters(state, usage, state.iterations() * kBulkBytes);
+  shutdown(sender.get(), SHUT_WR);  // the receiver reads EOF and stops
+  rx.join();
+  if (wrong) state.SkipWithError("tcp_loopback: wrong data");
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kBulkBytes));
+}
+
+void RemoteBench::RegisterLatencyBenchmarks() {
+  State* s = s_.get();
+  const RemoteConfig& c = s->config;
+
+  benchmark::RegisterBenchmark(kPing, [s](benchmark::State& state) { Ping(state, *s); })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(kTcpLoopback, TcpLoopback)
+      ->UseRealTime()
+      ->Iterations(c.tcp_iterations)
+      ->Unit(benchmark::kMillisecond);
+
+  benchmark::RegisterBenchmark(
+      kTinyEvalInprocess,
+      [s](benchmark::State& state) { RunKpTiny(state, s->tiny_inprocess, kTinyEvalInprocess); })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(
+      kTinyEvalRemote,
+      [s](benchmark::State& state) { RunKpTiny(state, s->tiny_remote, kTinyEvalRemote); })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+
+  benchmark::RegisterBenchmark(
+      kAsyncInprocess,
+      [s](benchmark::State& state) { RunKpAsync(state, s->async_inprocess, kAsyncInprocess); })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(
+      kAsyncRemote,
+      [s](benchmark::State& state) { RunKpAsync(state, s->async_remote, kAsyncRemote); })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+}
+
+void RemoteBench::RegisterUpload() {
+  State* s = s_.get();
+  benchmark::RegisterBenchmark(
+      kUploadRemote,
+      [s](benchmark::State& state) { RunKpUpload(state, *s->remote, kUploadRemote); })
+      ->UseRealTime()
+      ->Iterations(s->config.bulk_iterations)
+      ->Unit(benchmark::kMillisecond);
+}
+
+void RemoteBench::RegisterDownload() {
+  State* s = s_.get();
+  benchmark::RegisterBenchmark(
+      kDownloadRemote,
+      [s](benchmark::State& state) { RunKpDownload(state, *s->remote, kDownloadRemote); })
+      ->UseRealTime()
+      ->Iterations(s->config.bulk_iterations)
+      ->Unit(benchmark::kMillisecond);
+}
+
+}  // namespace komputed_bench

@@ -1,0 +1,68 @@
+// The remote half of komputed_bench: an in-process komputed daemon and a kp::Manager connected
+// to it over TCP loopback, with the baselines a remote benchmark is judged against (a bare gRPC
+// round trip, raw TCP throughput on the same loopback).
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <kompute/Kompute.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace komputed_bench {
+
+// Benchmark names (the summary's keys).
+inline constexpr char kPing[] = "ping";
+inline constexpr char kTcpLoopback[] = "tcp_loopback";
+inline constexpr char kTinyEvalInprocess[] = "tiny_eval/inprocess";
+inline constexpr char kTinyEvalRemote[] = "tiny_eval/remote";
+inline constexpr char kAsyncInprocess[] = "async_evals/inprocess";
+inline constexpr char kAsyncRemote[] = "async_evals/remote";
+inline constexpr char kUploadRemote[] = "upload_256MiB/remote";
+inline constexpr char kDownloadRemote[] = "download_256MiB/remote";
+
+struct RemoteConfig {
+  uint32_t physical_device = 0;      // the one device the daemon serves
+  std::vector<uint32_t> tiny_spirv;  // the tiny sequence's shader
+  double min_time_s = 1.5;           // ping, tiny_eval, async_evals
+  int64_t tcp_iterations = 5;        // 256 MiB each
+  int64_t bulk_iterations = 3;       // remote 256 MiB transfers
+  uint32_t async_depth = 4;          // evals kept in flight by async_evals
+};
+
+// Owns the daemon, the remote Manager and the objects of the remote and the in-process
+// latency benchmarks. Client and daemon share this process, as they would share a host: both
+// sides' CPU work runs on the same cores, and the bytes cross the kernel's TCP loopback.
+class RemoteBench {
+ public:
+  // Starts the daemon on 127.0.0.1:0 serving `config.physical_device` and connects a remote
+  // kp::Manager to it. `inprocess` (the in-process Manager of the other benchmarks, on the same
+  // device) must outlive this object.
+  static absl::StatusOr<std::unique_ptr<RemoteBench>> Start(RemoteConfig config,
+                                                            kp::Manager* inprocess);
+  // Remote objects first, then the remote Manager (closing its session), then the daemon.
+  ~RemoteBench();
+  RemoteBench(const RemoteBench&) = delete;
+  RemoteBench& operator=(const RemoteBench&) = delete;
+
+  const std::string& address() const;
+
+  // ping, tcp_loopback, tiny_eval/{inprocess,remote}, async_evals/{inprocess,remote}.
+  void RegisterLatencyBenchmarks();
+  // upload_256MiB/remote, download_256MiB/remote (each registered where the caller wants it).
+  void RegisterUpload();
+  void RegisterDownload();
+
+ private:
+  struct State;
+  explicit RemoteBench(std::unique_ptr<State> state);
+  static void Ping(benchmark::State& state, State& s);
+  static void TcpLoopback(benchmark::State& state);
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace komputed_bench

@@ -1,0 +1,165 @@
+// The daemon's log (stderr) and flags: a line per session open, close and reap, failed calls
+// with their session id at a level that fits the fault, --log_level, --help, and a metrics
+// port that cannot be bound.
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "daemon.h"
+
+namespace komputed::ops_testing {
+namespace {
+
+// The log lines that contain `text`.
+std::vector<std::string> LinesWith(const std::string& log, const std::string& text) {
+  std::vector<std::string> lines;
+  for (absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (absl::StrContains(line, text)) lines.emplace_back(line);
+  }
+  return lines;
+}
+
+grpc::Status DestroyTensor(Client& client, const std::string& session, uint64_t handle) {
+  grpc::ClientContext ctx;
+  v1::DestroyTensorRequest req;
+  req.set_session_id(session);
+  req.set_handle(handle);
+  v1::DestroyTensorResponse resp;
+  return client.tensors->DestroyTensor(&ctx, req, &resp);
+}
+
+TEST(Logging, SessionsAndClientErrorsAtDebug) {
+  Daemon daemon({"--log_level=debug"});
+  ASSERT_TRUE(daemon.started());
+  Client client(daemon.address());
+  std::string session;
+  ASSERT_THAT(client.Open(&session, "logging-test"), IsOk());
+  EXPECT_THAT(DestroyTensor(client, session, 42), HasCode(grpc::StatusCode::NOT_FOUND));
+  ASSERT_THAT(client.Close(session), IsOk());
+  ASSERT_TRUE(daemon.WaitForLog(absl::StrCat("session ", session, " closed"), absl::Seconds(10)));
+
+  const std::string log = daemon.Log();
+  const auto opened = LinesWith(log, absl::StrCat("session ", session, " opened"));
+  ASSERT_EQ(opened.size(), 1u) << log;
+  EXPECT_THAT(opened[0], testing::HasSubstr("[info]"));
+  EXPECT_THAT(opened[0], testing::HasSubstr("logging-test"));
+  const auto failed = LinesWith(log, "DestroyTensor failed");
+  ASSERT_EQ(failed.size(), 1u) << log;
+  EXPECT_THAT(failed[0], testing::HasSubstr("[debug]"));
+  EXPECT_THAT(failed[0], testing::HasSubstr(absl::StrCat("in session ", session)));
+  EXPECT_THAT(failed[0], testing::HasSubstr("NOT_FOUND: tensor 42 not found"));
+  const auto closed = LinesWith(log, absl::StrCat("session ", session, " closed by its client"));
+  ASSERT_EQ(closed.size(), 1u) << log;
+  EXPECT_THAT(closed[0], testing::HasSubstr("[info]"));
+}
+
+TEST(Logging, InfoLevelLeavesClientErrorsOut) {
+  Daemon daemon({"--log_level=info"});
+  ASSERT_TRUE(daemon.started());
+  Client client(daemon.address());
+  std::string session;
+  ASSERT_THAT(client.Open(&session), IsOk());
+  EXPECT_THAT(DestroyTensor(client, session, 42), HasCode(grpc::StatusCode::NOT_FOUND));
+  ASSERT_THAT(client.Close(session), IsOk());
+  ASSERT_TRUE(daemon.WaitForLog(absl::StrCat("session ", session, " closed"), absl::Seconds(10)));
+  const std::string log = daemon.Log();
+  EXPECT_THAT(LinesWith(log, "DestroyTensor failed"), testing::IsEmpty()) << log;
+  EXPECT_THAT(LinesWith(log, "[debug]"), testing::IsEmpty()) << log;
+  EXPECT_EQ(LinesWith(log, absl::StrCat("session ", session, " opened")).size(), 1u) << log;
+}
+
+TEST(Logging, IdleSessionIsReapedLoggedAndCounted) {
+  Daemon daemon({"--session_idle_timeout=0.3s"});
+  ASSERT_TRUE(daemon.started());
+  Client client(daemon.address());
+  std::string session;
+  ASSERT_THAT(client.Open(&session), IsOk());
+  ASSERT_THAT(client.CreateTensor(FloatTensor(session, 1, std::vector<float>(8, 1.0f))), IsOk());
+  ASSERT_TRUE(daemon.WaitForLog(absl::StrCat("session ", session, " reaped"), absl::Seconds(10)))
+      << daemon.Log();
+  const Samples s = Samples::From(daemon);
+  EXPECT_EQ(s.Get("komputed_sessions_reaped_total", {{"reason", "idle"}}), 1);
+  EXPECT_EQ(s.Get("komputed_sessions_open"), 0);
+  EXPECT_EQ(s.Get("komputed_device_memory_used_bytes", {{"device", "0"}}), 0);
+}
+
+TEST(Flags, HelpDocumentsEveryFlag) {
+  std::string out, err;
+  RunProgram({KOMPUTED_BINARY, "--help"}, &out, &err);
+  const std::string help = out + err;
+  for (const char* flag :
+       {"listen", "metrics_listen", "devices", "session_idle_timeout", "eval_timeout",
+        "eval_inline_wait", "drain_timeout", "max_message_bytes", "log_level"}) {
+    // absl writes "--name (help text); default: value;".
+    const std::string entry = absl::StrCat("--", flag, " (");
+    const size_t at = help.find(entry);
+    ASSERT_NE(at, std::string::npos) << flag << " is not in --help:\n" << help;
+    const size_t end = help.find("); default: ", at);
+    ASSERT_NE(end, std::string::npos) << flag;
+    EXPECT_GT(end - at - entry.size(), 20u) << flag << " has (almost) no help text";
+  }
+  EXPECT_THAT(help, testing::HasSubstr("default: \"127.0.0.1:9464\""));
+  EXPECT_THAT(help, testing::HasSubstr("default: 25s"));
+}
+
+TEST(Flags, MetricsPortInUseFailsToStart) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  std::string out, err;
+  const int code = RunProgram(
+      {KOMPUTED_BINARY, "--listen=127.0.0.1:0", absl::StrCat("--metrics_listen=127.0.0.1:", port)},
+      &out, &err);
+  close(fd);
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_THAT(err, testing::HasSubstr(absl::StrCat("cannot serve metrics on 127.0.0.1:", port)));
+  EXPECT_THAT(out, testing::Not(testing::HasSubstr("komputed listening")));
+}
+
+TEST(Flags, EmptyMetricsListenPrintsOnlyTheListeningLine) {
+  int out[2];
+  ASSERT_EQ(pipe(out), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    close(out[1]);
+    execl(KOMPUTED_BINARY, KOMPUTED_BINARY, "--listen=127.0.0.1:0",
+          "--metrics_listen=", "--log_level=off", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out[1]);
+  std::string text;
+  char buf[256];
+  ssize_t n;
+  // The first line comes once the daemon serves; then SIGTERM, and stdout ends at its exit.
+  while (text.find('\n') == std::string::npos && (n = read(out[0], buf, sizeof(buf))) > 0) {
+    text.append(buf, static_cast<size_t>(n));
+  }
+  kill(pid, SIGTERM);
+  while ((n = read(out[0], buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
+  close(out[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "wait status " << status;
+  const std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 1u) << text;
+  EXPECT_THAT(lines[0], testing::StartsWith("komputed listening on 127.0.0.1:"));
+}
+
+}  // namespace
+}  // namespace komputed::ops_testing
