@@ -393,12 +393,6 @@ grpc::health::v1::HealthCheckResponse::ServingStatus Client::Health(const std::s
 // ---------------------------------------------------------------------------------------------
 // Builders
 
-uint32_t Lcg(uint32_t x, uint32_t units) {
-  const uint64_t rounds = uint64_t{units} * kSlowUnit;
-  for (uint64_t k = 0; k < rounds; ++k) x = x * 1664525u + 1013904223u;
-  return x;
-}
-
 std::string FloatBytes(const std::vector<float>& values) {
   return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
 }
@@ -490,15 +484,15 @@ v1::EvalRequest ScaleEval(const std::string& session, uint64_t h, const std::vec
 }
 
 void MakeSlowPipeline(Client& client, const std::string& session, uint64_t h, uint32_t n,
-                      uint32_t units) {
+                      const test_support::SlowWork& work) {
   v1::CreateTensorRequest t;
   t.set_session_id(session);
   t.set_handle(h);
   t.set_element_type(v1::ELEMENT_TYPE_UINT32);
   t.set_count(n);
   ASSERT_THAT(client.CreateTensor(t), IsOk());
-  ASSERT_THAT(client.CreateAlgorithm(
-                  GlslAlgorithm(session, h + 1, {h}, kSlowShader, n, UintBytes({units}))),
+  ASSERT_THAT(client.CreateAlgorithm(GlslAlgorithm(session, h + 1, {h}, test_support::kSlowShader,
+                                                   n, work.PushConstants())),
               IsOk());
   ASSERT_THAT(client.CreateSequence(session, h + 2), IsOk());
   ASSERT_THAT(client.Record(session, h + 2, {SyncDevice({h}), Dispatch(h + 1), SyncLocal({h})}),
@@ -515,6 +509,17 @@ v1::EvalRequest SlowEval(const std::string& session, uint64_t h,
   up->set_data(UintBytes(input));
   req.add_downloads(h);
   return req;
+}
+
+bool DeviceIsCpu(Client& client) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::ListDevicesResponse response;
+  const grpc::Status status =
+      client.devices->ListDevices(&context, v1::ListDevicesRequest(), &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return status.ok() && response.devices_size() > 0 &&
+         response.devices(0).device_type() == 4;  // VK_PHYSICAL_DEVICE_TYPE_CPU
 }
 
 }  // namespace komputed::ops_testing

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "komputed/v1/komputed.grpc.pb.h"
+#include "support/slow_kernel.h"
 
 namespace komputed::ops_testing {
 
@@ -133,30 +134,6 @@ void main() {
 }
 )";
 
-// A kernel that takes a while: each v[i] goes `units` * kSlowUnit times through
-// x = x * 1664525 + 1013904223 (an LCG step, which no compiler folds into a closed form). The
-// steps are unrolled kSlowUnit to a loop iteration because llvmpipe (lavapipe) stops a shader
-// invocation's loops after 65535 iterations in all; so `units` must stay below that, and longer
-// work takes more invocations.
-inline constexpr uint32_t kSlowUnit = 32;
-inline constexpr uint32_t kMaxSlowUnits = 60000;
-inline constexpr char kSlowShader[] = R"(
-#version 450
-layout(local_size_x = 1) in;
-layout(set = 0, binding = 0) buffer Buf { uint v[]; };
-layout(push_constant) uniform Push { uint units; };
-#define S x = x * 1664525u + 1013904223u;
-#define S8 S S S S S S S S
-void main() {
-  uint i = gl_GlobalInvocationID.x;
-  uint x = v[i];
-  for (uint j = 0u; j < units; ++j) { S8 S8 S8 S8 }
-  v[i] = x;
-}
-)";
-// What kSlowShader computes from x with `units`.
-uint32_t Lcg(uint32_t x, uint32_t units);
-
 std::string FloatBytes(const std::vector<float>& values);
 std::vector<float> Floats(const std::string& bytes);
 std::string UintBytes(const std::vector<uint32_t>& values);
@@ -180,10 +157,12 @@ void MakeScalePipeline(Client& client, const std::string& session, uint64_t h, u
 // An eval of that sequence uploading `input` and downloading the output.
 v1::EvalRequest ScaleEval(const std::string& session, uint64_t h, const std::vector<float>& input);
 
-// A slow pipeline: tensor h of n uints (device memory), algorithm h+1 (kSlowShader with
-// `units`), sequence h+2 recording sync_device, dispatch, sync_local.
+// A slow pipeline: tensor h of n uints (device memory), algorithm h+1 (kSlowShader doing
+// `work`), sequence h+2 recording sync_device, dispatch, sync_local.
 void MakeSlowPipeline(Client& client, const std::string& session, uint64_t h, uint32_t n,
-                      uint32_t units);
+                      const test_support::SlowWork& work);
+// Whether the daemon's device 0 is a CPU (lavapipe).
+bool DeviceIsCpu(Client& client);
 v1::EvalRequest SlowEval(const std::string& session, uint64_t h,
                          const std::vector<uint32_t>& input);
 

@@ -30,33 +30,33 @@ std::vector<uint32_t> SlowInput() {
 }
 
 // Checks a slow eval's output at a few elements (the CPU is slower at this than the device).
-void ExpectSlowOutput(const v1::EvalResponse& resp, uint32_t units) {
+void ExpectSlowOutput(const v1::EvalResponse& resp, const test_support::SlowWork& work) {
   ASSERT_EQ(resp.downloads_size(), 1);
   const std::vector<uint32_t> out = Uints(resp.downloads(0).data());
   ASSERT_EQ(out.size(), kSlowCount);
-  for (uint32_t i : {0u, 1u, kSlowCount / 2, kSlowCount - 1}) {
-    EXPECT_EQ(out[i], Lcg(1000 + i, units)) << "element " << i;
+  for (uint32_t i : {0u, kSlowCount - 1}) {
+    EXPECT_EQ(out[i], test_support::Lcg(1000 + i, work)) << "element " << i;
   }
 }
 
-// Units of kSlowShader that take about `target` on this device (measured with a throw-away
-// pipeline at handles 900..902, after a first eval that also pays for the JIT), at most
-// kMaxSlowUnits.
-uint32_t UnitsFor(Client& client, const std::string& session, absl::Duration target) {
-  constexpr uint32_t kProbe = 128;
-  MakeSlowPipeline(client, session, 900, kSlowCount, kProbe);
-  v1::EvalResponse resp;
-  EXPECT_THAT(client.Eval(SlowEval(session, 900, SlowInput()), &resp), IsOk());
-  // The fastest of three: a probe slowed down by something else would make the eval too short.
-  double seconds = 1e9;
-  for (int i = 0; i < 3; ++i) {
-    const absl::Time start = absl::Now();
-    EXPECT_THAT(client.Eval(SlowEval(session, 900, SlowInput()), &resp), IsOk());
-    seconds = std::min(seconds, std::max(1e-4, absl::ToDoubleSeconds(absl::Now() - start)));
-  }
-  ExpectSlowOutput(resp, kProbe);
-  const double units = kProbe * absl::ToDoubleSeconds(target) / seconds;
-  return static_cast<uint32_t>(std::clamp(units, 1.0, static_cast<double>(kMaxSlowUnits)));
+// kSlowShader work that takes about `target` on this device (measured with throw-away
+// pipelines from handle 900 on; the first eval of each also pays for the JIT).
+test_support::SlowWork WorkFor(Client& client, const std::string& session, absl::Duration target) {
+  uint64_t h = 900;
+  return test_support::SlowWorkFor(target, DeviceIsCpu(client), [&](test_support::SlowWork work) {
+    MakeSlowPipeline(client, session, h, kSlowCount, work);
+    v1::EvalResponse resp;
+    EXPECT_THAT(client.Eval(SlowEval(session, h, SlowInput()), &resp), IsOk());
+    // The fastest of two: a probe slowed down by something else would make the eval too short.
+    double seconds = 1e9;
+    for (int i = 0; i < 2; ++i) {
+      const absl::Time start = absl::Now();
+      EXPECT_THAT(client.Eval(SlowEval(session, h, SlowInput()), &resp), IsOk());
+      seconds = std::min(seconds, absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    h += 3;
+    return seconds;
+  });
 }
 
 // Polls the daemon's metrics until queue_depth{device 0, queue 0} is `depth`.
@@ -141,8 +141,8 @@ TEST(Drain, AcceptedEvaluationsCompleteAndTheDaemonExitsZero) {
   Client setup(daemon.address());
   std::string slow_session;
   ASSERT_THAT(setup.Open(&slow_session, "slow"), IsOk());
-  const uint32_t units = UnitsFor(setup, slow_session, absl::Milliseconds(1500));
-  MakeSlowPipeline(setup, slow_session, 1, kSlowCount, units);
+  const test_support::SlowWork work = WorkFor(setup, slow_session, absl::Milliseconds(1500));
+  MakeSlowPipeline(setup, slow_session, 1, kSlowCount, work);
 
   constexpr int kUnary = 3;
   constexpr int kStreams = 1;
@@ -253,7 +253,7 @@ TEST(Drain, AcceptedEvaluationsCompleteAndTheDaemonExitsZero) {
   for (auto& t : threads) t.join();
   const int status = daemon.WaitExit(absl::Seconds(30));
   EXPECT_THAT(slow_status, IsOk());
-  ExpectSlowOutput(slow_result, units);
+  ExpectSlowOutput(slow_result, work);
   for (int c = 0; c < kUnary + kStreams; ++c) {
     SCOPED_TRACE(absl::StrCat("looper ", c));
     EXPECT_THAT(tallies[c].errors, testing::IsEmpty());
@@ -278,8 +278,8 @@ TEST(Drain, TimeoutBoundsTheWait) {
   Client client(daemon.address());
   std::string session;
   ASSERT_THAT(client.Open(&session), IsOk());
-  const uint32_t units = UnitsFor(client, session, absl::Milliseconds(1500));
-  MakeSlowPipeline(client, session, 1, kSlowCount, units);
+  const test_support::SlowWork work = WorkFor(client, session, absl::Milliseconds(1500));
+  MakeSlowPipeline(client, session, 1, kSlowCount, work);
   std::thread slow([&] {
     Client c(daemon.address());
     v1::EvalResponse resp;

@@ -4,8 +4,10 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/time/clock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "support/slow_kernel.h"
 #include "test_util.h"
 
 namespace komputed::server::testing {
@@ -13,33 +15,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// Each v[i] goes units * 32 times through an LCG step (unrolled: llvmpipe stops an invocation's
-// loops after 65535 iterations).
-constexpr char kSlowShader[] = R"(
-#version 450
-layout(local_size_x = 1) in;
-layout(set = 0, binding = 0) buffer Buf { uint v[]; };
-layout(push_constant) uniform Push { uint units; };
-#define S x = x * 1664525u + 1013904223u;
-#define S8 S S S S S S S S
-void main() {
-  uint i = gl_GlobalInvocationID.x;
-  uint x = v[i];
-  for (uint j = 0u; j < units; ++j) { S8 S8 S8 S8 }
-  v[i] = x;
-}
-)";
 constexpr uint32_t kCount = 2048;
-
-uint32_t Lcg(uint32_t x, uint32_t units) {
-  for (uint64_t k = 0; k < uint64_t{units} * 32; ++k) x = x * 1664525u + 1013904223u;
-  return x;
-}
 
 class DrainTest : public ServerTest {
  protected:
-  // Tensor h (kCount uints), algorithm h+1 (kSlowShader, `units`), sequence h+2.
-  void MakeSlow(const std::string& session, uint64_t h, uint32_t units) {
+  // Tensor h (kCount uints), algorithm h+1 (kSlowShader doing `work`), sequence h+2.
+  void MakeSlow(const std::string& session, uint64_t h, const test_support::SlowWork& work) {
     v1::CreateTensorRequest t;
     t.set_session_id(session);
     t.set_handle(h);
@@ -50,11 +31,11 @@ class DrainTest : public ServerTest {
     a.set_session_id(session);
     a.set_handle(h + 1);
     a.add_tensors(h);
-    a.set_glsl(kSlowShader);
+    a.set_glsl(test_support::kSlowShader);
     a.mutable_workgroup()->set_x(kCount);
     a.mutable_workgroup()->set_y(1);
     a.mutable_workgroup()->set_z(1);
-    a.set_push_constants(std::string(reinterpret_cast<const char*>(&units), 4));
+    a.set_push_constants(work.PushConstants());
     ASSERT_THAT(CreateAlgorithm(a), IsOk());
     ASSERT_THAT(CreateSequence(session, h + 2), IsOk());
     ASSERT_THAT(
@@ -74,20 +55,29 @@ class DrainTest : public ServerTest {
     req.add_downloads(h);
     return req;
   }
-  // Units that take about `target` (a probe pipeline at 900..902).
-  uint32_t UnitsFor(const std::string& session, absl::Duration target) {
-    constexpr uint32_t kProbe = 64;
-    MakeSlow(session, 900, kProbe);
-    v1::EvalResponse resp;
-    EXPECT_THAT(Eval(SlowEval(session, 900), &resp), IsOk());  // pays for the JIT
-    double seconds = 1e9;  // the fastest of three (a slowed-down probe makes the eval short)
-    for (int i = 0; i < 3; ++i) {
-      const absl::Time start = absl::Now();
-      EXPECT_THAT(Eval(SlowEval(session, 900), &resp), IsOk());
-      seconds = std::min(seconds, std::max(1e-4, absl::ToDoubleSeconds(absl::Now() - start)));
-    }
-    return static_cast<uint32_t>(
-        std::clamp(kProbe * absl::ToDoubleSeconds(target) / seconds, 1.0, 60000.0));
+  // Work that takes about `target` on this device (throw-away pipelines from handle 900 on; the
+  // first eval of each pays for the JIT).
+  test_support::SlowWork WorkFor(const std::string& session, absl::Duration target) {
+    grpc::ClientContext context;
+    v1::ListDevicesResponse devices;
+    EXPECT_THAT(client_->devices->ListDevices(&context, v1::ListDevicesRequest(), &devices),
+                IsOk());
+    const bool cpu = devices.devices_size() > 0 &&
+                     devices.devices(0).device_type() == 4;  // VK_PHYSICAL_DEVICE_TYPE_CPU
+    uint64_t h = 900;
+    return test_support::SlowWorkFor(target, cpu, [&](test_support::SlowWork work) {
+      MakeSlow(session, h, work);
+      v1::EvalResponse resp;
+      EXPECT_THAT(Eval(SlowEval(session, h), &resp), IsOk());
+      double seconds = 1e9;  // the fastest of two (a slowed-down probe makes the eval short)
+      for (int i = 0; i < 2; ++i) {
+        const absl::Time start = absl::Now();
+        EXPECT_THAT(Eval(SlowEval(session, h), &resp), IsOk());
+        seconds = std::min(seconds, absl::ToDoubleSeconds(absl::Now() - start));
+      }
+      h += 3;
+      return seconds;
+    });
   }
 };
 
@@ -95,20 +85,26 @@ TEST_F(DrainTest, RefusesNewWorkWhileTheRunningEvalCompletes) {
   const std::string slow_session = Open("slow");
   const std::string other = Open("other");
   MakePipeline(other, 1, 16, 2.0f);
-  const uint32_t units = UnitsFor(slow_session, absl::Milliseconds(800));
-  MakeSlow(slow_session, 1, units);
+  const test_support::SlowWork work = WorkFor(slow_session, absl::Milliseconds(800));
+  MakeSlow(slow_session, 1, work);
   grpc::ClientContext execute_ctx;
   auto stream = client_->sequences->Execute(&execute_ctx);  // opened before the drain
 
   grpc::Status slow_status;
   v1::EvalResponse slow_result;
-  std::thread slow([&] { slow_status = Eval(SlowEval(slow_session, 1), &slow_result); });
+  std::thread slow, drain;
+  // An assertion that returns early still joins (the slow eval ends with its kernel).
+  absl::Cleanup join = [&] {
+    if (slow.joinable()) slow.join();
+    if (drain.joinable()) drain.join();
+  };
+  slow = std::thread([&] { slow_status = Eval(SlowEval(slow_session, 1), &slow_result); });
   const absl::Time until = absl::Now() + absl::Seconds(30);
   while (server_->metrics().queue_depth("0", "0").Value() < 1 && absl::Now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   ASSERT_EQ(server_->metrics().queue_depth("0", "0").Value(), 1);
-  std::thread drain([&] { server_->Drain(absl::Seconds(30)); });
+  drain = std::thread([&] { server_->Drain(absl::Seconds(30)); });
   while (!server_->draining()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 
   auto health = grpc::health::v1::Health::NewStub(client_->channel);
@@ -147,8 +143,8 @@ TEST_F(DrainTest, RefusesNewWorkWhileTheRunningEvalCompletes) {
   ASSERT_EQ(slow_result.downloads_size(), 1);
   uint32_t out[2];
   std::memcpy(out, slow_result.downloads(0).data().data(), sizeof(out));
-  EXPECT_EQ(out[0], Lcg(0, units));
-  EXPECT_EQ(out[1], Lcg(1, units));
+  EXPECT_EQ(out[0], test_support::Lcg(0, work));
+  EXPECT_EQ(out[1], test_support::Lcg(1, work));
   EXPECT_EQ(server_->metrics().sessions_reaped_total("drain").Value(), 2);
   EXPECT_EQ(server_->metrics().device_memory_used_bytes("0").Value(), 0);
 }
