@@ -3,16 +3,18 @@
 #include <cstdlib>
 #include <stdexcept>
 
-#include "../e2e/daemon_process.h"
 #include "kp_test.h"
+#include "support/daemon_process.h"
 
 namespace kptest {
 namespace {
 
-// The daemon of the remote backend: started on first use, stopped (SIGTERM) at exit.
+// The daemon of the remote backend: started on first use, killed at exit. Throws when it did
+// not start.
 const std::string& DaemonAddress() {
-  static std::unique_ptr<komputed::testing::DaemonProcess> daemon =
-      std::make_unique<komputed::testing::DaemonProcess>();
+  static std::unique_ptr<komputed::test_support::DaemonProcess> daemon =
+      std::make_unique<komputed::test_support::DaemonProcess>();
+  if (!daemon->started()) throw std::runtime_error("komputed did not start");
   return daemon->address();
 }
 
@@ -60,7 +62,8 @@ std::unique_ptr<kp::Manager> MakeManager(BackendKind kind, uint32_t device_index
   throw std::logic_error("unknown backend " + Name(kind));
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, KpTest, ::testing::Values(BackendKind::kInProcess, BackendKind::kRemote),
+INSTANTIATE_TEST_SUITE_P(Backends, KpTest,
+                         ::testing::Values(BackendKind::kInProcess, BackendKind::kRemote),
                          [](const ::testing::TestParamInfo<BackendKind>& info) {
                            return Name(info.param);
                          });

@@ -13,12 +13,14 @@
 #include <kompute/Kompute.hpp>
 #include <thread>
 
-#include "daemon_process.h"
 #include "komputed/v1/komputed.grpc.pb.h"
+#include "support/daemon_process.h"
+#include "support/process.h"
 
 namespace {
 
-using komputed::testing::DaemonProcess;
+using komputed::test_support::DaemonProcess;
+using komputed::test_support::Spawn;
 namespace v1 = komputed::v1;
 
 constexpr char kScaleShader[] = R"(
@@ -146,25 +148,16 @@ TEST(EndToEnd, SessionsCannotSeeEachOthersHandles) {
 TEST(EndToEnd, VanishedClientIsReapedAndItsMemoryReturned) {
   DaemonProcess daemon({"--session_idle_timeout=1s"});
   Stubs stubs(daemon.address());
-  int out[2];
-  ASSERT_EQ(pipe(out), 0);
-  pid_t child = fork();
-  if (child == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    close(out[0]);
-    close(out[1]);
-    const char* env = std::getenv("VANISHING_CLIENT");
-    const char* client = env != nullptr && env[0] != '\0' ? env : VANISHING_CLIENT;
-    execl(client, client, daemon.address().c_str(), nullptr);
-    _exit(127);
-  }
-  close(out[1]);
-  pollfd p{out[0], POLLIN, 0};
+  const char* env = std::getenv("VANISHING_CLIENT");
+  const std::string client = env != nullptr && env[0] != '\0' ? env : VANISHING_CLIENT;
+  int out = -1;
+  const pid_t child = Spawn({client, daemon.address()}, &out);
+  pollfd p{out, POLLIN, 0};
   ASSERT_GT(poll(&p, 1, 60000), 0) << "the client did not get ready";
   char buf[16] = {};
-  ASSERT_GT(read(out[0], buf, sizeof(buf) - 1), 0);
+  ASSERT_GT(read(out, buf, sizeof(buf) - 1), 0);
   ASSERT_STREQ(buf, "ready\n");
-  close(out[0]);
+  close(out);
 
   // While the client lives, its session holds device memory.
   auto devices = stubs.Devices();
@@ -198,10 +191,13 @@ TEST(EndToEnd, BadInputIsRejectedOverTheWireAndChangesNothing) {
   const auto limits = mgr.getDeviceProperties().limits;
 
   EXPECT_EQ(CodeOf([&] { mgr.tensorT<float>(size_t{0}); }), kp::ErrorCode::kInvalidArgument);
-  EXPECT_EQ(CodeOf([&] { mgr.algorithm({a, a}, std::vector<uint32_t>{1, 2, 3}); }),
+  EXPECT_EQ(CodeOf([&] {
+              mgr.algorithm({a, a}, std::vector<uint32_t>{1, 2, 3});
+            }),
             kp::ErrorCode::kInvalidArgument);
   EXPECT_EQ(CodeOf([&] {
-              mgr.algorithm({a, a}, spirv, kp::Workgroup({limits.maxComputeWorkGroupCount[0] + 1, 1, 1}),
+              mgr.algorithm({a, a}, spirv,
+                            kp::Workgroup({limits.maxComputeWorkGroupCount[0] + 1, 1, 1}),
                             std::vector<float>{}, std::vector<float>{2});
             }),
             kp::ErrorCode::kInvalidArgument);
@@ -212,13 +208,18 @@ TEST(EndToEnd, BadInputIsRejectedOverTheWireAndChangesNothing) {
               mgr.sequence()->record<kp::OpAlgoDispatch>(algo, std::vector<float>{1, 2});
             }),
             kp::ErrorCode::kInvalidArgument);
+  EXPECT_EQ(
+      CodeOf([&] {
+        mgr.sequence()->record<kp::OpTensorCopy>(std::vector<std::shared_ptr<kp::Tensor>>{a, u});
+      }),
+      kp::ErrorCode::kInvalidArgument);
   EXPECT_EQ(CodeOf([&] {
-              mgr.sequence()->record<kp::OpTensorCopy>(std::vector<std::shared_ptr<kp::Tensor>>{a, u});
+              kp::Manager too_many(kp::Remote{daemon.address(), 0, std::vector<uint32_t>(64, 0)});
             }),
             kp::ErrorCode::kInvalidArgument);
-  EXPECT_EQ(CodeOf([&] { kp::Manager too_many(kp::Remote{daemon.address(), 0, std::vector<uint32_t>(64, 0)}); }),
-            kp::ErrorCode::kInvalidArgument);
-  EXPECT_EQ(CodeOf([&] { kp::Manager no_device(kp::Remote{daemon.address(), 99, {}}); }),
+  EXPECT_EQ(CodeOf([&] {
+              kp::Manager no_device(kp::Remote{daemon.address(), 99, {}});
+            }),
             kp::ErrorCode::kInvalidArgument);
 
   // Chunks that do not add up.
@@ -287,8 +288,8 @@ TEST(EndToEnd, SixteenConcurrentClients) {
         auto in = mgr.tensor({1, 2, 3, 4});
         auto out = mgr.tensorT<float>(4);
         std::vector<std::shared_ptr<kp::Tensor>> params = {in, out};
-        auto algo = mgr.algorithm(params, kp::compileSource(kScaleShader), {},
-                                  std::vector<float>{}, std::vector<float>{0});
+        auto algo = mgr.algorithm(params, kp::compileSource(kScaleShader), {}, std::vector<float>{},
+                                  std::vector<float>{0});
         auto seq = mgr.sequence();
         for (int i = 0; i < kEvals; ++i) {
           const float k = static_cast<float>(c * 1000 + i);
@@ -320,8 +321,8 @@ namespace {
 // VkDevice, queues and memory accounting in the daemon.
 TEST(EndToEnd, TwoDevicesAreEachServedAndAccountedSeparately) {
   std::string icd;
-  for (const char* path : {"/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",
-                           "/usr/share/vulkan/icd.d/lvp_icd.json"}) {
+  for (const char* path :
+       {"/usr/share/vulkan/icd.d/lvp_icd.x86_64.json", "/usr/share/vulkan/icd.d/lvp_icd.json"}) {
     if (access(path, R_OK) == 0) icd = path;
   }
   if (icd.empty()) GTEST_SKIP() << "lavapipe's ICD file is not installed";

@@ -15,7 +15,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "daemon.h"
+#include "test_util.h"
 
 namespace komputed::ops_testing {
 namespace {
@@ -60,7 +60,7 @@ test_support::SlowWork WorkFor(Client& client, const std::string& session, absl:
 }
 
 // Polls the daemon's metrics until queue_depth{device 0, queue 0} is `depth`.
-bool WaitForQueueDepth(const Daemon& daemon, double depth, absl::Duration timeout) {
+bool WaitForQueueDepth(const DaemonProcess& daemon, double depth, absl::Duration timeout) {
   const absl::Time until = absl::Now() + timeout;
   while (absl::Now() < until) {
     const Samples s = Samples::From(daemon);
@@ -136,7 +136,7 @@ class Loopers {
 };
 
 TEST(Drain, AcceptedEvaluationsCompleteAndTheDaemonExitsZero) {
-  Daemon daemon({"--drain_timeout=30s"});
+  DaemonProcess daemon({"--drain_timeout=30s"});
   ASSERT_TRUE(daemon.started());
   Client setup(daemon.address());
   std::string slow_session;
@@ -273,7 +273,7 @@ TEST(Drain, AcceptedEvaluationsCompleteAndTheDaemonExitsZero) {
 }
 
 TEST(Drain, TimeoutBoundsTheWait) {
-  Daemon daemon({"--drain_timeout=0.2s"});
+  DaemonProcess daemon({"--drain_timeout=0.2s"});
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   std::string session;
@@ -307,7 +307,7 @@ TEST(Drain, TimeoutBoundsTheWait) {
 }
 
 TEST(Drain, SigintDrainsLikeSigterm) {
-  Daemon daemon;
+  DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   std::string session;

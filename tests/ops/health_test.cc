@@ -5,8 +5,8 @@
 #include <set>
 #include <string>
 
-#include "daemon.h"
 #include "reflection_client.grpc.pb.h"
+#include "test_util.h"
 
 namespace komputed::ops_testing {
 namespace {
@@ -19,7 +19,7 @@ const char* const kServices[] = {"komputed.v1.Devices", "komputed.v1.Sessions",
                                  "komputed.v1.Sequences"};
 
 TEST(Health, TheServerAndEveryServiceAreServing) {
-  Daemon daemon;
+  DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   grpc::Status status;
@@ -32,7 +32,7 @@ TEST(Health, TheServerAndEveryServiceAreServing) {
 }
 
 TEST(Health, UnknownServiceIsNotFound) {
-  Daemon daemon;
+  DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   grpc::Status status;
@@ -42,7 +42,7 @@ TEST(Health, UnknownServiceIsNotFound) {
 }
 
 TEST(Health, WatchSeesServingThenNotServingWhenTheDaemonDrains) {
-  Daemon daemon;
+  DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   grpc::ClientContext ctx;
@@ -65,7 +65,7 @@ TEST(Health, WatchSeesServingThenNotServingWhenTheDaemonDrains) {
 }
 
 TEST(Health, WatchOfAnUnknownServiceSaysServiceUnknown) {
-  Daemon daemon;
+  DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   grpc::ClientContext ctx;
@@ -101,7 +101,7 @@ grpc::reflection::v1alpha::ServerReflectionResponse Reflect(
 }
 
 TEST(Reflection, ListsEveryServiceAndDescribesThem) {
-  Daemon daemon;
+  DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   grpc::reflection::v1alpha::ServerReflectionRequest list;
   list.set_list_services("*");

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "daemon.h"
+#include "test_util.h"
 
 namespace komputed::ops_testing {
 namespace {
@@ -18,7 +18,7 @@ namespace {
 // Runs komputectl with `args` against `address` (none when empty).
 int Komputectl(const std::string& address, std::vector<std::string> args, std::string* out,
                std::string* err) {
-  std::vector<std::string> argv = {KOMPUTECTL_BINARY};
+  std::vector<std::string> argv = {KomputectlBinary()};
   if (!address.empty()) argv.push_back("--address=" + address);
   argv.insert(argv.end(), args.begin(), args.end());
   return RunProgram(argv, out, err);
@@ -50,7 +50,7 @@ class TempDir {
 };
 
 TEST(Komputectl, DevicesPrintsATableWithTheDeviceName) {
-  Daemon daemon;
+  DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   grpc::ClientContext ctx;
@@ -69,7 +69,7 @@ TEST(Komputectl, DevicesPrintsATableWithTheDeviceName) {
 }
 
 TEST(Komputectl, HealthPrintsServing) {
-  Daemon daemon;
+  DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   std::string out, err;
   EXPECT_EQ(Komputectl(daemon.address(), {"health"}, &out, &err), 0) << err;
@@ -83,7 +83,7 @@ TEST(Komputectl, HealthPrintsServing) {
 }
 
 TEST(Komputectl, SessionsListsAnOpenSession) {
-  Daemon daemon;
+  DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   std::string session;
@@ -105,7 +105,7 @@ TEST(Komputectl, SessionsListsAnOpenSession) {
 }
 
 TEST(Komputectl, RunCompilesBindsDispatchesAndWritesOutputs) {
-  Daemon daemon;
+  DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   TempDir dir;
   const std::string shader = dir.Write("mul.comp", R"(
@@ -147,7 +147,7 @@ TEST(Komputectl, UnreachableDaemonIsOneErrorLine) {
 }
 
 TEST(Komputectl, BenchPrintsItsLines) {
-  Daemon daemon;
+  DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   std::string out, err;
   EXPECT_EQ(Komputectl(daemon.address(), {"bench", "--seconds=0.3", "--megabytes=8"}, &out, &err),
@@ -175,7 +175,7 @@ TEST(Komputectl, HelpListsEveryFlagWithItsText) {
 }
 
 TEST(Komputectl, BenchWithZeroSecondsStillMeasuresOnce) {
-  Daemon daemon;
+  DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   std::string out, err;
   EXPECT_EQ(Komputectl(daemon.address(), {"bench", "--seconds=0", "--megabytes=0"}, &out, &err), 0)

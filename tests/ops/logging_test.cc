@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
-#include "daemon.h"
+#include "test_util.h"
 
 namespace komputed::ops_testing {
 namespace {
@@ -35,7 +35,7 @@ grpc::Status DestroyTensor(Client& client, const std::string& session, uint64_t 
 }
 
 TEST(Logging, SessionsAndClientErrorsAtDebug) {
-  Daemon daemon({"--log_level=debug"});
+  DaemonProcess daemon({"--log_level=debug"});
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   std::string session;
@@ -60,7 +60,7 @@ TEST(Logging, SessionsAndClientErrorsAtDebug) {
 }
 
 TEST(Logging, InfoLevelLeavesClientErrorsOut) {
-  Daemon daemon({"--log_level=info"});
+  DaemonProcess daemon({"--log_level=info"});
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   std::string session;
@@ -75,7 +75,7 @@ TEST(Logging, InfoLevelLeavesClientErrorsOut) {
 }
 
 TEST(Logging, IdleSessionIsReapedLoggedAndCounted) {
-  Daemon daemon({"--session_idle_timeout=0.3s"});
+  DaemonProcess daemon({"--session_idle_timeout=0.3s"});
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   std::string session;
@@ -91,7 +91,7 @@ TEST(Logging, IdleSessionIsReapedLoggedAndCounted) {
 
 TEST(Flags, HelpDocumentsEveryFlag) {
   std::string out, err;
-  RunProgram({KOMPUTED_BINARY, "--help"}, &out, &err);
+  RunProgram({KomputedBinary(), "--help"}, &out, &err);
   const std::string help = out + err;
   for (const char* flag :
        {"listen", "metrics_listen", "devices", "session_idle_timeout", "eval_timeout",
@@ -121,7 +121,7 @@ TEST(Flags, MetricsPortInUseFailsToStart) {
   const int port = ntohs(addr.sin_port);
   std::string out, err;
   const int code = RunProgram(
-      {KOMPUTED_BINARY, "--listen=127.0.0.1:0", absl::StrCat("--metrics_listen=127.0.0.1:", port)},
+      {KomputedBinary(), "--listen=127.0.0.1:0", absl::StrCat("--metrics_listen=127.0.0.1:", port)},
       &out, &err);
   close(fd);
   EXPECT_EQ(code, 1) << err;
@@ -130,29 +130,20 @@ TEST(Flags, MetricsPortInUseFailsToStart) {
 }
 
 TEST(Flags, EmptyMetricsListenPrintsOnlyTheListeningLine) {
-  int out[2];
-  ASSERT_EQ(pipe(out), 0);
-  const pid_t pid = fork();
+  int out = -1;
+  const pid_t pid = Spawn(
+      {KomputedBinary(), "--listen=127.0.0.1:0", "--metrics_listen=", "--log_level=off"}, &out);
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    close(out[0]);
-    close(out[1]);
-    execl(KOMPUTED_BINARY, KOMPUTED_BINARY, "--listen=127.0.0.1:0",
-          "--metrics_listen=", "--log_level=off", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(out[1]);
   std::string text;
   char buf[256];
   ssize_t n;
   // The first line comes once the daemon serves; then SIGTERM, and stdout ends at its exit.
-  while (text.find('\n') == std::string::npos && (n = read(out[0], buf, sizeof(buf))) > 0) {
+  while (text.find('\n') == std::string::npos && (n = read(out, buf, sizeof(buf))) > 0) {
     text.append(buf, static_cast<size_t>(n));
   }
   kill(pid, SIGTERM);
-  while ((n = read(out[0], buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
-  close(out[0]);
+  while ((n = read(out, buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
+  close(out);
   int status = 0;
   waitpid(pid, &status, 0);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "wait status " << status;

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon.h"
+#include "test_util.h"
 
 namespace komputed::ops_testing {
 namespace {
@@ -32,7 +32,7 @@ const std::map<std::string, std::string> kTable = {
 };
 
 TEST(Metrics, EveryMetricOfTheTableIsServedWithItsType) {
-  Daemon daemon;
+  DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   EXPECT_EQ(client.Health(""), grpc::health::v1::HealthCheckResponse::SERVING);  // one RPC
@@ -58,7 +58,7 @@ TEST(Metrics, EveryMetricOfTheTableIsServedWithItsType) {
 }
 
 TEST(Metrics, CountWhatTheDaemonDoes) {
-  Daemon daemon;
+  DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   const Samples before = Samples::From(daemon);
@@ -179,7 +179,7 @@ TEST(Metrics, CountWhatTheDaemonDoes) {
 }
 
 TEST(Metrics, GpuTimeComesFromTimestamps) {
-  Daemon daemon;
+  DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   std::string session;

@@ -27,8 +27,8 @@ TEST_F(ServerTest, EightClientsFiftyEvalsEachAreCorrect) {
       // Everything is created by the first eval's commands.
       v1::EvalRequest setup;
       setup.set_session_id(s);
-      *setup.add_commands()->mutable_create_tensor() = TensorRequest("", 1, std::vector<float>(kN));
-      *setup.add_commands()->mutable_create_tensor() = TensorRequest("", 2, std::vector<float>(kN));
+      *setup.add_commands()->mutable_create_tensor() = FloatTensor("", 1, std::vector<float>(kN));
+      *setup.add_commands()->mutable_create_tensor() = FloatTensor("", 2, std::vector<float>(kN));
       *setup.add_commands()->mutable_create_algorithm() = ScaleAlgorithm("", 3, 1, 2, kN, scale);
       setup.add_commands()->mutable_create_sequence()->set_handle(4);
       v1::RecordRequest* rec = setup.add_commands()->mutable_record();

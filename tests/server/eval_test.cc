@@ -41,8 +41,8 @@ TEST_P(EvalTest, SyncDispatchSyncReturnsTheResult) {
 TEST_P(EvalTest, DataGivenAtCreationReachesTheShader) {
   std::vector<float> data(kN);
   for (uint32_t i = 0; i < kN; ++i) data[i] = static_cast<float>(i * i);
-  ASSERT_THAT(CreateTensor(TensorRequest(session_, 10, data)), IsOk());
-  ASSERT_THAT(CreateTensor(TensorRequest(session_, 11, std::vector<float>(kN))), IsOk());
+  ASSERT_THAT(CreateTensor(FloatTensor(session_, 10, data)), IsOk());
+  ASSERT_THAT(CreateTensor(FloatTensor(session_, 11, std::vector<float>(kN))), IsOk());
   ASSERT_THAT(CreateAlgorithm(ScaleAlgorithm(session_, 12, 10, 11, kN, -1.0f)), IsOk());
   ASSERT_THAT(CreateSequence(session_, 13), IsOk());
   ASSERT_THAT(
@@ -62,8 +62,8 @@ TEST_P(EvalTest, DataGivenAtCreationReachesTheShader) {
 TEST_P(EvalTest, CommandsRunBeforeTheSubmissionInOneRoundTrip) {
   v1::EvalRequest req;
   req.set_session_id(session_);
-  *req.add_commands()->mutable_create_tensor() = TensorRequest("", 20, {1, 2, 3, 4});
-  *req.add_commands()->mutable_create_tensor() = TensorRequest("", 21, {0, 0, 0, 0});
+  *req.add_commands()->mutable_create_tensor() = FloatTensor("", 20, {1, 2, 3, 4});
+  *req.add_commands()->mutable_create_tensor() = FloatTensor("", 21, {0, 0, 0, 0});
   *req.add_commands()->mutable_create_algorithm() = ScaleAlgorithm("", 22, 20, 21, 4, 10.0f);
   v1::CreateSequenceRequest* seq = req.add_commands()->mutable_create_sequence();
   seq->set_handle(23);
@@ -82,9 +82,9 @@ TEST_P(EvalTest, CommandsRunBeforeTheSubmissionInOneRoundTrip) {
 TEST_P(EvalTest, FailingCommandIsNamedAndEarlierOnesStay) {
   v1::EvalRequest req;
   req.set_session_id(session_);
-  *req.add_commands()->mutable_create_tensor() = TensorRequest("", 30, {1});
-  *req.add_commands()->mutable_create_tensor() = TensorRequest("", 30, {1});
-  *req.add_commands()->mutable_create_tensor() = TensorRequest("", 31, {1});
+  *req.add_commands()->mutable_create_tensor() = FloatTensor("", 30, {1});
+  *req.add_commands()->mutable_create_tensor() = FloatTensor("", 30, {1});
+  *req.add_commands()->mutable_create_tensor() = FloatTensor("", 31, {1});
   req.set_sequence(4);
   v1::EvalResponse resp;
   grpc::Status s = Eval(req, &resp);
@@ -185,8 +185,8 @@ TEST_P(EvalTest, SetPushConstantsChangesTheNextEval) {
 }
 
 TEST_P(EvalTest, CopyBetweenTensors) {
-  ASSERT_THAT(CreateTensor(TensorRequest(session_, 50, {1, 2, 3})), IsOk());
-  ASSERT_THAT(CreateTensor(TensorRequest(session_, 51, {0, 0, 0})), IsOk());
+  ASSERT_THAT(CreateTensor(FloatTensor(session_, 50, {1, 2, 3})), IsOk());
+  ASSERT_THAT(CreateTensor(FloatTensor(session_, 51, {0, 0, 0})), IsOk());
   ASSERT_THAT(CreateSequence(session_, 52), IsOk());
   v1::Operation copy;
   copy.mutable_copy()->add_tensors(50);
@@ -236,7 +236,7 @@ TEST_P(EvalTest, UnknownHandlesAreNotFound) {
 }
 
 TEST_P(EvalTest, DuplicateHandlesAlreadyExist) {
-  EXPECT_THAT(CreateTensor(TensorRequest(session_, 1, {1})),
+  EXPECT_THAT(CreateTensor(FloatTensor(session_, 1, {1})),
               HasCode(grpc::StatusCode::ALREADY_EXISTS));
   EXPECT_THAT(CreateAlgorithm(ScaleAlgorithm(session_, 3, 1, 2, kN, 1.0f)),
               HasCode(grpc::StatusCode::ALREADY_EXISTS));
@@ -245,31 +245,31 @@ TEST_P(EvalTest, DuplicateHandlesAlreadyExist) {
 }
 
 TEST_P(EvalTest, BadTensorsAreInvalidArguments) {
-  v1::CreateTensorRequest zero = TensorRequest(session_, 70, {});
+  v1::CreateTensorRequest zero = FloatTensor(session_, 70, {});
   grpc::Status s = CreateTensor(zero);
   EXPECT_THAT(s, HasCode(grpc::StatusCode::INVALID_ARGUMENT));
   EXPECT_THAT(s.error_message(), HasSubstr("count is 0"));
 
-  v1::CreateTensorRequest wrong_size = TensorRequest(session_, 71, {1, 2, 3});
+  v1::CreateTensorRequest wrong_size = FloatTensor(session_, 71, {1, 2, 3});
   wrong_size.set_count(4);
   s = CreateTensor(wrong_size);
   EXPECT_THAT(s, HasCode(grpc::StatusCode::INVALID_ARGUMENT));
   EXPECT_THAT(s.error_message(), HasSubstr("data of 12 bytes given"));
 
-  v1::CreateTensorRequest handle0 = TensorRequest(session_, 0, {1});
+  v1::CreateTensorRequest handle0 = FloatTensor(session_, 0, {1});
   EXPECT_THAT(CreateTensor(handle0), HasCode(grpc::StatusCode::INVALID_ARGUMENT));
 
-  v1::CreateTensorRequest bad_type = TensorRequest(session_, 72, {1});
+  v1::CreateTensorRequest bad_type = FloatTensor(session_, 72, {1});
   bad_type.set_element_type(static_cast<v1::ElementType>(17));
   s = CreateTensor(bad_type);
   EXPECT_THAT(s, HasCode(grpc::StatusCode::INVALID_ARGUMENT));
   EXPECT_THAT(s.error_message(), HasSubstr("element type 17"));
 
-  v1::CreateTensorRequest bad_memory = TensorRequest(session_, 73, {1});
+  v1::CreateTensorRequest bad_memory = FloatTensor(session_, 73, {1});
   bad_memory.set_memory_type(static_cast<v1::MemoryType>(9));
   EXPECT_THAT(CreateTensor(bad_memory), HasCode(grpc::StatusCode::INVALID_ARGUMENT));
 
-  v1::CreateTensorRequest bad_element_size = TensorRequest(session_, 74, {1});
+  v1::CreateTensorRequest bad_element_size = FloatTensor(session_, 74, {1});
   bad_element_size.set_element_size(8);
   EXPECT_THAT(CreateTensor(bad_element_size), HasCode(grpc::StatusCode::INVALID_ARGUMENT));
 
@@ -382,7 +382,7 @@ TEST_P(EvalTest, BadUploadsAndDownloadsChangeNothing) {
   EXPECT_THAT(Floats(resp.downloads(0).data()), ::testing::Not(::testing::Contains(100.0f)));
 
   // A storage tensor has no host data.
-  ASSERT_THAT(CreateTensor(TensorRequest(session_, 91, {1, 2}, v1::MEMORY_TYPE_STORAGE)), IsOk());
+  ASSERT_THAT(CreateTensor(FloatTensor(session_, 91, {1, 2}, v1::MEMORY_TYPE_STORAGE)), IsOk());
   v1::EvalRequest storage;
   storage.set_session_id(session_);
   storage.add_downloads(91);

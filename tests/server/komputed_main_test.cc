@@ -1,6 +1,5 @@
 // The real daemon binary: prints its address, serves, and stops cleanly on SIGTERM.
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,53 +8,20 @@
 #include <string>
 #include <thread>
 
+#include "absl/time/clock.h"
+#include "support/process.h"
 #include "test_util.h"
 
 namespace komputed::server::testing {
 namespace {
 
-// Reads one line from `fd` within `timeout`; empty on timeout or EOF.
-std::string ReadLine(int fd, absl::Duration timeout) {
-  std::string line;
-  const absl::Time until = absl::Now() + timeout;
-  while (absl::Now() < until) {
-    pollfd p{fd, POLLIN, 0};
-    const int ready = poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(until - absl::Now())));
-    if (ready <= 0) break;
-    char c;
-    if (read(fd, &c, 1) != 1) break;
-    if (c == '\n') return line;
-    line.push_back(c);
-  }
-  return line;
-}
-
-// Waits for the child within `timeout`; its wait status, or -1 when it did not exit.
-int WaitExit(pid_t pid, absl::Duration timeout) {
-  const absl::Time until = absl::Now() + timeout;
-  int status = 0;
-  while (absl::Now() < until) {
-    if (waitpid(pid, &status, WNOHANG) == pid) return status;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return -1;
-}
-
 TEST(KomputedBinary, PrintsItsAddressServesAndStopsOnSigterm) {
-  int out[2];
-  ASSERT_EQ(pipe(out), 0);
-  const pid_t pid = fork();
+  int out = -1;
+  const pid_t pid = Spawn({KomputedBinary(), "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                           "--log_level=warning"},
+                          &out);
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    close(out[0]);
-    close(out[1]);
-    execl(KOMPUTED_BINARY, KOMPUTED_BINARY, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
-          "--log_level=warning", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  close(out[1]);
-  const std::string line = ReadLine(out[0], absl::Seconds(30));
+  const std::string line = ReadLine(out, absl::Now() + absl::Seconds(30));
   const std::string prefix = "komputed listening on 127.0.0.1:";
   ASSERT_EQ(line.rfind(prefix, 0), 0u) << "first line: '" << line << "'";
   const int port = std::stoi(line.substr(prefix.size()));
@@ -71,7 +37,7 @@ TEST(KomputedBinary, PrintsItsAddressServesAndStopsOnSigterm) {
 
   ASSERT_EQ(kill(pid, SIGTERM), 0);
   const int status = WaitExit(pid, absl::Seconds(20));
-  close(out[0]);
+  close(out);
   if (status == -1) {
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
@@ -82,17 +48,15 @@ TEST(KomputedBinary, PrintsItsAddressServesAndStopsOnSigterm) {
 }
 
 TEST(KomputedBinary, BadFlagValueFailsToStart) {
-  const pid_t pid = fork();
+  const int devnull = open("/dev/null", O_WRONLY | O_CLOEXEC);
+  int out = -1;
+  const pid_t pid =
+      Spawn({KomputedBinary(), "--listen=127.0.0.1:0", "--metrics_listen=", "--devices=99"}, &out,
+            devnull);
+  close(devnull);
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    int devnull = open("/dev/null", O_WRONLY);
-    dup2(devnull, STDOUT_FILENO);
-    dup2(devnull, STDERR_FILENO);
-    execl(KOMPUTED_BINARY, KOMPUTED_BINARY, "--listen=127.0.0.1:0",
-          "--metrics_listen=", "--devices=99", static_cast<char*>(nullptr));
-    _exit(127);
-  }
   const int status = WaitExit(pid, absl::Seconds(30));
+  close(out);
   ASSERT_NE(status, -1);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 1);

@@ -96,9 +96,9 @@ TEST_F(ServerTest, UnknownSessionIsNotFound) {
   grpc::Status s = client_->sessions->KeepAlive(&ctx, req, &resp);
   EXPECT_THAT(s, HasCode(grpc::StatusCode::NOT_FOUND));
   EXPECT_THAT(s.error_message(), HasSubstr("0123456789abcdef0123456789abcdef"));
-  EXPECT_THAT(CreateTensor(TensorRequest("0123456789abcdef0123456789abcdef", 1, {1.0f})),
+  EXPECT_THAT(CreateTensor(FloatTensor("0123456789abcdef0123456789abcdef", 1, {1.0f})),
               HasCode(grpc::StatusCode::NOT_FOUND));
-  EXPECT_THAT(CreateTensor(TensorRequest("", 1, {1.0f})),
+  EXPECT_THAT(CreateTensor(FloatTensor("", 1, {1.0f})),
               HasCode(grpc::StatusCode::INVALID_ARGUMENT));
 }
 
@@ -155,8 +155,8 @@ TEST_F(ServerTest, SessionsCannotSeeEachOthersHandles) {
 
 TEST_F(ServerTest, MemoryIsCountedPerSessionAndDevice) {
   const std::string s = Open();
-  ASSERT_THAT(CreateTensor(TensorRequest(s, 1, std::vector<float>(1024))), IsOk());  // device: ×2
-  ASSERT_THAT(CreateTensor(TensorRequest(s, 2, std::vector<float>(256), v1::MEMORY_TYPE_HOST)),
+  ASSERT_THAT(CreateTensor(FloatTensor(s, 1, std::vector<float>(1024))), IsOk());  // device: ×2
+  ASSERT_THAT(CreateTensor(FloatTensor(s, 2, std::vector<float>(256), v1::MEMORY_TYPE_HOST)),
               IsOk());
   {
     grpc::ClientContext ctx;
@@ -208,7 +208,7 @@ class ShortIdleTest : public ServerTest {
 TEST_F(ShortIdleTest, IdleSessionIsReapedAndItsMemoryFreed) {
   const absl::Time opened = absl::Now();
   const std::string s = Open();
-  ASSERT_THAT(CreateTensor(TensorRequest(s, 1, std::vector<float>(1024))), IsOk());
+  ASSERT_THAT(CreateTensor(FloatTensor(s, 1, std::vector<float>(1024))), IsOk());
   EXPECT_EQ(Device0().memory_in_use_bytes(), 8192u);
   EXPECT_EQ(Device0().sessions(), 1u);
 

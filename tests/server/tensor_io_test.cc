@@ -122,7 +122,7 @@ TEST_F(TensorIoTest, SixtyFourMebibytesRoundTripInChunks) {
 }
 
 TEST_F(TensorIoTest, PartialRangeWriteLeavesTheRest) {
-  ASSERT_THAT(CreateTensor(TensorRequest(session_, 1, {1, 2, 3, 4, 5, 6}, v1::MEMORY_TYPE_HOST)),
+  ASSERT_THAT(CreateTensor(FloatTensor(session_, 1, {1, 2, 3, 4, 5, 6}, v1::MEMORY_TYPE_HOST)),
               IsOk());
   // Bytes [8, 20) (floats 2..4): the first chunk starts the range, the others come in any order.
   ASSERT_THAT(Write(1, 12, {{8, FloatBytes({30})}, {16, FloatBytes({50})}, {12, FloatBytes({40})}}),
@@ -133,7 +133,7 @@ TEST_F(TensorIoTest, PartialRangeWriteLeavesTheRest) {
 }
 
 TEST_F(TensorIoTest, ChunksThatDoNotAddUpAreRejected) {
-  ASSERT_THAT(CreateTensor(TensorRequest(session_, 1, std::vector<float>(256))), IsOk());
+  ASSERT_THAT(CreateTensor(FloatTensor(session_, 1, std::vector<float>(256))), IsOk());
   std::string kb(512, 'x');
 
   grpc::Status s = Write(1, 1024, {{0, kb}});  // short
@@ -168,7 +168,7 @@ TEST_F(TensorIoTest, ChunksThatDoNotAddUpAreRejected) {
 }
 
 TEST_F(TensorIoTest, StorageTensorsHaveNoHostData) {
-  ASSERT_THAT(CreateTensor(TensorRequest(session_, 1, {1, 2}, v1::MEMORY_TYPE_STORAGE)), IsOk());
+  ASSERT_THAT(CreateTensor(FloatTensor(session_, 1, {1, 2}, v1::MEMORY_TYPE_STORAGE)), IsOk());
   grpc::Status s = Write(1, 8, {{0, FloatBytes({1, 2})}});
   EXPECT_THAT(s, HasCode(grpc::StatusCode::FAILED_PRECONDITION));
   EXPECT_THAT(s.error_message(), HasSubstr("tensor 1 is a storage tensor"));
@@ -177,7 +177,7 @@ TEST_F(TensorIoTest, StorageTensorsHaveNoHostData) {
 }
 
 TEST_F(TensorIoTest, ReadOutOfRangeIsRejected) {
-  ASSERT_THAT(CreateTensor(TensorRequest(session_, 1, {1, 2}, v1::MEMORY_TYPE_HOST)), IsOk());
+  ASSERT_THAT(CreateTensor(FloatTensor(session_, 1, {1, 2}, v1::MEMORY_TYPE_HOST)), IsOk());
   std::string back;
   EXPECT_THAT(Read(1, 9, 0, 0, &back), HasCode(grpc::StatusCode::INVALID_ARGUMENT));
   EXPECT_THAT(Read(1, 4, 5, 0, &back), HasCode(grpc::StatusCode::INVALID_ARGUMENT));

@@ -1,132 +1,48 @@
 #pragma once
+// What the server tests share beyond tests/support: a client, request builders for the scale
+// pipeline, and a fixture that runs a daemon in-process.
 
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "server.h"
+#include "support/bytes.h"
+#include "support/grpc_matchers.h"
+#include "support/requests.h"
+#include "support/stubs.h"
 
 namespace komputed::server::testing {
 
 namespace v1 = ::komputed::v1;
-
-// out[i] = in[i] * scale (push constant); one invocation per element.
-inline constexpr char kScaleShader[] = R"(
-#version 450
-layout(local_size_x = 1) in;
-layout(set = 0, binding = 0) readonly buffer In { float a[]; };
-layout(set = 0, binding = 1) writeonly buffer Out { float b[]; };
-layout(push_constant) uniform Push { float scale; };
-void main() {
-  uint i = gl_GlobalInvocationID.x;
-  b[i] = a[i] * scale;
-}
-)";
-
-inline std::string FloatBytes(const std::vector<float>& values) {
-  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
-}
-
-inline std::vector<float> Floats(const std::string& bytes) {
-  std::vector<float> values(bytes.size() / sizeof(float));
-  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
-  return values;
-}
+using namespace ::komputed::test_support;
 
 inline std::string PushFloat(float value) { return FloatBytes({value}); }
 
-// Matches a grpc::Status with the given code, printing the message when it does not.
-MATCHER_P(HasCode, code, "") {
-  if (arg.error_code() == code) return true;
-  *result_listener << "code " << static_cast<int>(arg.error_code()) << ": " << arg.error_message();
-  return false;
-}
-MATCHER(IsOk, "") {
-  if (arg.ok()) return true;
-  *result_listener << "code " << static_cast<int>(arg.error_code()) << ": " << arg.error_message();
-  return false;
-}
-
-// The stubs of every komputed service over one channel.
-struct Client {
-  explicit Client(const std::string& address, bool large_messages = true) {
-    grpc::ChannelArguments args;
-    if (large_messages) {
-      args.SetMaxReceiveMessageSize(256 << 20);
-      args.SetMaxSendMessageSize(256 << 20);
-    }
-    channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-    devices = v1::Devices::NewStub(channel);
-    sessions = v1::Sessions::NewStub(channel);
-    tensors = v1::Tensors::NewStub(channel);
-    algorithms = v1::Algorithms::NewStub(channel);
-    sequences = v1::Sequences::NewStub(channel);
-  }
-
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::Devices::Stub> devices;
-  std::unique_ptr<v1::Sessions::Stub> sessions;
-  std::unique_ptr<v1::Tensors::Stub> tensors;
-  std::unique_ptr<v1::Algorithms::Stub> algorithms;
-  std::unique_ptr<v1::Sequences::Stub> sequences;
+// The stubs of every komputed service over one channel, for messages up to 256 MiB unless
+// `large_messages` is false.
+struct Client : Stubs {
+  explicit Client(const std::string& address, bool large_messages = true)
+      : Stubs(address, large_messages ? 256 << 20 : 0) {}
 };
 
 // Builders for requests.
-inline v1::CreateTensorRequest TensorRequest(const std::string& session, uint64_t handle,
-                                             const std::vector<float>& data,
-                                             v1::MemoryType memory = v1::MEMORY_TYPE_DEVICE) {
-  v1::CreateTensorRequest r;
-  r.set_session_id(session);
-  r.set_handle(handle);
-  r.set_element_type(v1::ELEMENT_TYPE_FLOAT32);
-  r.set_count(data.size());
-  r.set_memory_type(memory);
-  r.set_data(FloatBytes(data));
-  return r;
-}
-
 inline v1::CreateAlgorithmRequest ScaleAlgorithm(const std::string& session, uint64_t handle,
                                                  uint64_t in, uint64_t out, uint32_t count,
                                                  float scale) {
-  v1::CreateAlgorithmRequest r;
-  r.set_session_id(session);
-  r.set_handle(handle);
-  r.add_tensors(in);
-  r.add_tensors(out);
-  r.set_glsl(kScaleShader);
-  r.mutable_workgroup()->set_x(count);
-  r.mutable_workgroup()->set_y(1);
-  r.mutable_workgroup()->set_z(1);
-  r.set_push_constants(PushFloat(scale));
-  return r;
+  return GlslAlgorithm(session, handle, {in, out}, kScaleShader, count, PushFloat(scale));
 }
 
 inline v1::SequenceAction RecordOp(const v1::Operation& op) {
   v1::SequenceAction a;
   *a.mutable_record() = op;
   return a;
-}
-inline v1::Operation SyncDevice(std::vector<uint64_t> tensors) {
-  v1::Operation op;
-  for (uint64_t t : tensors) op.mutable_sync_device()->add_tensors(t);
-  return op;
-}
-inline v1::Operation SyncLocal(std::vector<uint64_t> tensors) {
-  v1::Operation op;
-  for (uint64_t t : tensors) op.mutable_sync_local()->add_tensors(t);
-  return op;
-}
-inline v1::Operation Dispatch(uint64_t algorithm) {
-  v1::Operation op;
-  op.mutable_dispatch()->set_algorithm(algorithm);
-  return op;
 }
 
 // A running in-process daemon (on 127.0.0.1:0) and a client connected to it; each test gets its
@@ -212,8 +128,8 @@ class ServerTest : public ::testing::Test {
   // and a sequence (h+3) recording sync_device(in), dispatch, sync_local(out).
   void MakePipeline(const std::string& session, uint64_t h, uint32_t n, float scale) {
     std::vector<float> zeros(n, 0.0f);
-    ASSERT_THAT(CreateTensor(TensorRequest(session, h, zeros)), IsOk());
-    ASSERT_THAT(CreateTensor(TensorRequest(session, h + 1, zeros)), IsOk());
+    ASSERT_THAT(CreateTensor(FloatTensor(session, h, zeros)), IsOk());
+    ASSERT_THAT(CreateTensor(FloatTensor(session, h + 1, zeros)), IsOk());
     ASSERT_THAT(CreateAlgorithm(ScaleAlgorithm(session, h + 2, h, h + 1, n, scale)), IsOk());
     ASSERT_THAT(CreateSequence(session, h + 3), IsOk());
     ASSERT_THAT(Record(session, h + 3,
@@ -225,14 +141,7 @@ class ServerTest : public ::testing::Test {
   // An eval of MakePipeline's sequence with `input` uploaded and the output downloaded.
   static v1::EvalRequest PipelineEval(const std::string& session, uint64_t h,
                                       const std::vector<float>& input) {
-    v1::EvalRequest req;
-    req.set_session_id(session);
-    req.set_sequence(h + 3);
-    v1::TensorData* up = req.add_uploads();
-    up->set_handle(h);
-    up->set_data(FloatBytes(input));
-    req.add_downloads(h + 1);
-    return req;
+    return UploadEvalDownload(session, h + 3, h, FloatBytes(input), h + 1);
   }
 
   // Runs MakePipeline's sequence on fresh input and checks the output.
