@@ -40,6 +40,10 @@ ABSL_FLAG(absl::Duration, eval_inline_wait, absl::Milliseconds(2),
           "a unary Eval waits this long for a short submission on the serving thread (at most "
           "2 threads per device) before handing it to the device's completion waiter; saves a "
           "thread hand-off per eval; 0 hands every submission off");
+ABSL_FLAG(absl::Duration, eval_spin, absl::Microseconds(50),
+          "within --eval_inline_wait: how long to poll the fence before blocking on it (a "
+          "blocked thread wakes tens of microseconds late on an idle host); not done on CPU "
+          "devices; 0: block at once");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(25),
           "on SIGTERM or SIGINT: health turns NOT_SERVING, new sessions and evaluations are "
           "refused, and evaluations in flight get this long to complete before the daemon exits "
@@ -95,6 +99,7 @@ int main(int argc, char** argv) {
   options.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
   options.eval_timeout = absl::GetFlag(FLAGS_eval_timeout);
   options.eval_inline_wait = absl::GetFlag(FLAGS_eval_inline_wait);
+  options.eval_spin = absl::GetFlag(FLAGS_eval_spin);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
 

@@ -26,6 +26,8 @@ namespace v1 = komputed::v1;
 // Data larger than this moves in streamed chunks instead of inside an Eval message.
 constexpr uint64_t kInlineLimit = 4u << 20;
 constexpr uint64_t kChunkBytes = 4u << 20;
+// A bulk transfer is split over parallel streams only where each gets at least this many chunks.
+constexpr uint64_t kMinChunksPerLane = 4;
 // Destroys are sent with the next call; beyond this many they are flushed at once.
 constexpr size_t kMaxPendingCommands = 256;
 
@@ -41,6 +43,16 @@ absl::Duration EnvSeconds(const char* name, absl::Duration fallback) {
   return seconds > 0 ? absl::Seconds(seconds) : fallback;
 }
 
+// Parallel streams for one bulk transfer: $KOMPUTED_TRANSFER_STREAMS (1 to 16), else a quarter
+// of the cores, from 1 to 4 (each stream keeps about two cores busy: the client's and the
+// daemon's side of the copies).
+uint32_t TransferStreams() {
+  const char* value = std::getenv("KOMPUTED_TRANSFER_STREAMS");
+  const int n = value != nullptr ? std::atoi(value) : 0;
+  if (n > 0) return static_cast<uint32_t>(std::min(n, 16));
+  return std::clamp(std::thread::hardware_concurrency() / 4, 1u, 4u);
+}
+
 // Bound on object calls (create, destroy, record).
 absl::Duration RpcTimeout() {
   static const absl::Duration t = EnvSeconds("KOMPUTED_RPC_TIMEOUT_S", absl::Seconds(60));
@@ -54,6 +66,7 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
 // Session state shared by the backend and every object made through it.
 class Remote : public std::enable_shared_from_this<Remote> {
  public:
+  std::string address;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Sessions::Stub> sessions;
   std::unique_ptr<v1::Devices::Stub> devices;
@@ -103,18 +116,79 @@ class Remote : public std::enable_shared_from_this<Remote> {
     return FromGrpc(sequences->Eval(&context, request, &response), "flushing commands");
   }
 
+  // ---- Bulk data: WriteTensor / ReadTensor streams.
+  //
+  // A transfer of many chunks is split into `lanes` byte ranges moved at once, each over its own
+  // channel (its own TCP connection), so that serialization, the socket and parsing of one range
+  // overlap with the others' (one stream moves one message at a time).
+  uint32_t lanes = 1;
+  std::vector<std::unique_ptr<v1::Tensors::Stub>> lane_stubs;  // [0] is `tensors`' channel
+
   // Streams `bytes` of host data into a tensor.
   absl::Status Write(uint64_t handle, const uint8_t* data, uint64_t bytes) {
+    return InLanes(bytes, [&](v1::Tensors::Stub& stub, uint64_t begin, uint64_t end) {
+      return WriteRange(stub, handle, data, begin, end);
+    });
+  }
+
+  // Reads a tensor's whole host data into `data`.
+  absl::Status Read(uint64_t handle, uint8_t* data, uint64_t bytes) {
+    return InLanes(bytes, [&](v1::Tensors::Stub& stub, uint64_t begin, uint64_t end) {
+      return ReadRange(stub, handle, data, begin, end);
+    });
+  }
+
+  // Runs move(stub, begin, end) over [0, bytes): at once, or split into whole-chunk ranges,
+  // one per lane, in parallel. The first failure is returned (the others still complete).
+  template <typename Move>
+  absl::Status InLanes(uint64_t bytes, Move move) {
+    const uint64_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
+    const uint64_t n = std::min<uint64_t>(lanes, chunks / kMinChunksPerLane);
+    if (n <= 1) return move(*tensors, 0, bytes);
+    const uint64_t per_lane = (chunks + n - 1) / n * kChunkBytes;
+    std::vector<absl::Status> statuses(n);
+    std::vector<std::thread> threads;
+    for (uint64_t i = 1; i < n; ++i) {
+      const uint64_t begin = std::min(bytes, i * per_lane);
+      const uint64_t end = std::min(bytes, begin + per_lane);
+      threads.emplace_back([&, i, begin, end] { statuses[i] = move(LaneStub(i), begin, end); });
+    }
+    statuses[0] = move(*tensors, 0, std::min(bytes, per_lane));
+    for (auto& t : threads) t.join();
+    for (const absl::Status& s : statuses) KD_RETURN_IF_ERROR(s);
+    return absl::OkStatus();
+  }
+
+  v1::Tensors::Stub& LaneStub(uint64_t lane) {
+    std::lock_guard<std::mutex> lock(lanes_mu_);
+    if (lane_stubs.size() <= lane) lane_stubs.resize(lane + 1);
+    if (lane_stubs[lane] == nullptr) {
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(-1);
+      args.SetMaxSendMessageSize(-1);
+      // A channel of its own: its own connection, not one shared through the subchannel pool.
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      args.SetInt("komputed.bulk_lane", static_cast<int>(lane));
+      lane_stubs[lane] = v1::Tensors::NewStub(
+          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    }
+    return *lane_stubs[lane];
+  }
+
+  // Streams data[begin, end) into the tensor's bytes [begin, end).
+  absl::Status WriteRange(v1::Tensors::Stub& stub, uint64_t handle, const uint8_t* data,
+                          uint64_t begin, uint64_t end) {
+    const uint64_t bytes = end - begin;
     grpc::ClientContext context;
     SetDeadline(context, RpcTimeout() + absl::Seconds(static_cast<double>(bytes) / 1e8));
     v1::WriteTensorResponse response;
-    auto writer = tensors->WriteTensor(&context, &response);
+    auto writer = stub.WriteTensor(&context, &response);
     v1::TensorChunk chunk;
     chunk.set_session_id(session_id);
     chunk.set_handle(handle);
     chunk.set_total_bytes(bytes);
-    for (uint64_t offset = 0; offset < bytes; offset += kChunkBytes) {
-      uint64_t n = std::min(kChunkBytes, bytes - offset);
+    for (uint64_t offset = begin; offset < end; offset += kChunkBytes) {
+      const uint64_t n = std::min(kChunkBytes, end - offset);
       chunk.set_offset(offset);
       chunk.mutable_data()->assign(reinterpret_cast<const char*>(data) + offset, n);
       if (!writer->Write(chunk)) break;
@@ -126,23 +200,29 @@ class Remote : public std::enable_shared_from_this<Remote> {
     return FromGrpc(writer->Finish(), absl::StrCat("writing tensor ", handle));
   }
 
-  // Reads a tensor's whole host data into `data`.
-  absl::Status Read(uint64_t handle, uint8_t* data, uint64_t bytes) {
+  // Reads the tensor's bytes [begin, end) into data[begin, end).
+  absl::Status ReadRange(v1::Tensors::Stub& stub, uint64_t handle, uint8_t* data, uint64_t begin,
+                         uint64_t end) {
+    const uint64_t bytes = end - begin;
     grpc::ClientContext context;
     SetDeadline(context, RpcTimeout() + absl::Seconds(static_cast<double>(bytes) / 1e8));
     v1::ReadTensorRequest request;
     request.set_session_id(session_id);
     request.set_handle(handle);
+    request.set_offset(begin);
     request.set_length(bytes);
     request.set_chunk_bytes(kChunkBytes);
-    auto reader = tensors->ReadTensor(&context, request);
+    auto reader = stub.ReadTensor(&context, request);
     v1::TensorChunk chunk;
     uint64_t received = 0;
     while (reader->Read(&chunk)) {
-      if (chunk.offset() > bytes || chunk.data().size() > bytes - chunk.offset()) {
+      if (chunk.offset() < begin || chunk.offset() > end ||
+          chunk.data().size() > end - chunk.offset()) {
         context.TryCancel();
         reader->Finish();
-        return absl::DataLossError(absl::StrCat("reading tensor ", handle, ": chunk out of range"));
+        return absl::DataLossError(absl::StrCat("reading tensor ", handle, ": chunk at offset ",
+                                                chunk.offset(), " outside [", begin, ", ", end,
+                                                ")"));
       }
       std::memcpy(data + chunk.offset(), chunk.data().data(), chunk.data().size());
       received += chunk.data().size();
@@ -268,6 +348,7 @@ class Remote : public std::enable_shared_from_this<Remote> {
   std::mutex pending_mu_;
   std::vector<v1::Command> pending_;
 
+  std::mutex lanes_mu_;   // guards lane_stubs
   std::mutex stream_mu_;  // guards stream_, its context and writes
   std::unique_ptr<grpc::ClientContext> stream_context_;
   std::unique_ptr<grpc::ClientReaderWriter<v1::ExecuteRequest, v1::ExecuteEvent>> stream_;
@@ -889,6 +970,8 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateRemoteBackend(const RemoteOptions
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
   auto remote = std::make_shared<Remote>();
+  remote->address = options.address;
+  remote->lanes = TransferStreams();
   remote->channel =
       grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
   remote->sessions = v1::Sessions::NewStub(remote->channel);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "komputed/core/status.h"
@@ -28,8 +29,8 @@ void GlobalBarrier(VkCommandBuffer cb, VkPipelineStageFlags src_stage, VkAccessF
 absl::Status CheckTensors(const std::vector<std::shared_ptr<Tensor>>& tensors, const Device& device,
                           absl::string_view op, size_t minimum) {
   if (tensors.size() < minimum) {
-    return absl::InvalidArgumentError(absl::StrCat(op, " needs at least ", minimum,
-                                                   " tensor(s), got ", tensors.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, " needs at least ", minimum, " tensor(s), got ", tensors.size()));
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i] == nullptr) {
@@ -49,8 +50,8 @@ absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(std::shared_ptr<Devic
                                                            uint32_t queue,
                                                            uint32_t total_timestamps) {
   if (queue >= device->queue_count()) {
-    return absl::InvalidArgumentError(absl::StrCat("queue index ", queue, " out of range: ",
-                                                   device->queue_count(),
+    return absl::InvalidArgumentError(absl::StrCat("queue index ", queue,
+                                                   " out of range: ", device->queue_count(),
                                                    " queue(s) were requested for the device"));
   }
   const Queue& q = device->queue(queue);
@@ -68,15 +69,15 @@ absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(std::shared_ptr<Devic
   pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
   pi.queueFamilyIndex = q.family;
   VkCommandPool pool = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(device->Check(vkCreateCommandPool(dev, &pi, nullptr, &pool),
-                                   "vkCreateCommandPool"));
+  KD_RETURN_IF_ERROR(
+      device->Check(vkCreateCommandPool(dev, &pi, nullptr, &pool), "vkCreateCommandPool"));
   s->pool_ = CommandPoolHandle(dev, pool);
   VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
   ai.commandPool = pool;
   ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
   ai.commandBufferCount = 1;
-  KD_RETURN_IF_ERROR(device->Check(vkAllocateCommandBuffers(dev, &ai, &s->cb_),
-                                   "vkAllocateCommandBuffers"));
+  KD_RETURN_IF_ERROR(
+      device->Check(vkAllocateCommandBuffers(dev, &ai, &s->cb_), "vkAllocateCommandBuffers"));
   VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   VkFence fence = VK_NULL_HANDLE;
   KD_RETURN_IF_ERROR(device->Check(vkCreateFence(dev, &fi, nullptr, &fence), "vkCreateFence"));
@@ -88,8 +89,8 @@ absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(std::shared_ptr<Devic
     VkSemaphoreCreateInfo si{VK_STRUCTURE_TYPE_SEMAPHORE_CREATE_INFO};
     si.pNext = &ti;
     VkSemaphore semaphore = VK_NULL_HANDLE;
-    KD_RETURN_IF_ERROR(device->Check(vkCreateSemaphore(dev, &si, nullptr, &semaphore),
-                                     "vkCreateSemaphore"));
+    KD_RETURN_IF_ERROR(
+        device->Check(vkCreateSemaphore(dev, &si, nullptr, &semaphore), "vkCreateSemaphore"));
     s->timeline_ = SemaphoreHandle(dev, semaphore);
   }
   if (total_timestamps > 0) {
@@ -97,8 +98,8 @@ absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(std::shared_ptr<Devic
     qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
     qi.queryCount = total_timestamps;
     VkQueryPool query_pool = VK_NULL_HANDLE;
-    KD_RETURN_IF_ERROR(device->Check(vkCreateQueryPool(dev, &qi, nullptr, &query_pool),
-                                     "vkCreateQueryPool"));
+    KD_RETURN_IF_ERROR(
+        device->Check(vkCreateQueryPool(dev, &qi, nullptr, &query_pool), "vkCreateQueryPool"));
     s->query_pool_ = QueryPoolHandle(dev, query_pool);
   }
   return s;
@@ -152,8 +153,10 @@ absl::Status Sequence::ValidateLocked(const Op& op) const {
       }
       if (dst.count() != src.count()) {
         return absl::InvalidArgumentError(absl::StrCat("OpTensorCopy: tensor ", i, " has ",
-                                                       dst.count(), " elements but the source "
-                                                       "(tensor 0) has ", src.count()));
+                                                       dst.count(),
+                                                       " elements but the source "
+                                                       "(tensor 0) has ",
+                                                       src.count()));
       }
     }
     return absl::OkStatus();
@@ -161,14 +164,15 @@ absl::Status Sequence::ValidateLocked(const Op& op) const {
   if (const auto* o = std::get_if<op::Dispatch>(&op)) {
     if (o->algorithm == nullptr) return absl::InvalidArgumentError("OpAlgoDispatch: no algorithm");
     if (&o->algorithm->device() != &device) {
-      return absl::FailedPreconditionError("OpAlgoDispatch: the algorithm belongs to another device");
+      return absl::FailedPreconditionError(
+          "OpAlgoDispatch: the algorithm belongs to another device");
     }
     if (o->push_constants.has_value() &&
         o->push_constants->size() != o->algorithm->push_constant_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "OpAlgoDispatch: push constants of ", o->push_constants->size(),
-          " bytes given; the algorithm was built with ", o->algorithm->push_constant_size(),
-          " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("OpAlgoDispatch: push constants of ",
+                                                     o->push_constants->size(),
+                                                     " bytes given; the algorithm was built with ",
+                                                     o->algorithm->push_constant_size(), " bytes"));
     }
     return absl::OkStatus();
   }
@@ -211,8 +215,8 @@ void Sequence::RecordLocked(Op& op) {
     GlobalBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
                   VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, kAnyShaderAccess);
     uint64_t generation = 0;
-    cb_keep_.push_back({o->algorithm.get(), o->algorithm->RecordDispatch(cb, &generation),
-                        generation});
+    cb_keep_.push_back(
+        {o->algorithm.get(), o->algorithm->RecordDispatch(cb, &generation), generation});
   } else {
     auto& b = std::get<op::MemoryBarrier>(op);
     for (const auto& t : b.tensors) {
@@ -308,7 +312,8 @@ void Sequence::FinishLocked() {
     const uint64_t mask = bits >= 64 ? ~uint64_t{0} : ((uint64_t{1} << bits) - 1);
     const double period = device_->limits().timestampPeriod;
     for (uint64_t ticks : raw) {
-      timestamps_.push_back(static_cast<uint64_t>(std::llround(static_cast<double>(ticks & mask) * period)));
+      timestamps_.push_back(
+          static_cast<uint64_t>(std::llround(static_cast<double>(ticks & mask) * period)));
     }
   }
 }
@@ -347,6 +352,19 @@ absl::Status Sequence::Rerecord() {
 bool Sequence::IsRunning() const {
   absl::MutexLock lock(&mu_);
   return running_;
+}
+
+bool Sequence::Poll(absl::Duration limit) const {
+  const Completion completion = InFlight();
+  if (completion.fence == VK_NULL_HANDLE) return true;
+  const absl::Time until = absl::Now() + limit;
+  while (true) {
+    if (vkGetFenceStatus(device_->handle(), completion.fence) != VK_NOT_READY) {
+      return true;
+    }
+    if (absl::Now() >= until) return false;
+    std::this_thread::yield();
+  }
 }
 
 bool Sequence::IsRecording() const {

@@ -75,6 +75,9 @@ class PooledDevice {
   }
   void EndInlineWait() { inline_waits_.fetch_sub(1, std::memory_order_release); }
 
+  // Whether the device is a CPU (lavapipe): its work runs on the host's cores.
+  bool is_cpu() const { return device_->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU; }
+
   // False once the device is lost (VK_ERROR_DEVICE_LOST).
   bool usable() const { return !device_->lost(); }
   // Call after a device operation failed: when the device was lost and this is the first to

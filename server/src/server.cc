@@ -34,6 +34,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.eval_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the eval timeout must be positive");
   }
+  if (options.eval_spin < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the eval spin must not be negative");
+  }
   if (options.eval_inline_wait < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the eval inline wait must not be negative");
   }
@@ -60,6 +63,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   session_options.idle_timeout = o.session_idle_timeout;
   session_options.eval_timeout = o.eval_timeout;
   session_options.inline_wait = o.eval_inline_wait;
+  session_options.spin = o.eval_spin;
   session_options.max_message_bytes = static_cast<uint64_t>(o.max_message_bytes);
   session_options.metrics = s->metrics_.get();
   session_options.gate = s->gate_.get();

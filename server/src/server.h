@@ -37,6 +37,10 @@ struct ServerOptions {
   // How long a unary Eval waits for its submission on the gRPC thread before handing it to the
   // device's completion waiter; zero: always hand it off.
   absl::Duration eval_inline_wait = absl::Milliseconds(2);
+  // Within that wait, how long to poll the fence before blocking on it (a blocked thread wakes
+  // tens of microseconds late on an idle host). Not done on CPU devices, whose work needs the
+  // cores.
+  absl::Duration eval_spin = absl::Microseconds(50);
   // Largest message received or sent.
   int max_message_bytes = 64 << 20;
   // How long Drain waits for evaluations in flight.

@@ -836,6 +836,9 @@ void Session::Eval(const v1::EvalRequest& request, absl::Time deadline, v1::Eval
       device->BeginInlineWait(config_.inline_waiters)) {
     const absl::Duration budget =
         std::min(config_.inline_wait, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (config_.spin > absl::ZeroDuration() && !device->is_cpu()) {
+      entry->sequence->Poll(std::min(budget, config_.spin));
+    }
     absl::Status status = entry->sequence->Wait(budget);
     device->EndInlineWait();
     if (!absl::IsDeadlineExceeded(status)) {

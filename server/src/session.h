@@ -39,6 +39,8 @@ struct SessionConfig {
   // the device's waiter (saves a thread hand-off for short work); zero: always hand it off.
   absl::Duration inline_wait = absl::ZeroDuration();
   int inline_waiters = 2;  // at most this many calling threads wait inline per device
+  // Of the inline wait: polling the fence before blocking on it (skipped on CPU devices).
+  absl::Duration spin = absl::ZeroDuration();
 };
 
 // One client's session on one device: its handle tables (tensors, algorithms, sequences, named

@@ -92,6 +92,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(const v1::OpenSess
   config.peer = std::move(peer);
   config.eval_timeout = options_.eval_timeout;
   config.inline_wait = options_.inline_wait;
+  config.spin = options_.spin;
   config.max_message_bytes = options_.max_message_bytes;
   config.metrics = options_.metrics;
   config.gate = options_.gate;

@@ -24,6 +24,7 @@ struct SessionManagerOptions {
   absl::Duration idle_timeout = absl::Seconds(60);
   absl::Duration eval_timeout = absl::Seconds(600);
   absl::Duration inline_wait = absl::ZeroDuration();  // SessionConfig::inline_wait
+  absl::Duration spin = absl::ZeroDuration();         // SessionConfig::spin
   uint64_t max_message_bytes = 64 << 20;
   Metrics* metrics = nullptr;  // required; outlives the manager
   WorkGate* gate = nullptr;    // admits new sessions and evaluations; null: always admitted

@@ -551,6 +551,24 @@ TEST(Sequence, ClearThenSubmitDoesNothing) {
   EXPECT_THAT(on_device, ElementsAre(1, 2));
 }
 
+TEST(Sequence, PollSeesTheSubmissionCompleteAndWaitStillCollectsIt) {
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> a, Floats({1, 2, 3}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> b, Floats({0, 0, 0}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> add, MakeAlgorithm(kAddShader, a, b));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(TestDevice(), 0, 0));
+  EXPECT_TRUE(seq->Poll(absl::ZeroDuration()));  // nothing in flight
+  SetHostFloats(*b, {5, 5, 5});
+  ASSERT_OK(seq->Record(op::SyncToDevice{{a, b}}));
+  ASSERT_OK(seq->Record(op::Dispatch{add}));
+  ASSERT_OK(seq->Record(op::SyncToHost{{b}}));
+  ASSERT_OK(seq->Submit());
+  EXPECT_TRUE(seq->Poll(kTimeout));
+  EXPECT_TRUE(seq->IsRunning());  // until Wait has collected the result
+  ASSERT_OK(seq->Wait(absl::ZeroDuration()));
+  EXPECT_FALSE(seq->IsRunning());
+  EXPECT_THAT(HostFloats(*b), ElementsAre(6, 7, 8));
+}
+
 TEST(Sequence, NothingRecordedSubmitAndWaitAreOk) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(TestDevice(), 0, 0));
   ASSERT_OK(seq->Wait(absl::ZeroDuration()));

@@ -1,5 +1,6 @@
 // End-to-end tests: the real komputed binary on a free port, driven through the kp API and the
 // generated stubs.
+#include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -20,6 +21,7 @@
 namespace {
 
 using komputed::test_support::DaemonProcess;
+using komputed::test_support::ScrapeMetrics;
 using komputed::test_support::Spawn;
 namespace v1 = komputed::v1;
 
@@ -272,6 +274,34 @@ TEST(EndToEnd, OneGibibyteRoundTrip) {
   size_t wrong = 0;
   for (size_t i = 0; i < count; ++i) wrong += data[i] != static_cast<uint32_t>(i * 2654435761u);
   EXPECT_EQ(wrong, 0u);
+}
+
+// A bulk transfer split over parallel streams (ranges of whole 4 MiB chunks, the last one
+// short): every byte arrives once, in its place, each way.
+TEST(EndToEnd, BulkTransfersSplitOverParallelStreams) {
+  DaemonProcess daemon;
+  ASSERT_EQ(setenv("KOMPUTED_TRANSFER_STREAMS", "3", 1), 0);
+  kp::Manager mgr{daemon.address()};
+  unsetenv("KOMPUTED_TRANSFER_STREAMS");
+  const size_t count = (size_t{100} << 20) / 4 + 3;  // 100 MiB and 12 bytes: 26 chunks
+  auto t = mgr.tensorT<uint32_t>(count);
+  uint32_t* data = t->data();
+  for (size_t i = 0; i < count; ++i) data[i] = static_cast<uint32_t>(i * 2654435761u + 7);
+  auto seq = mgr.sequence();
+  seq->eval<kp::OpTensorSyncDevice>(std::vector<std::shared_ptr<kp::Tensor>>{t});
+  std::memset(data, 0, count * sizeof(uint32_t));
+  seq->eval<kp::OpTensorSyncLocal>(std::vector<std::shared_ptr<kp::Tensor>>{t});
+  size_t wrong = 0;
+  for (size_t i = 0; i < count; ++i) wrong += data[i] != static_cast<uint32_t>(i * 2654435761u + 7);
+  EXPECT_EQ(wrong, 0u);
+  // Three WriteTensor and three ReadTensor calls: the ranges went over three streams.
+  const std::string metrics = ScrapeMetrics(daemon.metrics_address());
+  EXPECT_THAT(metrics,
+              ::testing::HasSubstr(
+                  "komputed_rpcs_total{code=\"OK\",method=\"komputed.v1.Tensors/WriteTensor\"} 3"));
+  EXPECT_THAT(metrics,
+              ::testing::HasSubstr(
+                  "komputed_rpcs_total{code=\"OK\",method=\"komputed.v1.Tensors/ReadTensor\"} 3"));
 }
 
 TEST(EndToEnd, SixteenConcurrentClients) {

@@ -30,15 +30,12 @@ namespace komputed::ops_testing {
 namespace v1 = ::komputed::v1;
 using namespace ::komputed::test_support;
 
-// GET http://ADDRESS/metrics: the body, or "" when the daemon does not answer.
-std::string Scrape(const std::string& metrics_address);
-
 // One scrape's samples, by series: a metric name and its labels (in any order).
 class Samples {
  public:
   explicit Samples(const std::string& text);
   static Samples From(const DaemonProcess& daemon) {
-    return Samples(Scrape(daemon.metrics_address()));
+    return Samples(ScrapeMetrics(daemon.metrics_address()));
   }
 
   // The value of a series; 0 when absent (a counter that never moved is not written yet).

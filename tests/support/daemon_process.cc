@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netdb.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "support/process.h"
 
@@ -89,6 +92,47 @@ bool DaemonProcess::WaitForLog(const std::string& text, absl::Duration timeout) 
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return absl::StrContains(Log(), text);
+}
+
+std::string ScrapeMetrics(const std::string& metrics_address) {
+  const size_t colon = metrics_address.rfind(':');
+  if (colon == std::string::npos) return "";
+  const std::string host = metrics_address.substr(0, colon);
+  const std::string port = metrics_address.substr(colon + 1);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) return "";
+  int fd = -1;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd >= 0 && connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  if (fd < 0) return "";
+  timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  const std::string request =
+      absl::StrCat("GET /metrics HTTP/1.0\r\nHost: ", metrics_address, "\r\n\r\n");
+  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return "";
+  }
+  std::string response;
+  char buf[8192];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, static_cast<size_t>(n));
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  if (!absl::StartsWith(response, "HTTP/1.") ||
+      !absl::StrContains(response.substr(0, body), " 200 ") || body == std::string::npos) {
+    return "";
+  }
+  return response.substr(body + 4);
 }
 
 }  // namespace komputed::test_support

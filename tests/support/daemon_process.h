@@ -48,4 +48,7 @@ class DaemonProcess {
   std::string log_path_;
 };
 
+// GET http://METRICS_ADDRESS/metrics: the body, or "" when the daemon does not answer.
+std::string ScrapeMetrics(const std::string& metrics_address);
+
 }  // namespace komputed::test_support

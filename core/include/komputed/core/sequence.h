@@ -85,6 +85,9 @@ class Sequence {
   absl::Status Rerecord();
 
   bool IsRunning() const;
+  // Polls the submission in flight (yielding the core between polls) until it has completed or
+  // `limit` has passed; returns whether it has completed. Wait still collects the result.
+  bool Poll(absl::Duration limit) const;
   bool IsRecording() const;
   // The timestamps of the last completed submission, in nanoseconds.
   std::vector<uint64_t> Timestamps() const;
