@@ -41,15 +41,22 @@ TEST(Health, UnknownServiceIsNotFound) {
   EXPECT_THAT(status.error_message(), testing::HasSubstr("komputed.v1.NoSuchService"));
 }
 
+// Opens a Watch of `service`, bounded by 30 s.
+std::unique_ptr<grpc::ClientReader<HealthCheckResponse>> Watch(Client& client,
+                                                               grpc::ClientContext& ctx,
+                                                               const std::string& service) {
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  HealthCheckRequest req;
+  req.set_service(service);
+  return client.health->Watch(&ctx, req);
+}
+
 TEST(Health, WatchSeesServingThenNotServingWhenTheDaemonDrains) {
   DaemonProcess daemon;
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  HealthCheckRequest req;
-  req.set_service("komputed.v1.Sequences");
-  auto reader = client.health->Watch(&ctx, req);
+  auto reader = Watch(client, ctx, "komputed.v1.Sequences");
   HealthCheckResponse resp;
   ASSERT_TRUE(reader->Read(&resp));
   EXPECT_EQ(resp.status(), HealthCheckResponse::SERVING);
@@ -69,10 +76,7 @@ TEST(Health, WatchOfAnUnknownServiceSaysServiceUnknown) {
   ASSERT_TRUE(daemon.started());
   Client client(daemon.address());
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  HealthCheckRequest req;
-  req.set_service("no.such.Service");
-  auto reader = client.health->Watch(&ctx, req);
+  auto reader = Watch(client, ctx, "no.such.Service");
   HealthCheckResponse resp;
   ASSERT_TRUE(reader->Read(&resp));
   EXPECT_EQ(resp.status(), HealthCheckResponse::SERVICE_UNKNOWN);
