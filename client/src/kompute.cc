@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "backend.h"
 #include "remote_backend.h"
@@ -489,9 +490,24 @@ std::shared_ptr<Backend> MakeBackend(const core::DeviceOptions& options) {
   return Check(internal::CreateInProcessBackend(options));
 }
 
+// The device of Manager(): KOMPUTED_DEVICE when set (the daemon's device index when remote, the
+// physical device index in-process); unset, core's choice in-process and device 0 remote.
+core::DeviceOptions DefaultDeviceOptions() {
+  core::DeviceOptions options;
+  const char* value = std::getenv("KOMPUTED_DEVICE");
+  if (value == nullptr || value[0] == '\0') return options;
+  uint32_t index = 0;
+  if (!absl::SimpleAtoi(value, &index)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                absl::StrCat("KOMPUTED_DEVICE: '", value, "' is not a device index"));
+  }
+  options.physical_device_index = index;
+  return options;
+}
+
 }  // namespace
 
-Manager::Manager() : backend_(MakeBackend({})) {}
+Manager::Manager() : backend_(MakeBackend(DefaultDeviceOptions())) {}
 
 Manager::Manager(uint32_t physicalDeviceIndex, const std::vector<uint32_t>& familyQueueIndices,
                  const std::vector<std::string>& desiredExtensions) {

@@ -46,6 +46,28 @@ std::unique_ptr<kp::Manager> MakeManager(BackendKind kind) {
   throw std::logic_error("unknown backend " + Name(kind));
 }
 
+std::unique_ptr<kp::Manager> MakeDefaultManager(BackendKind kind) {
+  BoundEvaluations();
+  switch (kind) {
+    case BackendKind::kInProcess:
+      unsetenv("KOMPUTED_ADDRESS");
+      return std::make_unique<kp::Manager>();
+    case BackendKind::kRemote: {
+      setenv("KOMPUTED_ADDRESS", DaemonAddress().c_str(), 1);
+      std::unique_ptr<kp::Manager> mgr;
+      try {
+        mgr = std::make_unique<kp::Manager>();
+      } catch (...) {
+        unsetenv("KOMPUTED_ADDRESS");
+        throw;
+      }
+      unsetenv("KOMPUTED_ADDRESS");
+      return mgr;
+    }
+  }
+  throw std::logic_error("unknown backend " + Name(kind));
+}
+
 std::unique_ptr<kp::Manager> MakeManager(BackendKind kind, uint32_t device_index,
                                          const std::vector<uint32_t>& family_queue_indices,
                                          const std::vector<std::string>& extensions) {

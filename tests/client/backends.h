@@ -21,6 +21,9 @@ std::string Name(BackendKind kind);
 
 // A Manager on `kind`'s default device: device 0, one queue of the first compute family.
 std::unique_ptr<kp::Manager> MakeManager(BackendKind kind);
+// kp::Manager() as a program constructs it, taking its device from the environment
+// (KOMPUTED_DEVICE); remote through KOMPUTED_ADDRESS. Throws what the constructor throws.
+std::unique_ptr<kp::Manager> MakeDefaultManager(BackendKind kind);
 // A Manager on device `device_index` with one queue per entry of `family_queue_indices` (as
 // kp::Manager's constructor). Throws what the constructor throws.
 std::unique_ptr<kp::Manager> MakeManager(BackendKind kind, uint32_t device_index,

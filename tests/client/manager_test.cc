@@ -47,6 +47,45 @@ TEST_P(KpTest, ManagerRejectsMissingDevicesAndQueues) {
   EXPECT_KP_ERROR(kInvalidArgument, mgr().sequence(1));
 }
 
+// Restores (unsets) KOMPUTED_DEVICE when the test ends, whatever happens.
+class DeviceVariable {
+ public:
+  explicit DeviceVariable(const char* value) { setenv("KOMPUTED_DEVICE", value, 1); }
+  ~DeviceVariable() { unsetenv("KOMPUTED_DEVICE"); }
+};
+
+TEST_P(KpTest, DefaultManagerTakesItsDeviceFromKomputedDevice) {
+  {
+    DeviceVariable device("0");
+    auto m = MakeDefaultManager(GetParam());
+    EXPECT_EQ(std::string(m->getDeviceProperties().deviceName.data()),
+              std::string(mgr().getDeviceProperties().deviceName.data()));
+    auto t = m->tensor({1, 2, 3});
+    m->sequence()->eval<kp::OpTensorSyncDevice>(TensorList{t});
+  }
+  {
+    DeviceVariable device("57");
+    try {
+      MakeDefaultManager(GetParam());
+      ADD_FAILURE() << "KOMPUTED_DEVICE=57 was accepted";
+    } catch (const kp::Error& e) {
+      EXPECT_EQ(e.code(), kp::ErrorCode::kInvalidArgument);
+      EXPECT_THAT(e.what(), HasSubstr("57"));
+    }
+  }
+  for (const char* bad : {"gpu1", "-1", "1.5"}) {
+    DeviceVariable device(bad);
+    try {
+      MakeDefaultManager(GetParam());
+      ADD_FAILURE() << "KOMPUTED_DEVICE=" << bad << " was accepted";
+    } catch (const kp::Error& e) {
+      EXPECT_EQ(e.code(), kp::ErrorCode::kInvalidArgument);
+      EXPECT_THAT(e.what(), HasSubstr("KOMPUTED_DEVICE"));
+      EXPECT_THAT(e.what(), HasSubstr(bad));
+    }
+  }
+}
+
 TEST_P(KpTest, TensorArgumentErrors) {
   EXPECT_KP_ERROR(kInvalidArgument, mgr().tensor(std::vector<float>{}));
   EXPECT_KP_ERROR(kInvalidArgument, mgr().tensorT<uint32_t>(size_t{0}));

@@ -1,6 +1,6 @@
 #pragma once
-// What the ops tests share beyond tests/support: a Prometheus scrape over a plain socket, the
-// stubs of every service, and pipelines built through them.
+// What the ops tests share beyond tests/support: the stubs of every service, and pipelines built
+// through them.
 
 #include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
@@ -20,6 +20,7 @@
 #include "support/bytes.h"
 #include "support/daemon_process.h"
 #include "support/grpc_matchers.h"
+#include "support/metrics.h"
 #include "support/process.h"
 #include "support/requests.h"
 #include "support/slow_kernel.h"
@@ -29,27 +30,6 @@ namespace komputed::ops_testing {
 
 namespace v1 = ::komputed::v1;
 using namespace ::komputed::test_support;
-
-// One scrape's samples, by series: a metric name and its labels (in any order).
-class Samples {
- public:
-  explicit Samples(const std::string& text);
-  static Samples From(const DaemonProcess& daemon) {
-    return Samples(ScrapeMetrics(daemon.metrics_address()));
-  }
-
-  // The value of a series; 0 when absent (a counter that never moved is not written yet).
-  double Get(const std::string& name, const std::map<std::string, std::string>& labels = {}) const;
-  bool Has(const std::string& name, const std::map<std::string, std::string>& labels = {}) const;
-  // Every metric name that has a # TYPE line, with its type.
-  const std::map<std::string, std::string>& types() const { return types_; }
-  size_t size() const { return values_.size(); }
-
- private:
-  static std::string Key(const std::string& name, const std::map<std::string, std::string>& labels);
-  std::map<std::string, double> values_;
-  std::map<std::string, std::string> types_;
-};
 
 // The stubs of every komputed service and of grpc.health.v1 over one channel.
 struct Client : Stubs {

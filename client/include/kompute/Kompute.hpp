@@ -466,7 +466,8 @@ struct Remote {
 class Manager {
  public:
   // Device 0 (discrete GPUs first), one queue of the first compute family. Remote, on the daemon's
-  // device 0, when KOMPUTED_ADDRESS (host:port) is set.
+  // device 0, when KOMPUTED_ADDRESS (host:port) is set. KOMPUTED_DEVICE=N picks device N instead
+  // (the daemon's device index when remote), so that one program runs on any GPU of a node.
   Manager();
   // familyQueueIndices: one entry per queue (sequence(i) uses entry i); repeated entries of a
   // family take its queues 0, 1, 2... Extensions the device lacks are skipped.
