@@ -85,20 +85,25 @@ class ScopedEnv {
   std::optional<std::string> previous_;
 };
 
-v1::ListDevicesResponse ListDevices(Stubs& stubs) {
+// One unary call with a 30 s deadline; a failure fails the test and returns an empty response.
+template <typename Response, typename Stub, typename Request>
+Response Call(Stub& stub,
+              grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&, Response*),
+              const Request& request) {
   grpc::ClientContext c;
   c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::ListDevicesResponse resp;
-  EXPECT_TRUE(stubs.devices->ListDevices(&c, v1::ListDevicesRequest(), &resp).ok());
-  return resp;
+  Response response;
+  const grpc::Status status = (stub.*method)(&c, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return response;
+}
+
+v1::ListDevicesResponse ListDevices(Stubs& stubs) {
+  return Call(*stubs.devices, &v1::Devices::Stub::ListDevices, v1::ListDevicesRequest());
 }
 
 v1::ListSessionsResponse ListSessions(Stubs& stubs) {
-  grpc::ClientContext c;
-  c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::ListSessionsResponse resp;
-  EXPECT_TRUE(stubs.sessions->ListSessions(&c, v1::ListSessionsRequest(), &resp).ok());
-  return resp;
+  return Call(*stubs.sessions, &v1::Sessions::Stub::ListSessions, v1::ListSessionsRequest());
 }
 
 // A daemon that serves two or more devices, and how they came about.
@@ -160,8 +165,8 @@ MultiDeviceDaemon StartMultiDeviceDaemon() {
   return result;
 }
 
-#define START_MULTI_DEVICE_DAEMON(var)                                                    \
-  MultiDeviceDaemon var = StartMultiDeviceDaemon();                                       \
+#define START_MULTI_DEVICE_DAEMON(var)                                                           \
+  MultiDeviceDaemon var = StartMultiDeviceDaemon();                                              \
   if (var.devices < 2) GTEST_SKIP() << "no two Vulkan devices here, nor a driver to list twice"; \
   std::cout << "devices: " << var.devices << ", " << var.kind << "\n"
 
@@ -189,9 +194,9 @@ TEST(MultiDevice, KomputectlListsEveryDevice) {
   Stubs stubs(d.daemon->address());
   const v1::ListDevicesResponse devices = ListDevices(stubs);
   std::string out, err;
-  ASSERT_EQ(RunProgram({KomputectlBinary(), "--address=" + d.daemon->address(), "devices"}, &out,
-                       &err),
-            0)
+  ASSERT_EQ(
+      RunProgram({KomputectlBinary(), "--address=" + d.daemon->address(), "devices"}, &out, &err),
+      0)
       << err;
   std::cout << out;
   std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
@@ -233,10 +238,10 @@ TEST(MultiDevice, ClientsOnEveryDeviceAtOnce) {
   for (int dev = 0; dev < n; ++dev) {
     threads.emplace_back([&, dev] {
       std::string err;
-      example_rc[static_cast<size_t>(dev)] = RunProgram(
-          {"/usr/bin/env", "KOMPUTED_ADDRESS=" + d.daemon->address(),
-           absl::StrCat("KOMPUTED_DEVICE=", dev), ExampleProgram()},
-          &example_out[static_cast<size_t>(dev)], &err, absl::Seconds(300));
+      example_rc[static_cast<size_t>(dev)] =
+          RunProgram({"/usr/bin/env", "KOMPUTED_ADDRESS=" + d.daemon->address(),
+                      absl::StrCat("KOMPUTED_DEVICE=", dev), ExampleProgram()},
+                     &example_out[static_cast<size_t>(dev)], &err, absl::Seconds(300));
       example_out[static_cast<size_t>(dev)] += err;
     });
     threads.emplace_back([&, dev] {
@@ -257,8 +262,8 @@ TEST(MultiDevice, ClientsOnEveryDeviceAtOnce) {
         mgr.sequence()->eval<kp::OpTensorSyncLocal>(std::vector<std::shared_ptr<kp::Tensor>>{y});
         const float expected = a * static_cast<float>(rounds);
         const float* v = y->data();
-        const uint64_t wrong =
-            static_cast<uint64_t>(std::count_if(v, v + count, [&](float f) { return f != expected; }));
+        const uint64_t wrong = static_cast<uint64_t>(
+            std::count_if(v, v + count, [&](float f) { return f != expected; }));
         if (wrong != 0) {
           failure = absl::StrCat("device ", dev, ": ", wrong, " of ", count,
                                  " saxpy results wrong; y[0] = ", v[0], ", expected ", expected);
