@@ -23,6 +23,7 @@
 #include "komputed/core/shader.h"
 #include "komputed/core/tensor.h"
 #include "status_matchers.h"
+#include "test_device.h"
 
 namespace komputed::core {
 namespace {
@@ -31,22 +32,6 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
-
-
-constexpr absl::Duration kTimeout = absl::Seconds(60);
-
-std::shared_ptr<Device> TestDevice() {
-  static const std::shared_ptr<Device>* device = [] {
-    absl::StatusOr<std::shared_ptr<Device>> d = Device::Create({});
-    if (!d.ok()) {
-      // Nothing here can run without one: stop with the reason rather than crash later.
-      std::fprintf(stderr, "core_test needs a Vulkan device: %s\n", d.status().ToString().c_str());
-      std::exit(1);
-    }
-    return new std::shared_ptr<Device>(*std::move(d));
-  }();
-  return *device;
-}
 
 // The bytes of `values`, back to back (spec and push constants).
 template <typename... T>
@@ -89,18 +74,6 @@ absl::Status RoundTrip(const std::shared_ptr<Algorithm>& algorithm,
   return (*seq)->Eval(kTimeout);
 }
 
-// b[i] = a[i] * scale + offset, from push constants.
-constexpr char kPushShader[] = R"(#version 450
-layout(local_size_x = 1) in;
-layout(set = 0, binding = 0) readonly buffer A { float a[]; };
-layout(set = 0, binding = 1) writeonly buffer B { float b[]; };
-layout(push_constant) uniform Params { float scale; float offset; } params;
-void main() {
-  uint i = gl_GlobalInvocationID.x;
-  b[i] = a[i] * params.scale + params.offset;
-}
-)";
-
 // b[i] = a[i] * kScale + kAdd, from specialization constants 0 (float) and 1 (int).
 constexpr char kSpecShader[] = R"(#version 450
 layout(local_size_x = 1) in;
@@ -132,7 +105,7 @@ layout(local_size_x = 1) in;
 void main() {}
 )";
 
-// A valid spec for kPushShader over 4 elements.
+// A valid spec for kAffineShader over 4 elements.
 struct Fixture {
   std::shared_ptr<Tensor> a;
   std::shared_ptr<Tensor> b;
@@ -145,7 +118,7 @@ absl::StatusOr<Fixture> PushFixture() {
   if (!a.ok()) return a.status();
   absl::StatusOr<std::shared_ptr<Tensor>> b = Floats({0, 0, 0, 0});
   if (!b.ok()) return b.status();
-  absl::StatusOr<std::vector<uint32_t>> spirv = Compile(kPushShader);
+  absl::StatusOr<std::vector<uint32_t>> spirv = Compile(kAffineShader);
   if (!spirv.ok()) return spirv.status();
   f.a = *a;
   f.b = *b;
@@ -184,7 +157,7 @@ TEST(Algorithm, InvalidSpirvNeverReachesTheDriver) {
   EXPECT_THAT(Algorithm::Create(TestDevice(), f.spec),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not SPIR-V")));
   // SPIR-V cut short: the validator, not the driver, rejects it.
-  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, Compile(kPushShader));
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, Compile(kAffineShader));
   spirv.resize(spirv.size() / 2);
   f.spec.spirv = spirv;
   EXPECT_THAT(Algorithm::Create(TestDevice(), f.spec),

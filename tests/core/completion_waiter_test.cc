@@ -26,75 +26,14 @@
 #include "komputed/core/sequence.h"
 #include "komputed/core/shader.h"
 #include "komputed/core/tensor.h"
+#include "status_matchers.h"
+#include "test_device.h"
 
 namespace komputed::core {
 namespace {
 
 using ::testing::AnyOf;
 using ::testing::ElementsAre;
-
-const absl::Status& ToStatus(const absl::Status& s) { return s; }
-template <typename T>
-const absl::Status& ToStatus(const absl::StatusOr<T>& s) {
-  return s.status();
-}
-
-MATCHER_P(StatusIs, code, absl::StrCat("has status code ", absl::StatusCodeToString(code))) {
-  const absl::Status& s = ToStatus(arg);
-  *result_listener << "whose status is " << s;
-  return s.code() == code;
-}
-
-#define KD_TEST_CONCAT_INNER(a, b) a##b
-#define KD_TEST_CONCAT(a, b) KD_TEST_CONCAT_INNER(a, b)
-#define ASSERT_OK(expr)                                       \
-  do {                                                        \
-    const absl::Status kd_assert_status_ = (expr);            \
-    ASSERT_TRUE(kd_assert_status_.ok()) << kd_assert_status_; \
-  } while (0)
-#define ASSERT_OK_AND_ASSIGN(lhs, expr) \
-  ASSERT_OK_AND_ASSIGN_IMPL(KD_TEST_CONCAT(kd_statusor_, __LINE__), lhs, expr)
-#define ASSERT_OK_AND_ASSIGN_IMPL(tmp, lhs, expr) \
-  auto tmp = (expr);                              \
-  ASSERT_TRUE(tmp.ok()) << tmp.status();          \
-  lhs = std::move(tmp).value()
-
-constexpr absl::Duration kTimeout = absl::Seconds(60);
-
-std::shared_ptr<Device> TestDevice() {
-  static const std::shared_ptr<Device>* device = [] {
-    absl::StatusOr<std::shared_ptr<Device>> d = Device::Create({});
-    if (!d.ok()) {
-      // Nothing here can run without one: stop with the reason rather than crash later.
-      std::fprintf(stderr, "core_test needs a Vulkan device: %s\n", d.status().ToString().c_str());
-      std::exit(1);
-    }
-    return new std::shared_ptr<Device>(*std::move(d));
-  }();
-  return *device;
-}
-
-constexpr char kAddShader[] = R"(#version 450
-layout(local_size_x = 1) in;
-layout(set = 0, binding = 0) readonly buffer A { float a[]; };
-layout(set = 0, binding = 1) buffer B { float b[]; };
-void main() {
-  uint i = gl_GlobalInvocationID.x;
-  b[i] += a[i];
-}
-)";
-
-// As in sequence_test.cc: many invocations of a short loop, nothing written.
-constexpr char kBusyShader[] = R"(#version 450
-layout(local_size_x = 64) in;
-layout(set = 0, binding = 0) buffer Out { float result[]; };
-layout(push_constant) uniform Params { uint iterations; } params;
-void main() {
-  float acc = float(gl_GlobalInvocationID.x + gl_GlobalInvocationID.y);
-  for (uint k = 0; k < params.iterations; ++k) acc = acc * 0.999 + 1.0;
-  if (acc == -12345.0) result[0] = acc;
-}
-)";
 
 const std::vector<uint32_t>& Spirv(const char* source) {
   static auto* add = new absl::StatusOr<std::vector<uint32_t>>(CompileGlsl(kAddShader));

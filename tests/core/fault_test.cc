@@ -20,6 +20,7 @@
 #include "komputed/core/tensor.h"
 #include "komputed/core/vulkan_calls.h"
 #include "status_matchers.h"
+#include "test_device.h"
 
 namespace komputed::core {
 namespace {
@@ -27,19 +28,6 @@ namespace {
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-
-constexpr absl::Duration kTimeout = absl::Seconds(60);
-
-constexpr char kAddShader[] = R"(#version 450
-layout(local_size_x = 1) in;
-layout(set = 0, binding = 0) readonly buffer A { float a[]; };
-layout(set = 0, binding = 1) buffer B { float b[]; };
-void main() {
-  uint i = gl_GlobalInvocationID.x;
-  b[i] += a[i];
-}
-)";
 
 // A device of its own (faults must not leak into other tests) whose calls can fail.
 struct FaultyDevice {

@@ -26,6 +26,7 @@
 #include "komputed/core/shader.h"
 #include "komputed/core/tensor.h"
 #include "status_matchers.h"
+#include "test_device.h"
 
 namespace komputed::core {
 namespace {
@@ -39,45 +40,6 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
 
-
-constexpr absl::Duration kTimeout = absl::Seconds(60);
-
-std::shared_ptr<Device> TestDevice() {
-  static const std::shared_ptr<Device>* device = [] {
-    absl::StatusOr<std::shared_ptr<Device>> d = Device::Create({});
-    if (!d.ok()) {
-      // Nothing here can run without one: stop with the reason rather than crash later.
-      std::fprintf(stderr, "core_test needs a Vulkan device: %s\n", d.status().ToString().c_str());
-      std::exit(1);
-    }
-    return new std::shared_ptr<Device>(*std::move(d));
-  }();
-  return *device;
-}
-
-// b[i] += a[i]
-constexpr char kAddShader[] = R"(#version 450
-layout(local_size_x = 1) in;
-layout(set = 0, binding = 0) readonly buffer A { float a[]; };
-layout(set = 0, binding = 1) buffer B { float b[]; };
-void main() {
-  uint i = gl_GlobalInvocationID.x;
-  b[i] += a[i];
-}
-)";
-
-// b[i] = a[i] * scale + offset
-constexpr char kAffineShader[] = R"(#version 450
-layout(local_size_x = 1) in;
-layout(set = 0, binding = 0) readonly buffer A { float a[]; };
-layout(set = 0, binding = 1) writeonly buffer B { float b[]; };
-layout(push_constant) uniform Params { float scale; float offset; } params;
-void main() {
-  uint i = gl_GlobalInvocationID.x;
-  b[i] = a[i] * params.scale + params.offset;
-}
-)";
-
 // b[i] = a[i] * a[i]
 constexpr char kSquareShader[] = R"(#version 450
 layout(local_size_x = 1) in;
@@ -86,20 +48,6 @@ layout(set = 0, binding = 1) writeonly buffer B { float b[]; };
 void main() {
   uint i = gl_GlobalInvocationID.x;
   b[i] = a[i] * a[i];
-}
-)";
-
-// Busy work: every invocation runs a short dependent loop; nothing is written (the condition is
-// never true, but the compiler cannot know). The work scales with the number of invocations,
-// not the loop: lavapipe ends a shader's loops after ~65535 iterations.
-constexpr char kBusyShader[] = R"(#version 450
-layout(local_size_x = 64) in;
-layout(set = 0, binding = 0) buffer Out { float result[]; };
-layout(push_constant) uniform Params { uint iterations; } params;
-void main() {
-  float acc = float(gl_GlobalInvocationID.x + gl_GlobalInvocationID.y);
-  for (uint k = 0; k < params.iterations; ++k) acc = acc * 0.999 + 1.0;
-  if (acc == -12345.0) result[0] = acc;
 }
 )";
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "status_matchers.h"
+#include "test_device.h"
 
 namespace komputed::core {
 namespace {
@@ -21,18 +22,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-
 constexpr uint32_t kSpirvMagic = 0x07230203u;
-
-constexpr char kAddShader[] = R"(#version 450
-layout(local_size_x = 1) in;
-layout(set = 0, binding = 0) readonly buffer A { float a[]; };
-layout(set = 0, binding = 1) buffer B { float b[]; };
-void main() {
-  uint i = gl_GlobalInvocationID.x;
-  b[i] += a[i];
-}
-)";
 
 // Line 5 has the error (a missing semicolon before "b[i]").
 constexpr char kBrokenShader[] = R"(#version 450

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "komputed/core/device.h"
 #include "status_matchers.h"
+#include "test_device.h"
 
 namespace komputed::core {
 namespace {
@@ -26,21 +27,6 @@ using ::testing::AllOf;
 using ::testing::Each;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
-
-
-// One device for the whole file: creating one per test would only cost time.
-std::shared_ptr<Device> TestDevice() {
-  static const std::shared_ptr<Device>* device = [] {
-    absl::StatusOr<std::shared_ptr<Device>> d = Device::Create({});
-    if (!d.ok()) {
-      // Nothing here can run without one: stop with the reason rather than crash later.
-      std::fprintf(stderr, "core_test needs a Vulkan device: %s\n", d.status().ToString().c_str());
-      std::exit(1);
-    }
-    return new std::shared_ptr<Device>(*std::move(d));
-  }();
-  return *device;
-}
 
 constexpr ElementType kElementTypes[] = {ElementType::kBool,    ElementType::kInt32,
                                          ElementType::kUInt32,  ElementType::kFloat32,
