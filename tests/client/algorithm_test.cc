@@ -154,18 +154,20 @@ TEST_P(KpTest, StructPushConstantsWithAndWithoutOverride) {
   expect(0.125f, 4294967295u, INT_MIN);
 }
 
+// out_v[0] = the push constant.
+constexpr char kPushValueShader[] = R"(
+  #version 450
+  layout(local_size_x = 1) in;
+  layout(set = 0, binding = 0) buffer Out { float out_v[]; };
+  layout(push_constant) uniform Push { float v; } push;
+  void main() { out_v[0] = push.v; }
+)";
+
 // As in Kompute, a dispatch takes the push constants current when it is recorded.
 TEST_P(KpTest, PushConstantsAreTakenWhenRecorded) {
-  constexpr char kShader[] = R"(
-    #version 450
-    layout(local_size_x = 1) in;
-    layout(set = 0, binding = 0) buffer Out { float out_v[]; };
-    layout(push_constant) uniform Push { float v; } push;
-    void main() { out_v[0] = push.v; }
-  )";
   auto out = mgr().tensor({0});
-  auto algo = mgr().algorithm({out}, kp::compileSource(kShader), {1, 1, 1}, std::vector<float>{},
-                              std::vector<float>{1});
+  auto algo = mgr().algorithm({out}, kp::compileSource(kPushValueShader), {1, 1, 1},
+                              std::vector<float>{}, std::vector<float>{1});
   auto seq = mgr().sequence();
   seq->record<kp::OpAlgoDispatch>(algo)->record<kp::OpTensorSyncLocal>(TensorList{out});
   algo->setPushConstants(std::vector<float>{2});
@@ -178,16 +180,9 @@ TEST_P(KpTest, PushConstantsAreTakenWhenRecorded) {
 
 // rerecord() replays a dispatch's override, which (as at record time) becomes the algorithm's.
 TEST_P(KpTest, RerecordReappliesPushOverrides) {
-  constexpr char kShader[] = R"(
-    #version 450
-    layout(local_size_x = 1) in;
-    layout(set = 0, binding = 0) buffer Out { float out_v[]; };
-    layout(push_constant) uniform Push { float v; } push;
-    void main() { out_v[0] = push.v; }
-  )";
   auto out = mgr().tensor({0});
-  auto algo = mgr().algorithm({out}, kp::compileSource(kShader), {1, 1, 1}, std::vector<float>{},
-                              std::vector<float>{1});
+  auto algo = mgr().algorithm({out}, kp::compileSource(kPushValueShader), {1, 1, 1},
+                              std::vector<float>{}, std::vector<float>{1});
   auto seq = mgr().sequence();
   seq->record<kp::OpAlgoDispatch>(algo, std::vector<float>{3})
       ->record<kp::OpTensorSyncLocal>(TensorList{out})
@@ -196,8 +191,8 @@ TEST_P(KpTest, RerecordReappliesPushOverrides) {
   algo->setPushConstants(std::vector<float>{5});
   EXPECT_EQ(algo->getPushConstants<float>(), std::vector<float>{5});
   seq->rerecord();
-  // KNOWN BUG (client/src/kompute.cc, Sequence::rerecord): core re-applies the override {3} to
-  // the algorithm, but the facade's copy (getPushConstants) still says {5}.
+  // Core re-applies the override {3} to the algorithm; the facade's copy (getPushConstants) must
+  // follow it.
   EXPECT_EQ(algo->getPushConstants<float>(), std::vector<float>{3});
   // What a new dispatch without override uses must agree with getPushConstants().
   mgr()

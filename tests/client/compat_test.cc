@@ -39,10 +39,9 @@ concept ConstructibleLikeKompute = requires(uint32_t family) {
 };
 
 TEST_P(KpTest, ManagerConstructorCallsOfKomputePrograms) {
-  // KNOWN BUG while it fails (client/include/kompute/Kompute.hpp): the remote constructor
-  // Manager(const std::string& address, uint32_t deviceIndex = 0, const std::vector<uint32_t>& =
-  // {}) makes `Manager(0, {0})` ambiguous with Manager(uint32_t, const std::vector<uint32_t>&,
-  // ...): the literal 0 converts to std::string (as a null pointer) and {0} to uint32_t.
+  // Kompute programs call Manager(0, {0}): a remote constructor taking (std::string, uint32_t)
+  // would make that ambiguous (the literal 0 converts to std::string as a null pointer, and {0}
+  // to uint32_t), which is why the remote ones take an address alone or a kp::Remote.
   EXPECT_TRUE(ConstructibleLikeKompute<kp::Manager>)
       << "kp::Manager(0, {0}) and kp::Manager(0, {0}, {}) do not compile (ambiguous overloads)";
   auto m = MakeManager(GetParam(), 0, {0});

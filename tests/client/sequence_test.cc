@@ -114,11 +114,10 @@ TEST_P(KpTest, EvalOfAnOpReplacesWhatWasRecorded) {
 // Many sequences that live for one evaluation each (as `mgr.sequence()->eval<...>(...)` makes),
 // with the host reusing the memory they freed. Runs in a child process so that a crash fails only
 // this test.
-// KNOWN BUG, crashes on lavapipe (core/src/sequence.cc, Sequence::~Sequence): the per-sequence
-// timeline semaphore is destroyed once the fence has signalled, but Mesa 22.3's lavapipe queue
-// thread can still be signalling it (valgrind: invalid read in libvulkan_lvp.so of a block freed
-// by komputed::core::Sequence::~Sequence). Waiting for the semaphore's last value
-// (vkWaitSemaphores) before destroying it fixes it.
+// A regression test: Mesa 22.3's lavapipe queue thread can still be signalling a sequence's
+// timeline semaphore after its fence has signalled, so Sequence::~Sequence waits for the
+// semaphore's last value before destroying it (without that wait, an invalid read in
+// libvulkan_lvp.so crashed this test).
 TEST_P(KpTest, ShortLivedSequences) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(

@@ -285,9 +285,8 @@ TEST_P(KpTest, CopyRejectsBadTensorLists) {
   seq->eval<kp::OpTensorCopy>(TensorList{f3, mgr().tensor({0, 0, 0})});
 }
 
-// KNOWN BUG, fails on lavapipe (core/src/tensor.cc, Tensor::host_data / Buffer::Create): where
-// device-local memory is also host visible (lavapipe, integrated GPUs, resizable BAR) a storage
-// tensor's buffer is mapped and exposed as host data; the kp contract says eStorage has none.
+// The kp contract: eStorage has no host data, even where device-local memory is also host
+// visible (lavapipe, integrated GPUs, resizable BAR) and the buffer could be mapped.
 TEST_P(KpTest, StorageTensorsHaveNoHostData) {
   auto storage = mgr().tensorT<float>(size_t{4}, MemoryType::eStorage);
   auto with_data = mgr().tensor({1, 2, 3, 4}, MemoryType::eStorage);
