@@ -49,6 +49,11 @@ ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(25),
           "on SIGTERM or SIGINT: health turns NOT_SERVING, new sessions and evaluations are "
           "refused, and evaluations in flight get this long to complete before the daemon exits "
           "(keep Kubernetes' terminationGracePeriodSeconds above it)");
+ABSL_FLAG(absl::Duration, device_recovery_interval, absl::Seconds(5),
+          "a lost device (VK_ERROR_DEVICE_LOST) is opened again this long after the loss, and "
+          "while that fails again after twice as long each time (up to 64 times this); sessions "
+          "on the lost opening get UNAVAILABLE until they close; 0: a lost device stays lost "
+          "until the daemon restarts");
 ABSL_FLAG(int, max_message_bytes, 64 << 20,
           "largest gRPC message received or sent, in bytes (at least 4096); larger tensor data "
           "moves in chunks (WriteTensor, ReadTensor)");
@@ -103,6 +108,7 @@ int main(int argc, char** argv) {
   options.eval_spin = absl::GetFlag(FLAGS_eval_spin);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  options.device_recovery_interval = absl::GetFlag(FLAGS_device_recovery_interval);
 
   // Every thread started from here on inherits the blocked signals; main takes them with sigwait.
   sigset_t stop_signals;

@@ -152,7 +152,8 @@ int Devices() {
                                         l.max_compute_work_group_count(2))
                          : "?";
     rows.push_back(
-        {absl::StrCat(d.index()), d.name(), TypeName(d.device_type()), Bytes(d.memory_bytes()),
+        {absl::StrCat(d.index()), d.name(),
+         absl::StrCat(TypeName(d.device_type()), d.lost() ? " (lost)" : ""), Bytes(d.memory_bytes()),
          Bytes(d.memory_in_use_bytes()), absl::StrCat(d.sessions()), absl::StrJoin(families, " "),
          wg, absl::StrCat(l.max_push_constants_size(), " B"), Bytes(l.max_storage_buffer_range())});
   }

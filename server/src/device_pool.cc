@@ -2,11 +2,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <map>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "komputed/core/status.h"
 
@@ -35,32 +38,44 @@ absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
   }
   auto pooled = std::unique_ptr<PooledDevice>(new PooledDevice());
   pooled->index_ = pool_index;
-  KD_ASSIGN_OR_RETURN(pooled->device_, core::Device::Create(options));
-  KD_ASSIGN_OR_RETURN(pooled->waiter_, core::CompletionWaiter::Create(pooled->device_));
-  for (uint32_t i = 0; i < pooled->device_->queue_count(); ++i) {
-    const core::Queue& q = pooled->device_->queue(i);
+  pooled->info_ = info;
+  pooled->options_ = options;
+  auto instance = std::make_shared<DeviceInstance>();
+  KD_ASSIGN_OR_RETURN(instance->device, core::Device::Create(options));
+  KD_ASSIGN_OR_RETURN(instance->waiter, core::CompletionWaiter::Create(instance->device));
+  const core::Device& device = *instance->device;
+  for (uint32_t i = 0; i < device.queue_count(); ++i) {
+    const core::Queue& q = device.queue(i);
     pooled->queue_index_[{q.family, q.index}] = i;
   }
   Metrics& m = *pool_options.metrics;
-  const std::string device = absl::StrCat(pool_index);
-  pooled->memory_used_ = &m.device_memory_used_bytes(device);
-  m.device_memory_limit_bytes(device).Set(static_cast<double>(info.DeviceLocalBytes()));
-  pooled->losses_ = &m.device_losses_total(device);
-  for (uint32_t i = 0; i < pooled->device_->queue_count(); ++i) {
+  const std::string label = absl::StrCat(pool_index);
+  pooled->memory_used_ = &m.device_memory_used_bytes(label);
+  m.device_memory_limit_bytes(label).Set(static_cast<double>(info.DeviceLocalBytes()));
+  pooled->losses_ = &m.device_losses_total(label);
+  pooled->recoveries_ = &m.device_recoveries_total(label);
+  for (uint32_t i = 0; i < device.queue_count(); ++i) {
     const std::string queue = absl::StrCat(i);
-    pooled->queue_metrics_.push_back({&m.submissions_total(device, queue),
-                                      &m.gpu_execution_seconds_total(device, queue),
-                                      &m.queue_depth(device, queue)});
+    pooled->queue_metrics_.push_back({&m.submissions_total(label, queue),
+                                      &m.gpu_execution_seconds_total(label, queue),
+                                      &m.queue_depth(label, queue)});
   }
   spdlog::info("device {}: {} (Vulkan device {}), {} queue(s), timeline semaphores: {}", pool_index,
-               info.properties.deviceName, physical_index, pooled->device_->queue_count(),
-               pooled->device_->timeline_supported());
+               info.properties.deviceName, physical_index, device.queue_count(),
+               device.timeline_supported());
+  absl::MutexLock lock(&pooled->mu_);
+  pooled->instance_ = std::move(instance);
   return pooled;
+}
+
+std::shared_ptr<DeviceInstance> PooledDevice::instance() const {
+  absl::MutexLock lock(&mu_);
+  return instance_;
 }
 
 absl::StatusOr<std::vector<uint32_t>> PooledDevice::ResolveQueues(
     const std::vector<uint32_t>& families) const {
-  const core::PhysicalDeviceInfo& info = device_->info();
+  const core::PhysicalDeviceInfo& info = info_;
   std::vector<uint32_t> wanted = families;
   if (wanted.empty()) {
     for (uint32_t f = 0; f < info.queue_families.size(); ++f) {
@@ -114,18 +129,69 @@ void PooledDevice::Completed(size_t queue, uint64_t gpu_ns) {
   if (gpu_ns > 0) queue_metrics_[queue].gpu_seconds->Increment(static_cast<double>(gpu_ns) * 1e-9);
 }
 
-void PooledDevice::CheckLost() {
-  if (!device_->lost() || loss_reported_.exchange(true)) return;
+void PooledDevice::CheckLost(const DeviceInstance& instance) {
+  if (!instance.device->lost()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    // A loss of an instance already replaced, or one already reported, is not a new loss.
+    if (instance_.get() != &instance || loss_reported_) return;
+    loss_reported_ = true;
+  }
   losses_->Increment();
   spdlog::error(
       "device {} ({}) was lost (VK_ERROR_DEVICE_LOST): its sessions' calls fail with "
       "UNAVAILABLE",
-      index_, device_->properties().deviceName);
-  if (on_loss_) on_loss_();
+      index_, info_.properties.deviceName);
+  if (on_lost_) on_lost_(*this);
+}
+
+absl::Status PooledDevice::Recover() {
+  std::shared_ptr<DeviceInstance> lost = instance();
+  if (!lost->device->lost()) return absl::OkStatus();
+  const absl::Time start = absl::Now();
+  auto fresh = std::make_shared<DeviceInstance>();
+  absl::StatusOr<std::shared_ptr<core::Device>> device = core::Device::Create(options_);
+  if (!device.ok()) return device.status();
+  fresh->device = *std::move(device);
+  absl::StatusOr<std::unique_ptr<core::CompletionWaiter>> waiter =
+      core::CompletionWaiter::Create(fresh->device);
+  if (!waiter.ok()) return waiter.status();
+  fresh->waiter = *std::move(waiter);
+  {
+    absl::MutexLock lock(&mu_);
+    retired_.push_back(std::move(instance_));
+    instance_ = std::move(fresh);
+    loss_reported_ = false;
+  }
+  recoveries_->Increment();
+  spdlog::info("device {} ({}) opened again after its loss, in {}: new sessions can use it", index_,
+               info_.properties.deviceName,
+               absl::StrFormat("%.3fs", absl::ToDoubleSeconds(absl::Now() - start)));
+  return absl::OkStatus();
+}
+
+void PooledDevice::FreeRetired() {
+  std::vector<std::shared_ptr<DeviceInstance>> unused;
+  {
+    absl::MutexLock lock(&mu_);
+    auto held = std::partition(retired_.begin(), retired_.end(),
+                               [](const auto& instance) { return instance.use_count() > 1; });
+    unused.assign(std::make_move_iterator(held), std::make_move_iterator(retired_.end()));
+    retired_.erase(held, retired_.end());
+  }
+  // Destroyed here, outside the lock: each waiter completes what it still watches.
+  if (!unused.empty()) {
+    spdlog::debug("device {}: {} lost instance(s) freed", index_, unused.size());
+  }
+}
+
+size_t PooledDevice::retired() const {
+  absl::MutexLock lock(&mu_);
+  return retired_.size();
 }
 
 void PooledDevice::Describe(v1::DeviceInfo* out) const {
-  const core::PhysicalDeviceInfo& info = device_->info();
+  const core::PhysicalDeviceInfo& info = info_;
   const VkPhysicalDeviceProperties& p = info.properties;
   out->set_index(index_);
   out->set_name(p.deviceName);
@@ -158,6 +224,8 @@ void PooledDevice::Describe(v1::DeviceInfo* out) const {
   limits->set_timestamp_period(p.limits.timestampPeriod);
   out->set_properties_raw(reinterpret_cast<const char*>(&p), sizeof(p));
   out->set_sessions(sessions());
+  out->set_lost(!usable());
+  out->set_recoveries(static_cast<uint64_t>(recoveries_->Value()));
 }
 
 absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(
@@ -185,15 +253,88 @@ absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(
     }
   }
   auto pool = std::unique_ptr<DevicePool>(new DevicePool());
+  pool->options_ = options;
   for (uint32_t i = 0; i < chosen.size(); ++i) {
     KD_ASSIGN_OR_RETURN(auto device, PooledDevice::Open(i, chosen[i], options));
+    DevicePool* const p = pool.get();
+    device->on_lost_ = [p](PooledDevice&) { p->DeviceLost(); };
     pool->devices_.push_back(std::move(device));
   }
+  pool->recovery_ = std::thread([p = pool.get()] { p->Recovery(); });
   return pool;
 }
 
 DevicePool::~DevicePool() {
-  for (auto& device : devices_) device->waiter_.reset();
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (recovery_.joinable()) recovery_.join();
+  // Every waiter first: a waiter's callbacks may use any device. Destroyed outside the devices'
+  // locks, which those callbacks take.
+  std::vector<std::unique_ptr<core::CompletionWaiter>> waiters;
+  for (auto& device : devices_) {
+    absl::MutexLock lock(&device->mu_);
+    if (device->instance_ != nullptr) waiters.push_back(std::move(device->instance_->waiter));
+    for (auto& instance : device->retired_) waiters.push_back(std::move(instance->waiter));
+  }
+  waiters.clear();
+}
+
+void DevicePool::DeviceLost() {
+  if (listener_) listener_();
+  absl::MutexLock lock(&mu_);
+  lost_ = true;
+}
+
+void DevicePool::Recovery() {
+  const absl::Duration interval = options_.recovery_interval;
+  absl::Time next_attempt = absl::InfiniteFuture();
+  int failures = 0;  // attempts in a row that left a device unusable
+  while (true) {
+    bool retired = false;
+    for (auto& device : devices_) {
+      device->FreeRetired();
+      retired |= device->retired() > 0;
+    }
+    // Wakes for a loss (to schedule an attempt), at the attempt, to look at replaced instances
+    // again while sessions hold them, or to stop.
+    const absl::Time wake =
+        std::min(next_attempt, retired ? absl::Now() + absl::Seconds(1) : absl::InfiniteFuture());
+    {
+      absl::MutexLock lock(&mu_);
+      auto woken = [this] { return stopping_ || lost_; };
+      mu_.AwaitWithDeadline(absl::Condition(&woken), wake);
+      if (stopping_) return;
+      if (lost_) {
+        lost_ = false;
+        if (interval > absl::ZeroDuration()) {
+          next_attempt = std::min(next_attempt, absl::Now() + interval);
+        }
+        continue;
+      }
+    }
+    if (absl::Now() < next_attempt) continue;
+    next_attempt = absl::InfiniteFuture();
+    bool recovered = false;
+    bool failed = false;
+    for (auto& device : devices_) {
+      if (device->usable()) continue;
+      absl::Status opened = device->Recover();
+      if (opened.ok()) {
+        recovered = true;
+        continue;
+      }
+      failed = true;
+      // A device that stays unusable (fallen off the bus) is tried less and less often.
+      const absl::Duration wait = interval * (int64_t{1} << std::min(failures, 6));
+      spdlog::warn("device {} could not be opened again after its loss (next try in {}): {}",
+                   device->index(), absl::FormatDuration(wait), opened.ToString());
+      next_attempt = std::min(next_attempt, absl::Now() + wait);
+    }
+    failures = failed ? failures + 1 : 0;
+    if (recovered && listener_) listener_();
+  }
 }
 
 size_t DevicePool::usable() const {
@@ -202,9 +343,7 @@ size_t DevicePool::usable() const {
   return n;
 }
 
-void DevicePool::SetLossListener(std::function<void()> listener) {
-  for (auto& device : devices_) device->on_loss_ = listener;
-}
+void DevicePool::SetStateListener(std::function<void()> listener) { listener_ = std::move(listener); }
 
 absl::StatusOr<PooledDevice*> DevicePool::Get(uint32_t index) const {
   if (index >= devices_.size()) {

@@ -4,11 +4,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "komputed/core/completion_waiter.h"
 #include "komputed/core/device.h"
 #include "komputed/core/vulkan_calls.h"
@@ -23,12 +27,27 @@ struct DevicePoolOptions {
   std::shared_ptr<core::VulkanCalls> vulkan_calls;
   // Where the devices' metrics go; must outlive the pool. Required.
   Metrics* metrics = nullptr;
+  // A lost device is opened again this long after the loss; while that fails, again after
+  // twice as long each time (up to 64 times this); zero: a lost device stays lost until the
+  // daemon restarts.
+  absl::Duration recovery_interval = absl::Seconds(5);
 };
 
-// One device the daemon serves: a core::Device opened with every queue of every compute-capable
-// queue family, the one CompletionWaiter that watches its submissions, the totals of what
-// sessions hold on it, and its metrics. Owned by the DevicePool; lives as long as the pool.
-// Thread-safe.
+// One opening of a physical device: the core::Device with every compute queue, and the one
+// CompletionWaiter that watches its submissions. A session keeps the instance that it was opened
+// on; when the device is lost, the PooledDevice opens a new instance for new sessions.
+struct DeviceInstance {
+  std::shared_ptr<core::Device> device;
+  // Declared last, so destroyed first: it completes every watched submission, whose callbacks
+  // use the device (and it holds the device itself).
+  std::unique_ptr<core::CompletionWaiter> waiter;
+};
+
+// One device the daemon serves: its current DeviceInstance (a core::Device opened with every queue
+// of every compute-capable queue family, and its CompletionWaiter), the totals of what sessions
+// hold on it, and its metrics. When the instance is lost, Recover() opens a new one; sessions on
+// the old one keep it (their calls fail with UNAVAILABLE) until they close. Owned by the
+// DevicePool; lives as long as the pool. Thread-safe.
 class PooledDevice {
  public:
   // `pool_index` is the daemon's device index (what OpenSession takes).
@@ -37,8 +56,10 @@ class PooledDevice {
                                                             const DevicePoolOptions& options);
 
   uint32_t index() const { return index_; }
-  const std::shared_ptr<core::Device>& device() const { return device_; }
-  core::CompletionWaiter& waiter() const { return *waiter_; }
+  // The instance that new sessions open on.
+  std::shared_ptr<DeviceInstance> instance() const;
+  // The physical device (the same for every instance).
+  const core::PhysicalDeviceInfo& info() const { return info_; }
 
   // The device queue indices for a session that asks for one queue per entry of `families`
   // (repeated entries of a family take its queues 0, 1, 2...; empty: one queue of the first
@@ -76,13 +97,20 @@ class PooledDevice {
   void EndInlineWait() { inline_waits_.fetch_sub(1, std::memory_order_release); }
 
   // Whether the device is a CPU (lavapipe): its work runs on the host's cores.
-  bool is_cpu() const { return device_->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU; }
+  bool is_cpu() const { return info_.properties.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU; }
 
-  // False once the device is lost (VK_ERROR_DEVICE_LOST).
-  bool usable() const { return !device_->lost(); }
-  // Call after a device operation failed: when the device was lost and this is the first to
-  // notice, counts and logs the loss and tells the pool's loss listener.
-  void CheckLost();
+  // False while the current instance is lost (VK_ERROR_DEVICE_LOST) and not yet replaced.
+  bool usable() const { return !instance()->device->lost(); }
+  // Call after an operation on `instance` failed: when it was lost and this is the first to
+  // notice, counts and logs the loss and tells the pool (its state listener, its recovery).
+  void CheckLost(const DeviceInstance& instance);
+  // When the current instance is lost: opens a new one for new sessions. OK when the device was
+  // usable or is now; the reason when opening failed.
+  absl::Status Recover();
+  // Frees the instances replaced by Recover() that no session holds any more.
+  void FreeRetired();
+  // Instances replaced by Recover() and still held by sessions.
+  size_t retired() const;
 
  private:
   friend class DevicePool;
@@ -96,22 +124,27 @@ class PooledDevice {
   };
 
   uint32_t index_ = 0;
-  std::shared_ptr<core::Device> device_;
-  // (queue family, index within the family) → device queue index.
+  core::PhysicalDeviceInfo info_;
+  core::DeviceOptions options_;  // how each instance is opened
+  // (queue family, index within the family) → device queue index (the same in every instance).
   absl::flat_hash_map<std::pair<uint32_t, uint32_t>, uint32_t> queue_index_;
   std::atomic<int64_t> memory_in_use_{0};
   std::atomic<int32_t> sessions_{0};
   std::atomic<int> inline_waits_{0};
-  std::atomic<bool> loss_reported_{false};
-  std::function<void()> on_loss_;  // set by the pool before any session exists
+  std::function<void(PooledDevice&)> on_lost_;  // set by the pool before any session exists
 
   prometheus::Gauge* memory_used_ = nullptr;
   prometheus::Counter* losses_ = nullptr;
+  prometheus::Counter* recoveries_ = nullptr;
   std::vector<QueueMetrics> queue_metrics_;  // by device queue index
 
-  // Declared last, so destroyed first: it completes every watched submission, whose callbacks
-  // use the members above (and it holds the device itself).
-  std::unique_ptr<core::CompletionWaiter> waiter_;
+  // Declared last, so destroyed first: the instances' waiters complete every watched
+  // submission, whose callbacks use the members above.
+  mutable absl::Mutex mu_;
+  std::shared_ptr<DeviceInstance> instance_ ABSL_GUARDED_BY(mu_);
+  bool loss_reported_ ABSL_GUARDED_BY(mu_) = false;  // for the current instance
+  // Lost instances that sessions may still hold; freed once none does.
+  std::vector<std::shared_ptr<DeviceInstance>> retired_ ABSL_GUARDED_BY(mu_);
 };
 
 // The devices the daemon serves, indexed 0..size()-1 in the order they were chosen. Immutable
@@ -124,22 +157,35 @@ class DevicePool {
   static absl::StatusOr<std::unique_ptr<DevicePool>> Create(
       const std::vector<uint32_t>& physical_indices, const DevicePoolOptions& options);
 
-  // Completes every device's watched submissions (their callbacks may use any device) before
-  // it closes the devices.
+  // Stops the recovery thread, then completes every device's watched submissions (their
+  // callbacks may use any device) before it closes the devices.
   ~DevicePool();
 
   size_t size() const { return devices_.size(); }
   // Devices not lost.
   size_t usable() const;
-  // Called (on the thread that noticed) each time a device is found lost. Set it before any
-  // session is opened; not thread-safe against CheckLost.
-  void SetLossListener(std::function<void()> listener);
+  // Called each time a device is found lost (on the thread that noticed) and each time a lost
+  // device is opened again (on the recovery thread). Set it before any session is opened; not
+  // thread-safe against CheckLost.
+  void SetStateListener(std::function<void()> listener);
   // INVALID_ARGUMENT naming the index and the number of devices.
   absl::StatusOr<PooledDevice*> Get(uint32_t index) const;
   PooledDevice& at(size_t index) const { return *devices_[index]; }
 
  private:
+  DevicePool() = default;
+  // The recovery thread: opens lost devices again (options_.recovery_interval after a loss, then
+  // backing off while that fails) and frees replaced instances once no session holds them.
+  void Recovery();
+  void DeviceLost();
+
+  DevicePoolOptions options_;
+  std::function<void()> listener_;
   std::vector<std::unique_ptr<PooledDevice>> devices_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool lost_ ABSL_GUARDED_BY(mu_) = false;  // a loss not yet looked at by the recovery thread
+  std::thread recovery_;
 };
 
 }  // namespace komputed::server

@@ -76,7 +76,9 @@ inline const prometheus::Histogram::BucketBoundaries kRpcDurationBuckets = {
           "rejected as invalid).",                                                                \
           "result")                                                                               \
   COUNTER(device_losses_total, "komputed_device_losses_total",                                    \
-          "Devices lost (VK_ERROR_DEVICE_LOST).", "device")
+          "Devices lost (VK_ERROR_DEVICE_LOST).", "device")                                       \
+  COUNTER(device_recoveries_total, "komputed_device_recoveries_total",                            \
+          "Lost devices opened again (new sessions use the new opening).", "device")
 
 // The label names of a table entry, as an array whose size is the number of labels.
 template <typename... Names>

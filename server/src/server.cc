@@ -43,6 +43,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.drain_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the drain timeout must not be negative");
   }
+  if (options.device_recovery_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the device recovery interval must not be negative");
+  }
   auto server = std::unique_ptr<Server>(new Server(std::move(options)));
   Server* const s = server.get();
   const ServerOptions& o = s->options_;
@@ -57,8 +60,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   DevicePoolOptions pool_options;
   pool_options.vulkan_calls = o.vulkan_calls;
   pool_options.metrics = s->metrics_.get();
+  pool_options.recovery_interval = o.device_recovery_interval;
   KD_ASSIGN_OR_RETURN(s->pool_, DevicePool::Create(o.devices, pool_options));
-  s->pool_->SetLossListener([s] { s->UpdateHealth(); });
+  s->pool_->SetStateListener([s] { s->UpdateHealth(); });
   SessionManagerOptions session_options;
   session_options.idle_timeout = o.session_idle_timeout;
   session_options.eval_timeout = o.eval_timeout;

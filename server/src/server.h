@@ -45,6 +45,9 @@ struct ServerOptions {
   int max_message_bytes = 64 << 20;
   // How long Drain waits for evaluations in flight.
   absl::Duration drain_timeout = absl::Seconds(25);
+  // A lost device is opened again this long after the loss (then backing off while that fails);
+  // zero: it stays lost until the daemon restarts.
+  absl::Duration device_recovery_interval = absl::Seconds(5);
   // The Vulkan calls that can fail (tests inject faults); null: the real ones.
   std::shared_ptr<core::VulkanCalls> vulkan_calls;
 };

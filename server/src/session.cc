@@ -201,6 +201,17 @@ absl::Status Session::CheckOpenLocked() const {
   return absl::OkStatus();
 }
 
+absl::Status Session::CheckUsableLocked() const {
+  KD_RETURN_IF_ERROR(CheckOpenLocked());
+  if (config_.instance->device->lost()) {
+    return absl::UnavailableError(absl::StrCat(
+        "device ", config_.device->index(), " was lost (VK_ERROR_DEVICE_LOST) with session ",
+        config_.id, "'s objects on it: close this session and open a new one",
+        config_.device->usable() ? " (the device has been opened again)" : ""));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<core::Tensor>> Session::TensorLocked(uint64_t handle) const {
   auto it = tensors_.find(handle);
   if (it == tensors_.end()) {
@@ -269,7 +280,7 @@ absl::Status Session::SettleLocked(uint64_t handle, SequenceEntry& entry) const 
 absl::Status Session::CreateTensor(const v1::CreateTensorRequest& request) {
   Touch();
   absl::MutexLock lock(&mu_);
-  KD_RETURN_IF_ERROR(CheckOpenLocked());
+  KD_RETURN_IF_ERROR(CheckUsableLocked());
   return CreateTensorLocked(request);
 }
 
@@ -321,10 +332,10 @@ absl::Status Session::CreateTensorLocked(const v1::CreateTensorRequest& request)
                      " bytes need ", bytes, " bytes (or no data: zero-filled)"));
   }
   auto tensor =
-      core::Tensor::Create(config_.device->device(), type, request.count(), element_size, memory,
+      core::Tensor::Create(config_.instance->device, type, request.count(), element_size, memory,
                            request.data().empty() ? nullptr : request.data().data());
   if (!tensor.ok()) {
-    config_.device->CheckLost();
+    config_.device->CheckLost(*config_.instance);
     return Annotate(tensor.status(), what);
   }
   CountUpload(request.data().size());
@@ -354,7 +365,7 @@ absl::Status Session::DestroyTensorLocked(const v1::DestroyTensorRequest& reques
 absl::StatusOr<std::shared_ptr<core::Tensor>> Session::HostTensor(uint64_t handle) {
   Touch();
   absl::MutexLock lock(&mu_);
-  KD_RETURN_IF_ERROR(CheckOpenLocked());
+  KD_RETURN_IF_ERROR(CheckUsableLocked());
   return HostTensorLocked(handle);
 }
 
@@ -401,7 +412,7 @@ absl::StatusOr<core::AlgorithmSpec> Session::SpecLocked(
 absl::Status Session::CreateAlgorithm(const v1::CreateAlgorithmRequest& request) {
   Touch();
   absl::MutexLock lock(&mu_);
-  KD_RETURN_IF_ERROR(CheckOpenLocked());
+  KD_RETURN_IF_ERROR(CheckUsableLocked());
   return CreateAlgorithmLocked(request);
 }
 
@@ -416,7 +427,7 @@ absl::Status Session::CreateAlgorithmLocked(const v1::CreateAlgorithmRequest& re
   const std::string what = absl::StrCat("algorithm ", handle, ": ");
   auto spec = SpecLocked(request);
   if (!spec.ok()) return Annotate(spec.status(), what);
-  auto algorithm = core::Algorithm::Create(config_.device->device(), *std::move(spec));
+  auto algorithm = core::Algorithm::Create(config_.instance->device, *std::move(spec));
   CountValidation(algorithm.status());
   if (!algorithm.ok()) return Annotate(algorithm.status(), what);
   algorithms_.emplace(handle, *std::move(algorithm));
@@ -426,7 +437,7 @@ absl::Status Session::CreateAlgorithmLocked(const v1::CreateAlgorithmRequest& re
 absl::Status Session::RebuildAlgorithm(const v1::CreateAlgorithmRequest& request) {
   Touch();
   absl::MutexLock lock(&mu_);
-  KD_RETURN_IF_ERROR(CheckOpenLocked());
+  KD_RETURN_IF_ERROR(CheckUsableLocked());
   return RebuildAlgorithmLocked(request);
 }
 
@@ -476,7 +487,7 @@ absl::Status Session::DestroyAlgorithmLocked(const v1::DestroyAlgorithmRequest& 
 absl::Status Session::CreateSequence(const v1::CreateSequenceRequest& request) {
   Touch();
   absl::MutexLock lock(&mu_);
-  KD_RETURN_IF_ERROR(CheckOpenLocked());
+  KD_RETURN_IF_ERROR(CheckUsableLocked());
   return CreateSequenceLocked(request);
 }
 
@@ -498,7 +509,7 @@ absl::Status Session::CreateSequenceLocked(const v1::CreateSequenceRequest& requ
     return absl::InvalidArgumentError(absl::StrCat(
         what, request.total_timestamps(), " timestamps asked for; at most ", kMaxTimestamps));
   }
-  auto sequence = core::Sequence::Create(config_.device->device(), config_.queues[request.queue()],
+  auto sequence = core::Sequence::Create(config_.instance->device, config_.queues[request.queue()],
                                          request.total_timestamps());
   if (!sequence.ok()) return Annotate(sequence.status(), what);
   auto entry = std::make_shared<SequenceEntry>();
@@ -575,7 +586,7 @@ absl::StatusOr<core::Op> Session::OpLocked(const v1::Operation& operation) const
 absl::Status Session::Record(const v1::RecordRequest& request) {
   Touch();
   absl::MutexLock lock(&mu_);
-  KD_RETURN_IF_ERROR(CheckOpenLocked());
+  KD_RETURN_IF_ERROR(CheckUsableLocked());
   return RecordLocked(request);
 }
 
@@ -704,7 +715,7 @@ absl::Status Session::CommandLocked(const v1::Command& command) {
 }
 
 absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const v1::EvalRequest& request) {
-  KD_RETURN_IF_ERROR(CheckOpenLocked());
+  KD_RETURN_IF_ERROR(CheckUsableLocked());
   for (int i = 0; i < request.commands_size(); ++i) {
     absl::Status s = CommandLocked(request.commands(i));
     if (!s.ok()) {
@@ -754,7 +765,7 @@ absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const v1::EvalReque
     core::Sequence& sequence = *prepared.sequence->sequence;
     absl::Status submitted = sequence.Submit();
     if (!submitted.ok()) {
-      config_.device->CheckLost();
+      config_.device->CheckLost(*config_.instance);
       return Annotate(submitted, absl::StrCat("sequence ", request.sequence(), ": "));
     }
     // Nothing is submitted for a sequence that never recorded anything.
@@ -801,9 +812,11 @@ void Session::Eval(const v1::EvalRequest& request, absl::Time deadline, v1::Eval
   const uint64_t handle = prepared->sequence_handle;
   const bool submitted = prepared->submitted;
   PooledDevice* const device = config_.device;  // the pool outlives the waiter's callbacks
+  // The instance outlives its waiter's callbacks (and the inline wait holds the session).
+  DeviceInstance* const instance = config_.instance.get();
   prometheus::Counter* const downloaded = downloads_;
   // What runs once the submission has completed (or failed, or run past the deadline).
-  auto finish = [entry, handle, timeout, submitted, device, downloaded,
+  auto finish = [entry, handle, timeout, submitted, device, instance, downloaded,
                  downloads = std::move(prepared->downloads), response,
                  done = std::move(done)](absl::Status status) mutable {
     uint64_t gpu_ns = 0;
@@ -823,7 +836,7 @@ void Session::Eval(const v1::EvalRequest& request, absl::Time deadline, v1::Eval
                        "sequence fails until it has completed)"));
     } else {
       status = Annotate(status, absl::StrCat("sequence ", handle, ": "));
-      device->CheckLost();
+      device->CheckLost(*instance);
     }
     if (submitted) device->Completed(entry->sequence->queue(), gpu_ns);
     entry->awaited.store(false);
@@ -848,7 +861,7 @@ void Session::Eval(const v1::EvalRequest& request, absl::Time deadline, v1::Eval
   }
   // The waiter holds the sequence (and through its recording, its tensors and algorithms) until
   // the submission completes, even if the session is closed meanwhile.
-  config_.device->waiter().Watch(entry->sequence, deadline, std::move(finish));
+  config_.instance->waiter->Watch(entry->sequence, deadline, std::move(finish));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -28,6 +28,9 @@ namespace komputed::server {
 struct SessionConfig {
   std::string id;
   PooledDevice* device = nullptr;  // the pool outlives every session
+  // The opening of the device that this session's objects live on (device->instance() when the
+  // session was opened); kept when the device is lost and opened again.
+  std::shared_ptr<DeviceInstance> instance;
   std::vector<uint32_t> queues;    // session queue i → device queue queues[i]
   std::string client_name;
   std::string peer;
@@ -125,6 +128,8 @@ class Session {
   struct Prepared;  // what an eval hands to the waiter
 
   absl::Status CheckOpenLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Open, and its device instance not lost: what creating, recording and evaluating need.
+  absl::Status CheckUsableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<core::Tensor>> TensorLocked(uint64_t handle) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<core::Tensor>> HostTensorLocked(uint64_t handle) const

@@ -77,9 +77,12 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(const v1::OpenSess
     return WorkGate::Refusal("sessions");
   }
   KD_ASSIGN_OR_RETURN(PooledDevice * device, pool_->Get(request.device_index()));
-  if (!device->usable()) {
-    return absl::UnavailableError(absl::StrCat(
-        "device ", request.device_index(), " was lost (VK_ERROR_DEVICE_LOST); use another one"));
+  std::shared_ptr<DeviceInstance> instance = device->instance();
+  if (instance->device->lost()) {
+    return absl::UnavailableError(
+        absl::StrCat("device ", request.device_index(),
+                     " was lost (VK_ERROR_DEVICE_LOST) and is not open again yet; try again "
+                     "later or use another device"));
   }
   std::vector<uint32_t> families(request.queue_families().begin(), request.queue_families().end());
   KD_ASSIGN_OR_RETURN(std::vector<uint32_t> queues, device->ResolveQueues(families));
@@ -87,6 +90,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(const v1::OpenSess
   SessionConfig config;
   config.id = NewSessionId();
   config.device = device;
+  config.instance = std::move(instance);
   config.queues = std::move(queues);
   config.client_name = request.client_name();
   config.peer = std::move(peer);

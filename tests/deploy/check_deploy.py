@@ -81,6 +81,7 @@ METRICS = {
     "komputed_shader_compilations_total": "counter",
     "komputed_shader_validations_total": "counter",
     "komputed_device_losses_total": "counter",
+    "komputed_device_recoveries_total": "counter",
 }
 
 NAME_LABEL = "app.kubernetes.io/name"

@@ -29,6 +29,7 @@ const std::map<std::string, std::string> kTable = {
     {"komputed_shader_compilations_total", "counter"},
     {"komputed_shader_validations_total", "counter"},
     {"komputed_device_losses_total", "counter"},
+    {"komputed_device_recoveries_total", "counter"},
 };
 
 TEST(Metrics, EveryMetricOfTheTableIsServedWithItsType) {
@@ -52,6 +53,7 @@ TEST(Metrics, EveryMetricOfTheTableIsServedWithItsType) {
   EXPECT_EQ(samples.Get("komputed_sessions_open"), 0);
   EXPECT_TRUE(samples.Has("komputed_submissions_total", {{"device", "0"}, {"queue", "0"}}));
   EXPECT_TRUE(samples.Has("komputed_device_losses_total", {{"device", "0"}}));
+  EXPECT_TRUE(samples.Has("komputed_device_recoveries_total", {{"device", "0"}}));
   EXPECT_EQ(samples.Get("komputed_rpcs_total",
                         {{"method", "grpc.health.v1.Health/Check"}, {"code", "OK"}}),
             1);
@@ -169,6 +171,7 @@ TEST(Metrics, CountWhatTheDaemonDoes) {
   EXPECT_EQ(delta("komputed_shader_validations_total", {{"result", "ok"}}), 1);
   EXPECT_EQ(delta("komputed_shader_validations_total", {{"result", "error"}}), 1);
   EXPECT_EQ(delta("komputed_device_losses_total", dev0), 0);
+  EXPECT_EQ(delta("komputed_device_recoveries_total", dev0), 0);
 
   // Closing the session returns its memory.
   ASSERT_THAT(client.Close(session), IsOk());
