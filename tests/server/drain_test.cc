@@ -113,10 +113,7 @@ TEST_F(DrainTest, RefusesNewWorkWhileTheRunningEvalCompletes) {
   ASSERT_THAT(health->Check(&hctx, grpc::health::v1::HealthCheckRequest(), &hresp), IsOk());
   EXPECT_EQ(hresp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
 
-  grpc::ClientContext octx;
-  v1::OpenSessionRequest open;
-  v1::OpenSessionResponse opened;
-  grpc::Status refused = client_->sessions->OpenSession(&octx, open, &opened);
+  grpc::Status refused = TryOpen();
   EXPECT_THAT(refused, HasCode(grpc::StatusCode::UNAVAILABLE));
   EXPECT_THAT(refused.error_message(), HasSubstr("komputed is draining"));
 

@@ -178,10 +178,7 @@ TEST_F(NoDeviceRecoveryTest, LostDeviceStaysLostWithRecoveryOff) {
   EXPECT_EQ(Check(*health_, ""), HealthCheckResponse::NOT_SERVING);
   EXPECT_TRUE(Device0().lost());
   EXPECT_EQ(Device0().recoveries(), 0u);
-  grpc::ClientContext ctx;
-  v1::OpenSessionRequest open;
-  v1::OpenSessionResponse opened;
-  grpc::Status status = client_->sessions->OpenSession(&ctx, open, &opened);
+  grpc::Status status = TryOpen();
   EXPECT_THAT(status, HasCode(grpc::StatusCode::UNAVAILABLE));
   EXPECT_THAT(status.error_message(), HasSubstr("device 0 was lost"));
 }
@@ -225,11 +222,7 @@ TEST_F(DeviceLossTest, LosingTheOnlyDeviceTurnsHealthNotServing) {
   EXPECT_EQ(Check(*health_, ""), HealthCheckResponse::NOT_SERVING);
   EXPECT_EQ(server_->metrics().device_losses_total("0").Value(), 1);
   // No new session goes to a lost device.
-  grpc::ClientContext ctx;
-  v1::OpenSessionRequest open;
-  v1::OpenSessionResponse opened;
-  EXPECT_THAT(client_->sessions->OpenSession(&ctx, open, &opened),
-              HasCode(grpc::StatusCode::UNAVAILABLE));
+  EXPECT_THAT(TryOpen(), HasCode(grpc::StatusCode::UNAVAILABLE));
   // A second failure on the lost device is not a second loss.
   v1::EvalResponse resp;
   EXPECT_THAT(Eval(PipelineEval(session, 1, std::vector<float>(16, 1.0f)), &resp),

@@ -69,6 +69,12 @@ class ServerTest : public ::testing::Test {
   }
 
   // Opens a session (and fails the test when it cannot).
+  // OpenSession on device 0 with one queue, for a test that expects it to fail: its status.
+  grpc::Status TryOpen() {
+    grpc::ClientContext ctx;
+    v1::OpenSessionResponse resp;
+    return client_->sessions->OpenSession(&ctx, v1::OpenSessionRequest(), &resp);
+  }
   std::string Open(const std::string& name = "test", std::vector<uint32_t> families = {}) {
     grpc::ClientContext ctx;
     v1::OpenSessionRequest req;
