@@ -1,5 +1,7 @@
 #include "services.h"
 
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -107,11 +109,19 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::TensorChunk>
   std::unique_ptr<TensorWrite> write_;
 };
 
-// ReadTensor: one chunk in flight at a time.
-class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::TensorChunk> {
+// ReadTensor: one chunk in flight at a time, each a serialized TensorChunk that refers to the
+// tensor's data (TensorRead::Next).
+class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  ReadTensorReactor(SessionManager* sessions, const v1::ReadTensorRequest& request,
+  ReadTensorReactor(SessionManager* sessions, const grpc::ByteBuffer& raw,
                     uint64_t max_chunk_bytes) {
+    v1::ReadTensorRequest request;
+    grpc::ByteBuffer copy(raw);  // shares the slices; Deserialize consumes its argument
+    if (!grpc::SerializationTraits<v1::ReadTensorRequest>::Deserialize(&copy, &request).ok()) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "ReadTensor: the request is not a komputed.v1.ReadTensorRequest"));
+      return;
+    }
     absl::StatusOr<std::shared_ptr<Session>> session = sessions->Get(request.session_id());
     if (!session.ok()) {
       LogFailure("ReadTensor", request.session_id(), "", session.status());
@@ -145,12 +155,12 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<v1::TensorChunk>
       Finish(grpc::Status::OK);
       return;
     }
-    read_->Next(&chunk_);
+    chunk_ = read_->Next();
     StartWrite(&chunk_);
   }
 
   std::unique_ptr<TensorRead> read_;
-  v1::TensorChunk chunk_;
+  grpc::ByteBuffer chunk_;
 };
 
 // Execute: each request runs like Eval; its event is written when it completes.
@@ -400,8 +410,8 @@ grpc::ServerReadReactor<v1::TensorChunk>* TensorsService::WriteTensor(
   return new WriteTensorReactor(ctx_.sessions, response);
 }
 
-grpc::ServerWriteReactor<v1::TensorChunk>* TensorsService::ReadTensor(
-    grpc::CallbackServerContext*, const v1::ReadTensorRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* TensorsService::ReadTensor(
+    grpc::CallbackServerContext*, const grpc::ByteBuffer* request) {
   const uint64_t max_chunk = ctx_.max_message_bytes > 2 * kChunkOverhead
                                  ? ctx_.max_message_bytes - kChunkOverhead
                                  : kChunkOverhead;

@@ -53,7 +53,10 @@ class SessionsService final : public v1::Sessions::CallbackService {
   ServiceContext ctx_;
 };
 
-class TensorsService final : public v1::Tensors::CallbackService {
+// ReadTensor is served raw (grpc::ByteBuffer), so that its chunks lend the tensor's data to gRPC
+// instead of copying it twice (into the message, then into its serialization).
+class TensorsService final
+    : public v1::Tensors::WithRawCallbackMethod_ReadTensor<v1::Tensors::CallbackService> {
  public:
   explicit TensorsService(ServiceContext context) : ctx_(context) {}
   grpc::ServerUnaryReactor* CreateTensor(grpc::CallbackServerContext* context,
@@ -64,8 +67,8 @@ class TensorsService final : public v1::Tensors::CallbackService {
                                           v1::DestroyTensorResponse* response) override;
   grpc::ServerReadReactor<v1::TensorChunk>* WriteTensor(grpc::CallbackServerContext* context,
                                                         v1::WriteTensorResponse* response) override;
-  grpc::ServerWriteReactor<v1::TensorChunk>* ReadTensor(
-      grpc::CallbackServerContext* context, const v1::ReadTensorRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadTensor(grpc::CallbackServerContext* context,
+                                                         const grpc::ByteBuffer* request) override;
 
  private:
   ServiceContext ctx_;

@@ -1,5 +1,7 @@
 #include "session.h"
 
+#include <google/protobuf/io/coded_stream.h>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -975,15 +977,29 @@ absl::StatusOr<std::unique_ptr<TensorRead>> TensorRead::Begin(std::shared_ptr<Se
   return read;
 }
 
-void TensorRead::Next(v1::TensorChunk* chunk) {
+grpc::ByteBuffer TensorRead::Next() {
   session_->Touch();
   const uint64_t n = std::min(chunk_bytes_, end_ - next_);
-  chunk->Clear();
-  chunk->set_handle(handle_);
-  chunk->set_offset(next_);
-  chunk->mutable_data()->assign(HostData(*tensor_) + next_, n);
+  // Protobuf's wire format: the other fields, then field `data` as its tag, its length and the
+  // bytes themselves, which a second slice lends from the tensor.
+  v1::TensorChunk head;
+  head.set_handle(handle_);
+  head.set_offset(next_);
+  std::string prefix = head.SerializeAsString();
+  uint8_t field[16];  // a tag (at most 5 bytes) and a 64-bit length (at most 10)
+  uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint32ToArray(
+      (v1::TensorChunk::kDataFieldNumber << 3) | 2, field);  // wire type 2: length-delimited
+  end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(n, end);
+  prefix.append(reinterpret_cast<const char*>(field), static_cast<size_t>(end - field));
+  auto* hold = new std::shared_ptr<core::Tensor>(tensor_);
+  grpc::Slice slices[2] = {
+      grpc::Slice(prefix),
+      grpc::Slice(HostData(*tensor_) + next_, n,
+                  [](void* held) { delete static_cast<std::shared_ptr<core::Tensor>*>(held); },
+                  hold)};
   next_ += n;
   session_->CountDownload(n);
+  return grpc::ByteBuffer(slices, 2);
 }
 
 }  // namespace komputed::server

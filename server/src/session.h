@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <grpcpp/support/byte_buffer.h>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -229,8 +231,10 @@ class TensorRead {
                                                            const v1::ReadTensorRequest& request,
                                                            uint64_t max_chunk_bytes);
   bool done() const { return next_ >= end_; }
-  // Fills the next chunk (call while !done()).
-  void Next(v1::TensorChunk* chunk);
+  // The next chunk (call while !done()) as a serialized TensorChunk {handle, offset, data}, its
+  // data not copied: the message refers to the tensor's host data, and holds the tensor until
+  // gRPC has sent it.
+  grpc::ByteBuffer Next();
 
  private:
   TensorRead() = default;
