@@ -49,12 +49,13 @@ absl::Time Deadline(const grpc::CallbackServerContext& context) {
   return absl::FromChrono(deadline);
 }
 
-// WriteTensor: the chunks go into the tensor's host data as they arrive.
-class WriteTensorReactor final : public grpc::ServerReadReactor<v1::TensorChunk> {
+// WriteTensor: the chunks go into the tensor's host data as they arrive, each copied once, from
+// the received message (TensorWrite::Parse).
+class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  WriteTensorReactor(SessionManager* sessions, v1::WriteTensorResponse* response)
+  WriteTensorReactor(SessionManager* sessions, grpc::ByteBuffer* response)
       : sessions_(sessions), response_(response) {
-    StartRead(&chunk_);
+    StartRead(&raw_);
   }
 
   void OnReadDone(bool ok) override {
@@ -65,14 +66,23 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::TensorChunk>
         return;
       }
       absl::Status status = write_->Finish();
-      if (status.ok()) response_->set_bytes_written(write_->bytes_written());
+      if (status.ok()) {
+        v1::WriteTensorResponse response;
+        response.set_bytes_written(write_->bytes_written());
+        bool own = false;
+        if (!grpc::SerializationTraits<v1::WriteTensorResponse>::Serialize(response, response_,
+                                                                          &own)
+                 .ok()) {
+          status = absl::InternalError("WriteTensor: the response could not be serialized");
+        }
+      }
       End(status);
       return;
     }
-    absl::Status status;
-    if (write_ == nullptr) {
-      session_id_ = chunk_.session_id();
-      absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Get(chunk_.session_id());
+    absl::Status status = TensorWrite::Parse(raw_, &chunk_);
+    if (status.ok() && write_ == nullptr) {
+      session_id_ = chunk_.fields.session_id();
+      absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Get(session_id_);
       if (session.ok()) {
         absl::StatusOr<std::unique_ptr<TensorWrite>> write =
             TensorWrite::Begin(*std::move(session), chunk_);
@@ -84,14 +94,15 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::TensorChunk>
       } else {
         status = session.status();
       }
-    } else {
+    } else if (status.ok()) {
       status = write_->Write(chunk_);
     }
+    chunk_.data.clear();  // it refers to raw_, which the next read replaces
     if (!status.ok()) {
       End(status);  // the rest of the client's chunks are dropped
       return;
     }
-    StartRead(&chunk_);
+    StartRead(&raw_);
   }
 
   void OnDone() override { delete this; }
@@ -103,9 +114,10 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<v1::TensorChunk>
   }
 
   SessionManager* const sessions_;
-  v1::WriteTensorResponse* const response_;
+  grpc::ByteBuffer* const response_;
   std::string session_id_;  // named by the first chunk
-  v1::TensorChunk chunk_;
+  grpc::ByteBuffer raw_;
+  TensorWrite::Chunk chunk_;
   std::unique_ptr<TensorWrite> write_;
 };
 
@@ -405,8 +417,8 @@ grpc::ServerUnaryReactor* TensorsService::DestroyTensor(grpc::CallbackServerCont
                    [&](Session& s) { return s.DestroyTensor(*request); });
 }
 
-grpc::ServerReadReactor<v1::TensorChunk>* TensorsService::WriteTensor(
-    grpc::CallbackServerContext*, v1::WriteTensorResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* TensorsService::WriteTensor(
+    grpc::CallbackServerContext*, grpc::ByteBuffer* response) {
   return new WriteTensorReactor(ctx_.sessions, response);
 }
 

@@ -53,10 +53,12 @@ class SessionsService final : public v1::Sessions::CallbackService {
   ServiceContext ctx_;
 };
 
-// ReadTensor is served raw (grpc::ByteBuffer), so that its chunks lend the tensor's data to gRPC
-// instead of copying it twice (into the message, then into its serialization).
+// WriteTensor and ReadTensor are served raw (grpc::ByteBuffer), so that tensor data is copied once
+// on its way in (from the received message into the tensor) and not at all on its way out (the
+// chunks lend the tensor's data to gRPC), instead of passing through protobuf strings.
 class TensorsService final
-    : public v1::Tensors::WithRawCallbackMethod_ReadTensor<v1::Tensors::CallbackService> {
+    : public v1::Tensors::WithRawCallbackMethod_WriteTensor<
+          v1::Tensors::WithRawCallbackMethod_ReadTensor<v1::Tensors::CallbackService>> {
  public:
   explicit TensorsService(ServiceContext context) : ctx_(context) {}
   grpc::ServerUnaryReactor* CreateTensor(grpc::CallbackServerContext* context,
@@ -65,8 +67,8 @@ class TensorsService final
   grpc::ServerUnaryReactor* DestroyTensor(grpc::CallbackServerContext* context,
                                           const v1::DestroyTensorRequest* request,
                                           v1::DestroyTensorResponse* response) override;
-  grpc::ServerReadReactor<v1::TensorChunk>* WriteTensor(grpc::CallbackServerContext* context,
-                                                        v1::WriteTensorResponse* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* WriteTensor(grpc::CallbackServerContext* context,
+                                                         grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadTensor(grpc::CallbackServerContext* context,
                                                          const grpc::ByteBuffer* request) override;
 

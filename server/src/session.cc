@@ -1,6 +1,9 @@
 #include "session.h"
 
 #include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/wire_format_lite.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
 #include <algorithm>
 #include <cstring>
@@ -869,8 +872,50 @@ void Session::Eval(const v1::EvalRequest& request, absl::Time deadline, v1::Eval
 // ---------------------------------------------------------------------------------------------
 // Chunked host data access
 
+absl::Status TensorWrite::Parse(grpc::ByteBuffer& raw, Chunk* chunk) {
+  using google::protobuf::internal::WireFormatLite;
+  const absl::Status malformed =
+      absl::InvalidArgumentError("WriteTensor: a message is not a komputed.v1.TensorChunk");
+  chunk->fields.Clear();
+  chunk->data.clear();
+  chunk->data_bytes = 0;
+  grpc::ProtoBufferReader reader(&raw);
+  if (!reader.status().ok()) return malformed;
+  std::string other_fields;  // every field but `data`, for protobuf to parse
+  {
+    google::protobuf::io::StringOutputStream other_stream(&other_fields);
+    google::protobuf::io::CodedOutputStream other(&other_stream);
+    google::protobuf::io::CodedInputStream in(&reader);
+    while (const uint32_t tag = in.ReadTag()) {
+      if (WireFormatLite::GetTagFieldNumber(tag) != v1::TensorChunk::kDataFieldNumber ||
+          WireFormatLite::GetTagWireType(tag) != WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+        if (!WireFormatLite::SkipField(&in, tag, &other)) return malformed;
+        continue;
+      }
+      uint64_t length = 0;
+      if (!in.ReadVarint64(&length)) return malformed;
+      chunk->data.clear();  // a field given twice: the last one counts
+      chunk->data_bytes = length;
+      while (length > 0) {
+        const void* piece = nullptr;
+        int size = 0;
+        if (!in.GetDirectBufferPointer(&piece, &size) || size <= 0) return malformed;
+        const int take =
+            static_cast<int>(std::min<uint64_t>(length, static_cast<uint64_t>(size)));
+        chunk->data.emplace_back(static_cast<const char*>(piece), static_cast<size_t>(take));
+        if (!in.Skip(take)) return malformed;
+        length -= static_cast<uint64_t>(take);
+      }
+    }
+    if (!in.ConsumedEntireMessage()) return malformed;
+  }
+  if (!chunk->fields.ParseFromString(other_fields)) return malformed;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<TensorWrite>> TensorWrite::Begin(std::shared_ptr<Session> session,
-                                                                const v1::TensorChunk& first) {
+                                                                const Chunk& chunk) {
+  const v1::TensorChunk& first = chunk.fields;
   KD_ASSIGN_OR_RETURN(std::shared_ptr<core::Tensor> tensor, session->HostTensor(first.handle()));
   const std::string what = absl::StrCat("WriteTensor to tensor ", first.handle(), ": ");
   if (first.total_bytes() == 0) {
@@ -890,14 +935,14 @@ absl::StatusOr<std::unique_ptr<TensorWrite>> TensorWrite::Begin(std::shared_ptr<
   write->handle_ = first.handle();
   write->begin_ = first.offset();
   write->end_ = first.offset() + first.total_bytes();
-  KD_RETURN_IF_ERROR(write->Write(first));
+  KD_RETURN_IF_ERROR(write->Write(chunk));
   return write;
 }
 
-absl::Status TensorWrite::Write(const v1::TensorChunk& chunk) {
+absl::Status TensorWrite::Write(const Chunk& chunk) {
   session_->Touch();
-  const uint64_t offset = chunk.offset();
-  const uint64_t length = chunk.data().size();
+  const uint64_t offset = chunk.fields.offset();
+  const uint64_t length = chunk.data_bytes;
   if (length == 0) return absl::OkStatus();
   const std::string what = absl::StrCat("WriteTensor to tensor ", handle_, ": ");
   if (offset < begin_ || !Inside(offset - begin_, length, end_ - begin_)) {
@@ -920,7 +965,11 @@ absl::Status TensorWrite::Write(const v1::TensorChunk& chunk) {
                                                      prev->first, ", ", prev->second, ")"));
     }
   }
-  std::memcpy(HostData(*tensor_) + offset, chunk.data().data(), length);
+  char* to = HostData(*tensor_) + offset;
+  for (absl::string_view piece : chunk.data) {
+    std::memcpy(to, piece.data(), piece.size());
+    to += piece.size();
+  }
   written_ += length;
   session_->CountUpload(length);
   // Keep the written ranges merged, so that the map stays small.

@@ -12,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -199,10 +200,21 @@ class Session {
 // call's chunks arrive one at a time).
 class TensorWrite {
  public:
+  // A chunk as it arrived: its fields but `data`, and `data` as the pieces of the received
+  // message that hold it (Parse), so that it is copied once, into the tensor.
+  struct Chunk {
+    v1::TensorChunk fields;
+    std::vector<absl::string_view> data;
+    uint64_t data_bytes = 0;
+  };
+  // Parses a serialized TensorChunk; `data` refers to `raw`'s memory, which must outlive it.
+  // INVALID_ARGUMENT when it is not one.
+  static absl::Status Parse(grpc::ByteBuffer& raw, Chunk* chunk);
+
   // Checks the first chunk's declaration and writes its data.
   static absl::StatusOr<std::unique_ptr<TensorWrite>> Begin(std::shared_ptr<Session> session,
-                                                            const v1::TensorChunk& first);
-  absl::Status Write(const v1::TensorChunk& chunk);
+                                                            const Chunk& first);
+  absl::Status Write(const Chunk& chunk);
   // INVALID_ARGUMENT unless the chunks covered the declared range exactly.
   absl::Status Finish() const;
   uint64_t bytes_written() const { return written_; }
