@@ -1,7 +1,7 @@
 #include "services.h"
 
-#include <grpcpp/support/proto_buffer_reader.h>
 #include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -71,7 +71,7 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
         response.set_bytes_written(write_->bytes_written());
         bool own = false;
         if (!grpc::SerializationTraits<v1::WriteTensorResponse>::Serialize(response, response_,
-                                                                          &own)
+                                                                           &own)
                  .ok()) {
           status = absl::InternalError("WriteTensor: the response could not be serialized");
         }
@@ -79,7 +79,9 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
       End(status);
       return;
     }
-    absl::Status status = TensorWrite::Parse(raw_, &chunk_);
+    absl::Status status = v1::wire::ParseTensorChunk(raw_, &chunk_);
+    if (!status.ok())
+      status = absl::InvalidArgumentError(absl::StrCat("WriteTensor: ", status.message()));
     if (status.ok() && write_ == nullptr) {
       session_id_ = chunk_.fields.session_id();
       absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Get(session_id_);
@@ -417,8 +419,8 @@ grpc::ServerUnaryReactor* TensorsService::DestroyTensor(grpc::CallbackServerCont
                    [&](Session& s) { return s.DestroyTensor(*request); });
 }
 
-grpc::ServerReadReactor<grpc::ByteBuffer>* TensorsService::WriteTensor(
-    grpc::CallbackServerContext*, grpc::ByteBuffer* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* TensorsService::WriteTensor(grpc::CallbackServerContext*,
+                                                                       grpc::ByteBuffer* response) {
   return new WriteTensorReactor(ctx_.sessions, response);
 }
 

@@ -1,10 +1,5 @@
 #include "session.h"
 
-#include <google/protobuf/io/coded_stream.h>
-#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
-#include <google/protobuf/wire_format_lite.h>
-#include <grpcpp/support/proto_buffer_reader.h>
-
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -872,47 +867,6 @@ void Session::Eval(const v1::EvalRequest& request, absl::Time deadline, v1::Eval
 // ---------------------------------------------------------------------------------------------
 // Chunked host data access
 
-absl::Status TensorWrite::Parse(grpc::ByteBuffer& raw, Chunk* chunk) {
-  using google::protobuf::internal::WireFormatLite;
-  const absl::Status malformed =
-      absl::InvalidArgumentError("WriteTensor: a message is not a komputed.v1.TensorChunk");
-  chunk->fields.Clear();
-  chunk->data.clear();
-  chunk->data_bytes = 0;
-  grpc::ProtoBufferReader reader(&raw);
-  if (!reader.status().ok()) return malformed;
-  std::string other_fields;  // every field but `data`, for protobuf to parse
-  {
-    google::protobuf::io::StringOutputStream other_stream(&other_fields);
-    google::protobuf::io::CodedOutputStream other(&other_stream);
-    google::protobuf::io::CodedInputStream in(&reader);
-    while (const uint32_t tag = in.ReadTag()) {
-      if (WireFormatLite::GetTagFieldNumber(tag) != v1::TensorChunk::kDataFieldNumber ||
-          WireFormatLite::GetTagWireType(tag) != WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
-        if (!WireFormatLite::SkipField(&in, tag, &other)) return malformed;
-        continue;
-      }
-      uint64_t length = 0;
-      if (!in.ReadVarint64(&length)) return malformed;
-      chunk->data.clear();  // a field given twice: the last one counts
-      chunk->data_bytes = length;
-      while (length > 0) {
-        const void* piece = nullptr;
-        int size = 0;
-        if (!in.GetDirectBufferPointer(&piece, &size) || size <= 0) return malformed;
-        const int take =
-            static_cast<int>(std::min<uint64_t>(length, static_cast<uint64_t>(size)));
-        chunk->data.emplace_back(static_cast<const char*>(piece), static_cast<size_t>(take));
-        if (!in.Skip(take)) return malformed;
-        length -= static_cast<uint64_t>(take);
-      }
-    }
-    if (!in.ConsumedEntireMessage()) return malformed;
-  }
-  if (!chunk->fields.ParseFromString(other_fields)) return malformed;
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::unique_ptr<TensorWrite>> TensorWrite::Begin(std::shared_ptr<Session> session,
                                                                 const Chunk& chunk) {
   const v1::TensorChunk& first = chunk.fields;
@@ -965,11 +919,7 @@ absl::Status TensorWrite::Write(const Chunk& chunk) {
                                                      prev->first, ", ", prev->second, ")"));
     }
   }
-  char* to = HostData(*tensor_) + offset;
-  for (absl::string_view piece : chunk.data) {
-    std::memcpy(to, piece.data(), piece.size());
-    to += piece.size();
-  }
+  v1::wire::CopyData(chunk, HostData(*tensor_) + offset);
   written_ += length;
   session_->CountUpload(length);
   // Keep the written ranges merged, so that the map stays small.
@@ -1029,26 +979,16 @@ absl::StatusOr<std::unique_ptr<TensorRead>> TensorRead::Begin(std::shared_ptr<Se
 grpc::ByteBuffer TensorRead::Next() {
   session_->Touch();
   const uint64_t n = std::min(chunk_bytes_, end_ - next_);
-  // Protobuf's wire format: the other fields, then field `data` as its tag, its length and the
-  // bytes themselves, which a second slice lends from the tensor.
-  v1::TensorChunk head;
-  head.set_handle(handle_);
-  head.set_offset(next_);
-  std::string prefix = head.SerializeAsString();
-  uint8_t field[16];  // a tag (at most 5 bytes) and a 64-bit length (at most 10)
-  uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint32ToArray(
-      (v1::TensorChunk::kDataFieldNumber << 3) | 2, field);  // wire type 2: length-delimited
-  end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(n, end);
-  prefix.append(reinterpret_cast<const char*>(field), static_cast<size_t>(end - field));
-  auto* hold = new std::shared_ptr<core::Tensor>(tensor_);
-  grpc::Slice slices[2] = {
-      grpc::Slice(prefix),
-      grpc::Slice(HostData(*tensor_) + next_, n,
-                  [](void* held) { delete static_cast<std::shared_ptr<core::Tensor>*>(held); },
-                  hold)};
+  v1::TensorChunk fields;
+  fields.set_handle(handle_);
+  fields.set_offset(next_);
+  grpc::ByteBuffer chunk = v1::wire::SerializeTensorChunk(
+      fields, HostData(*tensor_) + next_, n,
+      [](void* held) { delete static_cast<std::shared_ptr<core::Tensor>*>(held); },
+      new std::shared_ptr<core::Tensor>(tensor_));
   next_ += n;
   session_->CountDownload(n);
-  return grpc::ByteBuffer(slices, 2);
+  return chunk;
 }
 
 }  // namespace komputed::server

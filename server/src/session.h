@@ -22,6 +22,7 @@
 #include "komputed/core/sequence.h"
 #include "komputed/core/tensor.h"
 #include "komputed/v1/komputed.pb.h"
+#include "komputed/v1/tensor_chunk_wire.h"
 #include "metrics.h"
 #include "work_gate.h"
 
@@ -200,16 +201,9 @@ class Session {
 // call's chunks arrive one at a time).
 class TensorWrite {
  public:
-  // A chunk as it arrived: its fields but `data`, and `data` as the pieces of the received
-  // message that hold it (Parse), so that it is copied once, into the tensor.
-  struct Chunk {
-    v1::TensorChunk fields;
-    std::vector<absl::string_view> data;
-    uint64_t data_bytes = 0;
-  };
-  // Parses a serialized TensorChunk; `data` refers to `raw`'s memory, which must outlive it.
-  // INVALID_ARGUMENT when it is not one.
-  static absl::Status Parse(grpc::ByteBuffer& raw, Chunk* chunk);
+  // A chunk as it arrived: its fields, and its data as pieces of the received message
+  // (v1::wire::ParseTensorChunk), so that it is copied once, into the tensor.
+  using Chunk = v1::wire::TensorChunkView;
 
   // Checks the first chunk's declaration and writes its data.
   static absl::StatusOr<std::unique_ptr<TensorWrite>> Begin(std::shared_ptr<Session> session,

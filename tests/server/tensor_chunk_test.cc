@@ -1,4 +1,4 @@
-// TensorWrite::Parse: a WriteTensor message as it arrives (a serialized TensorChunk in one or more
+// v1::wire::ParseTensorChunk: a WriteTensor message as it arrives (a serialized TensorChunk in one or more
 // slices) into its fields and the pieces of the message that hold its data.
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/slice.h>
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "session.h"
+#include "komputed/v1/tensor_chunk_wire.h"
 #include "test_util.h"
 
 namespace komputed::server::testing {
@@ -21,7 +21,7 @@ grpc::ByteBuffer Sliced(const std::string& bytes, size_t slice_bytes) {
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
-std::string Joined(const TensorWrite::Chunk& chunk) {
+std::string Joined(const v1::wire::TensorChunkView& chunk) {
   std::string data;
   for (absl::string_view piece : chunk.data) data.append(piece.data(), piece.size());
   return data;
@@ -44,8 +44,8 @@ TEST(TensorChunkParse, FieldsAndDataAcrossSlices) {
   sent.set_data(data);
   for (size_t slice_bytes : {size_t{1}, size_t{3}, size_t{64}, size_t{4096}}) {
     grpc::ByteBuffer raw = Sliced(Serialized(sent), slice_bytes);
-    TensorWrite::Chunk chunk;
-    ASSERT_TRUE(TensorWrite::Parse(raw, &chunk).ok()) << slice_bytes;
+    v1::wire::TensorChunkView chunk;
+    ASSERT_TRUE(v1::wire::ParseTensorChunk(raw, &chunk).ok()) << slice_bytes;
     EXPECT_EQ(chunk.fields.session_id(), "a-session");
     EXPECT_EQ(chunk.fields.handle(), 7u);
     EXPECT_EQ(chunk.fields.total_bytes(), 1000u);
@@ -73,8 +73,8 @@ TEST(TensorChunkParse, AnyFieldOrderRepeatedDataAndUnknownFields) {
   const std::string bytes =
       Serialized(first_data) + unknown + Serialized(rest) + Serialized(last_data);
   grpc::ByteBuffer raw = Sliced(bytes, 5);
-  TensorWrite::Chunk chunk;
-  ASSERT_TRUE(TensorWrite::Parse(raw, &chunk).ok());
+  v1::wire::TensorChunkView chunk;
+  ASSERT_TRUE(v1::wire::ParseTensorChunk(raw, &chunk).ok());
   EXPECT_EQ(chunk.fields.offset(), 5u);
   EXPECT_EQ(chunk.fields.handle(), 2u);
   EXPECT_EQ(Joined(chunk), "new data");
@@ -83,8 +83,8 @@ TEST(TensorChunkParse, AnyFieldOrderRepeatedDataAndUnknownFields) {
 
 TEST(TensorChunkParse, EmptyMessageHasNoData) {
   grpc::ByteBuffer raw = Sliced("", 1);
-  TensorWrite::Chunk chunk;
-  ASSERT_TRUE(TensorWrite::Parse(raw, &chunk).ok());
+  v1::wire::TensorChunkView chunk;
+  ASSERT_TRUE(v1::wire::ParseTensorChunk(raw, &chunk).ok());
   EXPECT_EQ(chunk.data_bytes, 0u);
   EXPECT_TRUE(chunk.data.empty());
 }
@@ -102,8 +102,8 @@ TEST(TensorChunkParse, MalformedMessagesAreInvalidArguments) {
                     "ab",
                     4)}) {  // session_id longer than the message
     grpc::ByteBuffer raw = Sliced(bad, 2);
-    TensorWrite::Chunk chunk;
-    absl::Status status = TensorWrite::Parse(raw, &chunk);
+    v1::wire::TensorChunkView chunk;
+    absl::Status status = v1::wire::ParseTensorChunk(raw, &chunk);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
     EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("komputed.v1.TensorChunk"));
   }
