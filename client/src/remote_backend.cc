@@ -1,14 +1,18 @@
 #include "remote_backend.h"
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/byte_buffer.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
@@ -16,6 +20,7 @@
 #include "komputed/core/malloc_tuning.h"
 #include "komputed/core/status.h"
 #include "komputed/v1/komputed.grpc.pb.h"
+#include "komputed/v1/tensor_chunk_wire.h"
 
 namespace kp::internal {
 namespace {
@@ -37,6 +42,12 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
                       absl::StrCat(what, ": ", s.error_message()));
 }
 
+// `s` (already an absl::Status) with `what` in front of its message.
+absl::Status FromGrpcStatus(const absl::Status& s, absl::string_view what) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+}
+
 absl::Duration EnvSeconds(const char* name, absl::Duration fallback) {
   const char* value = std::getenv(name);
   double seconds = value != nullptr ? std::atof(value) : 0;
@@ -52,6 +63,98 @@ uint32_t TransferStreams() {
   if (n > 0) return static_cast<uint32_t>(std::min(n, 16));
   return std::clamp(std::thread::hardware_concurrency() / 4, 1u, 4u);
 }
+
+// One bulk transfer call (WriteTensor or ReadTensor) through gRPC's generic API, so that tensor
+// data moves as byte buffers (komputed/v1/tensor_chunk_wire.h) and not through protobuf strings.
+// Sends what next() returns until it returns nothing, then half-closes; hands every received
+// message to on_read (a non-OK status cancels the call and is returned). Run() blocks until the
+// call has ended (its context's deadline bounds it) and gRPC has released the data it was lent.
+class BulkCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  using Next = std::function<std::optional<grpc::ByteBuffer>(BulkCall&)>;
+  using OnRead = std::function<absl::Status(grpc::ByteBuffer&)>;
+
+  BulkCall(Next next, OnRead on_read) : next_(std::move(next)), on_read_(std::move(on_read)) {}
+
+  absl::Status Run(grpc::GenericStub& stub, grpc::ClientContext* context,
+                   const std::string& method) {
+    context_ = context;
+    stub.PrepareBidiStreamingCall(context, method, grpc::StubOptions(), this);
+    StartRead(&in_);
+    SendNext();
+    StartCall();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+    // gRPC gives lent data back as the call ends; wait for that before the caller may free it.
+    if (!cv_.wait_for(lock, std::chrono::seconds(60), [this] { return lent_ == 0; })) {
+      return absl::InternalError("a bulk transfer's data was still held by gRPC 60 s after the call");
+    }
+    if (!local_.ok()) return local_;
+    return absl::Status(static_cast<absl::StatusCode>(status_.error_code()), status_.error_message());
+  }
+
+  // A slice release callback's argument for data lent to this call: counts it until released.
+  void* Lend() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++lent_;
+    return this;
+  }
+  static void Release(void* call) {
+    auto* self = static_cast<BulkCall*>(call);
+    std::lock_guard<std::mutex> lock(self->mu_);
+    --self->lent_;
+    self->cv_.notify_all();
+  }
+
+  void OnWriteDone(bool ok) override {
+    out_.Clear();  // gRPC holds what it still needs of the message
+    if (ok) SendNext();  // otherwise the stream is broken: OnDone follows
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    absl::Status s = on_read_(in_);
+    if (!s.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        local_ = s;
+      }
+      context_->TryCancel();
+      return;
+    }
+    StartRead(&in_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    out_.Clear();
+    in_.Clear();
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = status;
+    done_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  void SendNext() {
+    std::optional<grpc::ByteBuffer> message = next_(*this);
+    if (!message.has_value()) {
+      StartWritesDone();
+      return;
+    }
+    out_ = *std::move(message);
+    StartWrite(&out_);
+  }
+
+  Next next_;
+  OnRead on_read_;
+  grpc::ClientContext* context_ = nullptr;
+  grpc::ByteBuffer out_;
+  grpc::ByteBuffer in_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  int lent_ = 0;
+  grpc::Status status_;
+  absl::Status local_;
+};
 
 // Bound on object calls (create, destroy, record).
 absl::Duration RpcTimeout() {
@@ -122,18 +225,18 @@ class Remote : public std::enable_shared_from_this<Remote> {
   // channel (its own TCP connection), so that serialization, the socket and parsing of one range
   // overlap with the others' (one stream moves one message at a time).
   uint32_t lanes = 1;
-  std::vector<std::unique_ptr<v1::Tensors::Stub>> lane_stubs;  // [0] is `tensors`' channel
+  std::vector<std::unique_ptr<grpc::GenericStub>> lane_stubs;  // [0] on `channel`
 
   // Streams `bytes` of host data into a tensor.
   absl::Status Write(uint64_t handle, const uint8_t* data, uint64_t bytes) {
-    return InLanes(bytes, [&](v1::Tensors::Stub& stub, uint64_t begin, uint64_t end) {
+    return InLanes(bytes, [&](grpc::GenericStub& stub, uint64_t begin, uint64_t end) {
       return WriteRange(stub, handle, data, begin, end);
     });
   }
 
   // Reads a tensor's whole host data into `data`.
   absl::Status Read(uint64_t handle, uint8_t* data, uint64_t bytes) {
-    return InLanes(bytes, [&](v1::Tensors::Stub& stub, uint64_t begin, uint64_t end) {
+    return InLanes(bytes, [&](grpc::GenericStub& stub, uint64_t begin, uint64_t end) {
       return ReadRange(stub, handle, data, begin, end);
     });
   }
@@ -144,7 +247,7 @@ class Remote : public std::enable_shared_from_this<Remote> {
   absl::Status InLanes(uint64_t bytes, Move move) {
     const uint64_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
     const uint64_t n = std::min<uint64_t>(lanes, chunks / kMinChunksPerLane);
-    if (n <= 1) return move(*tensors, 0, bytes);
+    if (n <= 1) return move(LaneStub(0), 0, bytes);
     const uint64_t per_lane = (chunks + n - 1) / n * kChunkBytes;
     std::vector<absl::Status> statuses(n);
     std::vector<std::thread> threads;
@@ -153,15 +256,18 @@ class Remote : public std::enable_shared_from_this<Remote> {
       const uint64_t end = std::min(bytes, begin + per_lane);
       threads.emplace_back([&, i, begin, end] { statuses[i] = move(LaneStub(i), begin, end); });
     }
-    statuses[0] = move(*tensors, 0, std::min(bytes, per_lane));
+    statuses[0] = move(LaneStub(0), 0, std::min(bytes, per_lane));
     for (auto& t : threads) t.join();
     for (const absl::Status& s : statuses) KD_RETURN_IF_ERROR(s);
     return absl::OkStatus();
   }
 
-  v1::Tensors::Stub& LaneStub(uint64_t lane) {
+  grpc::GenericStub& LaneStub(uint64_t lane) {
     std::lock_guard<std::mutex> lock(lanes_mu_);
     if (lane_stubs.size() <= lane) lane_stubs.resize(lane + 1);
+    if (lane == 0 && lane_stubs[0] == nullptr) {
+      lane_stubs[0] = std::make_unique<grpc::GenericStub>(channel);
+    }
     if (lane_stubs[lane] == nullptr) {
       grpc::ChannelArguments args;
       args.SetMaxReceiveMessageSize(-1);
@@ -169,39 +275,43 @@ class Remote : public std::enable_shared_from_this<Remote> {
       // A channel of its own: its own connection, not one shared through the subchannel pool.
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
       args.SetInt("komputed.bulk_lane", static_cast<int>(lane));
-      lane_stubs[lane] = v1::Tensors::NewStub(
+      lane_stubs[lane] = std::make_unique<grpc::GenericStub>(
           grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
     }
     return *lane_stubs[lane];
   }
 
-  // Streams data[begin, end) into the tensor's bytes [begin, end).
-  absl::Status WriteRange(v1::Tensors::Stub& stub, uint64_t handle, const uint8_t* data,
+  // Streams data[begin, end) into the tensor's bytes [begin, end), lending the data to gRPC.
+  absl::Status WriteRange(grpc::GenericStub& stub, uint64_t handle, const uint8_t* data,
                           uint64_t begin, uint64_t end) {
     const uint64_t bytes = end - begin;
     grpc::ClientContext context;
     SetDeadline(context, RpcTimeout() + absl::Seconds(static_cast<double>(bytes) / 1e8));
-    v1::WriteTensorResponse response;
-    auto writer = stub.WriteTensor(&context, &response);
-    v1::TensorChunk chunk;
-    chunk.set_session_id(session_id);
-    chunk.set_handle(handle);
-    chunk.set_total_bytes(bytes);
-    for (uint64_t offset = begin; offset < end; offset += kChunkBytes) {
-      const uint64_t n = std::min(kChunkBytes, end - offset);
-      chunk.set_offset(offset);
-      chunk.mutable_data()->assign(reinterpret_cast<const char*>(data) + offset, n);
-      if (!writer->Write(chunk)) break;
-      chunk.clear_session_id();
-      chunk.clear_handle();
-      chunk.clear_total_bytes();
-    }
-    writer->WritesDone();
-    return FromGrpc(writer->Finish(), absl::StrCat("writing tensor ", handle));
+    uint64_t offset = begin;
+    BulkCall call(
+        [&](BulkCall& self) -> std::optional<grpc::ByteBuffer> {
+          if (offset >= end) return std::nullopt;
+          const uint64_t n = std::min(kChunkBytes, end - offset);
+          v1::TensorChunk fields;
+          if (offset == begin) {  // the first chunk names the session, tensor and total
+            fields.set_session_id(session_id);
+            fields.set_handle(handle);
+            fields.set_total_bytes(bytes);
+          }
+          fields.set_offset(offset);
+          grpc::ByteBuffer chunk = komputed::v1::wire::SerializeTensorChunk(
+              fields, reinterpret_cast<const char*>(data) + offset, n, &BulkCall::Release,
+              self.Lend());
+          offset += n;
+          return chunk;
+        },
+        [](grpc::ByteBuffer&) { return absl::OkStatus(); });  // WriteTensorResponse
+    return FromGrpcStatus(call.Run(stub, &context, "/komputed.v1.Tensors/WriteTensor"),
+                          absl::StrCat("writing tensor ", handle));
   }
 
-  // Reads the tensor's bytes [begin, end) into data[begin, end).
-  absl::Status ReadRange(v1::Tensors::Stub& stub, uint64_t handle, uint8_t* data, uint64_t begin,
+  // Reads the tensor's bytes [begin, end) into data[begin, end), each chunk copied once.
+  absl::Status ReadRange(grpc::GenericStub& stub, uint64_t handle, uint8_t* data, uint64_t begin,
                          uint64_t end) {
     const uint64_t bytes = end - begin;
     grpc::ClientContext context;
@@ -212,22 +322,33 @@ class Remote : public std::enable_shared_from_this<Remote> {
     request.set_offset(begin);
     request.set_length(bytes);
     request.set_chunk_bytes(kChunkBytes);
-    auto reader = stub.ReadTensor(&context, request);
-    v1::TensorChunk chunk;
-    uint64_t received = 0;
-    while (reader->Read(&chunk)) {
-      if (chunk.offset() < begin || chunk.offset() > end ||
-          chunk.data().size() > end - chunk.offset()) {
-        context.TryCancel();
-        reader->Finish();
-        return absl::DataLossError(absl::StrCat("reading tensor ", handle, ": chunk at offset ",
-                                                chunk.offset(), " outside [", begin, ", ", end,
-                                                ")"));
-      }
-      std::memcpy(data + chunk.offset(), chunk.data().data(), chunk.data().size());
-      received += chunk.data().size();
+    std::optional<grpc::ByteBuffer> first(std::in_place);
+    bool own = false;
+    if (!grpc::SerializationTraits<v1::ReadTensorRequest>::Serialize(request, &*first, &own).ok()) {
+      return absl::InternalError(absl::StrCat("reading tensor ", handle, ": request not serialized"));
     }
-    KD_RETURN_IF_ERROR(FromGrpc(reader->Finish(), absl::StrCat("reading tensor ", handle)));
+    uint64_t received = 0;
+    komputed::v1::wire::TensorChunkView chunk;
+    BulkCall call(
+        [&](BulkCall&) { return std::exchange(first, std::nullopt); },
+        [&](grpc::ByteBuffer& raw) -> absl::Status {
+          absl::Status parsed = komputed::v1::wire::ParseTensorChunk(raw, &chunk);
+          if (!parsed.ok()) {
+            return absl::DataLossError(
+                absl::StrCat("reading tensor ", handle, ": ", parsed.message()));
+          }
+          const uint64_t at = chunk.fields.offset();
+          if (at < begin || at > end || chunk.data_bytes > end - at) {
+            return absl::DataLossError(absl::StrCat("reading tensor ", handle,
+                                                    ": chunk at offset ", at, " outside [", begin,
+                                                    ", ", end, ")"));
+          }
+          komputed::v1::wire::CopyData(chunk, reinterpret_cast<char*>(data) + at);
+          received += chunk.data_bytes;
+          return absl::OkStatus();
+        });
+    KD_RETURN_IF_ERROR(FromGrpcStatus(call.Run(stub, &context, "/komputed.v1.Tensors/ReadTensor"),
+                                      absl::StrCat("reading tensor ", handle)));
     if (received != bytes) {
       return absl::DataLossError(
           absl::StrCat("reading tensor ", handle, ": got ", received, " of ", bytes, " bytes"));
