@@ -43,8 +43,7 @@ absl::Status ParseTensorChunk(grpc::ByteBuffer& raw, TensorChunkView* chunk) {
         const void* piece = nullptr;
         int size = 0;
         if (!in.GetDirectBufferPointer(&piece, &size) || size <= 0) return malformed;
-        const int take =
-            static_cast<int>(std::min<uint64_t>(length, static_cast<uint64_t>(size)));
+        const int take = static_cast<int>(std::min<uint64_t>(length, static_cast<uint64_t>(size)));
         chunk->data.emplace_back(static_cast<const char*>(piece), static_cast<size_t>(take));
         if (!in.Skip(take)) return malformed;
         length -= static_cast<uint64_t>(take);
