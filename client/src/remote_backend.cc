@@ -86,11 +86,13 @@ class BulkCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
     std::unique_lock<std::mutex> lock(mu_);
     // The context's deadline ends the call; should gRPC not report that in time, cancel it (after
     // which gRPC always calls OnDone, which this object must outlive).
-    if (!cv_.wait_until(lock, context->deadline() + std::chrono::seconds(10),
-                        [this] { return done_; })) {
+    const auto deadline = context->deadline();
+    const auto grace = std::chrono::seconds(10);
+    const bool bounded = deadline < std::chrono::system_clock::time_point::max() - grace;
+    if (bounded && !cv_.wait_until(lock, deadline + grace, [this] { return done_; })) {
       context->TryCancel();
-      cv_.wait(lock, [this] { return done_; });
     }
+    cv_.wait(lock, [this] { return done_; });
     // gRPC gives lent data back as the call ends; wait for that before the caller may free it.
     if (!cv_.wait_for(lock, std::chrono::seconds(60), [this] { return lent_ == 0; })) {
       return absl::InternalError("a bulk transfer's data was still held by gRPC 60 s after the call");
