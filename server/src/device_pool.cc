@@ -14,6 +14,17 @@
 #include "komputed/core/status.h"
 
 namespace komputed::server {
+namespace {
+
+// Opens the device and starts the waiter that watches its submissions.
+absl::StatusOr<std::shared_ptr<DeviceInstance>> OpenInstance(const core::DeviceOptions& options) {
+  auto instance = std::make_shared<DeviceInstance>();
+  KD_ASSIGN_OR_RETURN(instance->device, core::Device::Create(options));
+  KD_ASSIGN_OR_RETURN(instance->waiter, core::CompletionWaiter::Create(instance->device));
+  return instance;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
     uint32_t pool_index, uint32_t physical_index, const DevicePoolOptions& pool_options) {
@@ -40,9 +51,7 @@ absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
   pooled->index_ = pool_index;
   pooled->info_ = info;
   pooled->options_ = options;
-  auto instance = std::make_shared<DeviceInstance>();
-  KD_ASSIGN_OR_RETURN(instance->device, core::Device::Create(options));
-  KD_ASSIGN_OR_RETURN(instance->waiter, core::CompletionWaiter::Create(instance->device));
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<DeviceInstance> instance, OpenInstance(options));
   const core::Device& device = *instance->device;
   for (uint32_t i = 0; i < device.queue_count(); ++i) {
     const core::Queue& q = device.queue(i);
@@ -142,21 +151,14 @@ void PooledDevice::CheckLost(const DeviceInstance& instance) {
       "device {} ({}) was lost (VK_ERROR_DEVICE_LOST): its sessions' calls fail with "
       "UNAVAILABLE",
       index_, info_.properties.deviceName);
-  if (on_lost_) on_lost_(*this);
+  if (on_lost_) on_lost_();
 }
 
 absl::Status PooledDevice::Recover() {
   std::shared_ptr<DeviceInstance> lost = instance();
   if (!lost->device->lost()) return absl::OkStatus();
   const absl::Time start = absl::Now();
-  auto fresh = std::make_shared<DeviceInstance>();
-  absl::StatusOr<std::shared_ptr<core::Device>> device = core::Device::Create(options_);
-  if (!device.ok()) return device.status();
-  fresh->device = *std::move(device);
-  absl::StatusOr<std::unique_ptr<core::CompletionWaiter>> waiter =
-      core::CompletionWaiter::Create(fresh->device);
-  if (!waiter.ok()) return waiter.status();
-  fresh->waiter = *std::move(waiter);
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<DeviceInstance> fresh, OpenInstance(options_));
   {
     absl::MutexLock lock(&mu_);
     retired_.push_back(std::move(instance_));
@@ -170,24 +172,22 @@ absl::Status PooledDevice::Recover() {
   return absl::OkStatus();
 }
 
-void PooledDevice::FreeRetired() {
+size_t PooledDevice::FreeRetired() {
   std::vector<std::shared_ptr<DeviceInstance>> unused;
+  size_t still_held = 0;
   {
     absl::MutexLock lock(&mu_);
     auto held = std::partition(retired_.begin(), retired_.end(),
                                [](const auto& instance) { return instance.use_count() > 1; });
     unused.assign(std::make_move_iterator(held), std::make_move_iterator(retired_.end()));
     retired_.erase(held, retired_.end());
+    still_held = retired_.size();
   }
   // Destroyed here, outside the lock: each waiter completes what it still watches.
   if (!unused.empty()) {
     spdlog::debug("device {}: {} lost instance(s) freed", index_, unused.size());
   }
-}
-
-size_t PooledDevice::retired() const {
-  absl::MutexLock lock(&mu_);
-  return retired_.size();
+  return still_held;
 }
 
 void PooledDevice::Describe(v1::DeviceInfo* out) const {
@@ -253,11 +253,11 @@ absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(
     }
   }
   auto pool = std::unique_ptr<DevicePool>(new DevicePool());
-  pool->options_ = options;
+  pool->recovery_interval_ = options.recovery_interval;
   for (uint32_t i = 0; i < chosen.size(); ++i) {
     KD_ASSIGN_OR_RETURN(auto device, PooledDevice::Open(i, chosen[i], options));
     DevicePool* const p = pool.get();
-    device->on_lost_ = [p](PooledDevice&) { p->DeviceLost(); };
+    device->on_lost_ = [p] { p->DeviceLost(); };
     pool->devices_.push_back(std::move(device));
   }
   pool->recovery_ = std::thread([p = pool.get()] { p->Recovery(); });
@@ -288,15 +288,12 @@ void DevicePool::DeviceLost() {
 }
 
 void DevicePool::Recovery() {
-  const absl::Duration interval = options_.recovery_interval;
+  const absl::Duration interval = recovery_interval_;
   absl::Time next_attempt = absl::InfiniteFuture();
   int failures = 0;  // attempts in a row that left a device unusable
   while (true) {
     bool retired = false;
-    for (auto& device : devices_) {
-      device->FreeRetired();
-      retired |= device->retired() > 0;
-    }
+    for (auto& device : devices_) retired |= device->FreeRetired() > 0;
     // Wakes for a loss (to schedule an attempt), at the attempt, to look at replaced instances
     // again while sessions hold them, or to stop.
     const absl::Time wake =

@@ -58,8 +58,6 @@ class PooledDevice {
   uint32_t index() const { return index_; }
   // The instance that new sessions open on.
   std::shared_ptr<DeviceInstance> instance() const;
-  // The physical device (the same for every instance).
-  const core::PhysicalDeviceInfo& info() const { return info_; }
 
   // The device queue indices for a session that asks for one queue per entry of `families`
   // (repeated entries of a family take its queues 0, 1, 2...; empty: one queue of the first
@@ -107,10 +105,9 @@ class PooledDevice {
   // When the current instance is lost: opens a new one for new sessions. OK when the device was
   // usable or is now; the reason when opening failed.
   absl::Status Recover();
-  // Frees the instances replaced by Recover() that no session holds any more.
-  void FreeRetired();
-  // Instances replaced by Recover() and still held by sessions.
-  size_t retired() const;
+  // Frees the instances replaced by Recover() that no session holds any more; returns the number
+  // of replaced instances that sessions still hold.
+  size_t FreeRetired();
 
  private:
   friend class DevicePool;
@@ -131,7 +128,7 @@ class PooledDevice {
   std::atomic<int64_t> memory_in_use_{0};
   std::atomic<int32_t> sessions_{0};
   std::atomic<int> inline_waits_{0};
-  std::function<void(PooledDevice&)> on_lost_;  // set by the pool before any session exists
+  std::function<void()> on_lost_;  // set by the pool before any session exists
 
   prometheus::Gauge* memory_used_ = nullptr;
   prometheus::Counter* losses_ = nullptr;
@@ -174,12 +171,12 @@ class DevicePool {
 
  private:
   DevicePool() = default;
-  // The recovery thread: opens lost devices again (options_.recovery_interval after a loss, then
-  // backing off while that fails) and frees replaced instances once no session holds them.
+  // The recovery thread: opens lost devices again (recovery_interval_ after a loss, then backing
+  // off while that fails) and frees replaced instances once no session holds them.
   void Recovery();
   void DeviceLost();
 
-  DevicePoolOptions options_;
+  absl::Duration recovery_interval_;
   std::function<void()> listener_;
   std::vector<std::unique_ptr<PooledDevice>> devices_;
   absl::Mutex mu_;
