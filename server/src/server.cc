@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -20,6 +21,19 @@ namespace {
 // have to reach their clients before the remaining calls (idle streams) are cancelled.
 constexpr absl::Duration kQuietPeriod = absl::Milliseconds(200);
 constexpr absl::Duration kReplyGrace = absl::Seconds(1);
+
+std::string SecondsSince(absl::Time start) {
+  return absl::StrFormat("%.3fs", absl::ToDoubleSeconds(absl::Now() - start));
+}
+
+// A step of the teardown, timed in the debug log ("komputed stopping: <what> in <seconds>"), so
+// that a slow one shows where.
+template <typename Step>
+void TimedStep(const char* what, Step step) {
+  const absl::Time start = absl::Now();
+  step();
+  spdlog::debug("komputed stopping: {} in {}", what, SecondsSince(start));
+}
 
 }  // namespace
 
@@ -116,15 +130,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
 
 Server::~Server() {
   Shutdown();
-  // Released in this order, each step timed in the debug log: a slow teardown shows where.
-  auto timed = [](const char* what, auto release) {
-    const absl::Time start = absl::Now();
-    release();
-    spdlog::debug("komputed stopping: {} released in {}", what,
-                  absl::StrFormat("%.3fs", absl::ToDoubleSeconds(absl::Now() - start)));
-  };
-  timed("metrics endpoint", [this] { metrics_endpoint_.reset(); });
-  timed("gRPC server", [this] {
+  // Released in this order.
+  TimedStep("metrics endpoint released", [this] { metrics_endpoint_.reset(); });
+  TimedStep("gRPC server released", [this] {
     grpc_server_.reset();
     sequences_service_.reset();
     algorithms_service_.reset();
@@ -132,8 +140,8 @@ Server::~Server() {
     sessions_service_.reset();
     devices_service_.reset();
   });
-  timed("sessions", [this] { sessions_.reset(); });
-  timed("devices", [this] { pool_.reset(); });
+  TimedStep("sessions released", [this] { sessions_.reset(); });
+  TimedStep("devices released", [this] { pool_.reset(); });
 }
 
 std::string Server::address() const {
@@ -173,8 +181,7 @@ void Server::Drain(absl::Duration timeout) {
     // Clients whose evaluations just completed may be calling again: answer them (UNAVAILABLE)
     // until they have stopped, within the drain timeout.
     gate_->WaitQuiet(kQuietPeriod, start + timeout);
-    spdlog::info("komputed drained in {}",
-                 absl::StrFormat("%.3fs", absl::ToDoubleSeconds(absl::Now() - start)));
+    spdlog::info("komputed drained in {}", SecondsSince(start));
   } else {
     spdlog::warn("komputed drain timeout ({}): {} evaluation(s) still in flight are cancelled",
                  absl::FormatDuration(timeout), gate_->in_flight());
@@ -199,17 +206,11 @@ void Server::Shutdown(absl::Duration grace) {
     spdlog::info("komputed shutting down");
     // Waits for every call to end: those still running after `grace` are cancelled, and their
     // reactors finish once their submissions complete.
-    const absl::Time start = absl::Now();
-    grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
-    spdlog::debug("komputed stopping: gRPC calls ended in {}",
-                  absl::StrFormat("%.3fs", absl::ToDoubleSeconds(absl::Now() - start)));
+    TimedStep("gRPC calls ended", [&] {
+      grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+    });
   }
-  if (sessions_ != nullptr) {
-    const absl::Time start = absl::Now();
-    sessions_->Shutdown();
-    spdlog::debug("komputed stopping: sessions freed in {}",
-                  absl::StrFormat("%.3fs", absl::ToDoubleSeconds(absl::Now() - start)));
-  }
+  if (sessions_ != nullptr) TimedStep("sessions freed", [this] { sessions_->Shutdown(); });
   absl::MutexLock lock(&mu_);
   shut_down_ = true;
 }
