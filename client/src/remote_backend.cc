@@ -42,12 +42,6 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
                       absl::StrCat(what, ": ", s.error_message()));
 }
 
-// `s` (already an absl::Status) with `what` in front of its message.
-absl::Status FromGrpcStatus(const absl::Status& s, absl::string_view what) {
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
-}
-
 absl::Duration EnvSeconds(const char* name, absl::Duration fallback) {
   const char* value = std::getenv(name);
   double seconds = value != nullptr ? std::atof(value) : 0;
@@ -67,8 +61,9 @@ uint32_t TransferStreams() {
 // One bulk transfer call (WriteTensor or ReadTensor) through gRPC's generic API, so that tensor
 // data moves as byte buffers (komputed/v1/tensor_chunk_wire.h) and not through protobuf strings.
 // Sends what next() returns until it returns nothing, then half-closes; hands every received
-// message to on_read (a non-OK status cancels the call and is returned). Run() blocks until the
-// call has ended (its context's deadline bounds it) and gRPC has released the data it was lent.
+// message to on_read (a non-OK status cancels the call and is returned as it is). Run() blocks
+// until the call has ended (its context's deadline bounds it) and gRPC has released the data it
+// was lent; gRPC's errors come back with `what` in front.
 class BulkCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   using Next = std::function<std::optional<grpc::ByteBuffer>(BulkCall&)>;
@@ -77,7 +72,7 @@ class BulkCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
   BulkCall(Next next, OnRead on_read) : next_(std::move(next)), on_read_(std::move(on_read)) {}
 
   absl::Status Run(grpc::GenericStub& stub, grpc::ClientContext* context,
-                   const std::string& method) {
+                   const std::string& method, absl::string_view what) {
     context_ = context;
     stub.PrepareBidiStreamingCall(context, method, grpc::StubOptions(), this);
     StartRead(&in_);
@@ -95,10 +90,11 @@ class BulkCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
     cv_.wait(lock, [this] { return done_; });
     // gRPC gives lent data back as the call ends; wait for that before the caller may free it.
     if (!cv_.wait_for(lock, std::chrono::seconds(60), [this] { return lent_ == 0; })) {
-      return absl::InternalError("a bulk transfer's data was still held by gRPC 60 s after the call");
+      return absl::InternalError(
+          absl::StrCat(what, ": the data was still held by gRPC 60 s after the call"));
     }
     if (!local_.ok()) return local_;
-    return absl::Status(static_cast<absl::StatusCode>(status_.error_code()), status_.error_message());
+    return FromGrpc(status_, what);
   }
 
   // A slice release callback's argument for data lent to this call: counts it until released.
@@ -314,8 +310,8 @@ class Remote : public std::enable_shared_from_this<Remote> {
           return chunk;
         },
         [](grpc::ByteBuffer&) { return absl::OkStatus(); });  // WriteTensorResponse
-    return FromGrpcStatus(call.Run(stub, &context, "/komputed.v1.Tensors/WriteTensor"),
-                          absl::StrCat("writing tensor ", handle));
+    return call.Run(stub, &context, "/komputed.v1.Tensors/WriteTensor",
+                    absl::StrCat("writing tensor ", handle));
   }
 
   // Reads the tensor's bytes [begin, end) into data[begin, end), each chunk copied once.
@@ -355,8 +351,8 @@ class Remote : public std::enable_shared_from_this<Remote> {
           received += chunk.data_bytes;
           return absl::OkStatus();
         });
-    KD_RETURN_IF_ERROR(FromGrpcStatus(call.Run(stub, &context, "/komputed.v1.Tensors/ReadTensor"),
-                                      absl::StrCat("reading tensor ", handle)));
+    KD_RETURN_IF_ERROR(call.Run(stub, &context, "/komputed.v1.Tensors/ReadTensor",
+                                absl::StrCat("reading tensor ", handle)));
     if (received != bytes) {
       return absl::DataLossError(
           absl::StrCat("reading tensor ", handle, ": got ", received, " of ", bytes, " bytes"));
