@@ -5,6 +5,7 @@
 
 #include "kp_test.h"
 #include "support/daemon_process.h"
+#include "support/scoped_env.h"
 
 namespace kptest {
 namespace {
@@ -53,16 +54,8 @@ std::unique_ptr<kp::Manager> MakeDefaultManager(BackendKind kind) {
       unsetenv("KOMPUTED_ADDRESS");
       return std::make_unique<kp::Manager>();
     case BackendKind::kRemote: {
-      setenv("KOMPUTED_ADDRESS", DaemonAddress().c_str(), 1);
-      std::unique_ptr<kp::Manager> mgr;
-      try {
-        mgr = std::make_unique<kp::Manager>();
-      } catch (...) {
-        unsetenv("KOMPUTED_ADDRESS");
-        throw;
-      }
-      unsetenv("KOMPUTED_ADDRESS");
-      return mgr;
+      komputed::test_support::ScopedEnv address("KOMPUTED_ADDRESS", DaemonAddress());
+      return std::make_unique<kp::Manager>();
     }
   }
   throw std::logic_error("unknown backend " + Name(kind));

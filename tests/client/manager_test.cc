@@ -4,11 +4,13 @@
 #include <thread>
 
 #include "kp_test.h"
+#include "support/scoped_env.h"
 
 namespace kptest {
 namespace {
 
 using ::testing::HasSubstr;
+using komputed::test_support::ScopedEnv;
 
 constexpr char kTimesTwo[] = R"(
   #version 450
@@ -47,16 +49,9 @@ TEST_P(KpTest, ManagerRejectsMissingDevicesAndQueues) {
   EXPECT_KP_ERROR(kInvalidArgument, mgr().sequence(1));
 }
 
-// Restores (unsets) KOMPUTED_DEVICE when the test ends, whatever happens.
-class DeviceVariable {
- public:
-  explicit DeviceVariable(const char* value) { setenv("KOMPUTED_DEVICE", value, 1); }
-  ~DeviceVariable() { unsetenv("KOMPUTED_DEVICE"); }
-};
-
 TEST_P(KpTest, DefaultManagerTakesItsDeviceFromKomputedDevice) {
   {
-    DeviceVariable device("0");
+    ScopedEnv device("KOMPUTED_DEVICE", "0");
     auto m = MakeDefaultManager(GetParam());
     EXPECT_EQ(std::string(m->getDeviceProperties().deviceName.data()),
               std::string(mgr().getDeviceProperties().deviceName.data()));
@@ -64,7 +59,7 @@ TEST_P(KpTest, DefaultManagerTakesItsDeviceFromKomputedDevice) {
     m->sequence()->eval<kp::OpTensorSyncDevice>(TensorList{t});
   }
   {
-    DeviceVariable device("57");
+    ScopedEnv device("KOMPUTED_DEVICE", "57");
     try {
       MakeDefaultManager(GetParam());
       ADD_FAILURE() << "KOMPUTED_DEVICE=57 was accepted";
@@ -74,7 +69,7 @@ TEST_P(KpTest, DefaultManagerTakesItsDeviceFromKomputedDevice) {
     }
   }
   for (const char* bad : {"gpu1", "-1", "1.5"}) {
-    DeviceVariable device(bad);
+    ScopedEnv device("KOMPUTED_DEVICE", bad);
     try {
       MakeDefaultManager(GetParam());
       ADD_FAILURE() << "KOMPUTED_DEVICE=" << bad << " was accepted";

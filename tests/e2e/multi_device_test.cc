@@ -26,7 +26,6 @@
 #include <kompute/Kompute.hpp>
 #include <map>
 #include <memory>
-#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -41,6 +40,7 @@
 #include "support/daemon_process.h"
 #include "support/metrics.h"
 #include "support/process.h"
+#include "support/scoped_env.h"
 #include "support/stubs.h"
 
 namespace {
@@ -49,6 +49,7 @@ using komputed::test_support::DaemonProcess;
 using komputed::test_support::KomputectlBinary;
 using komputed::test_support::RunProgram;
 using komputed::test_support::Samples;
+using komputed::test_support::ScopedEnv;
 using komputed::test_support::Stubs;
 using ::testing::HasSubstr;
 namespace v1 = komputed::v1;
@@ -63,27 +64,6 @@ std::string ExampleProgram() {
   const char* value = std::getenv("ARRAY_MULTIPLICATION");
   return value != nullptr && value[0] != '\0' ? value : ARRAY_MULTIPLICATION;
 }
-
-// Sets an environment variable for the life of the object, then puts back what was there.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    const char* previous = std::getenv(name);
-    if (previous != nullptr) previous_ = previous;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (previous_.has_value()) {
-      setenv(name_, previous_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> previous_;
-};
 
 // One unary call with a 30 s deadline; a failure fails the test and returns an empty response.
 template <typename Response, typename Stub, typename Request>
@@ -165,9 +145,11 @@ MultiDeviceDaemon StartMultiDeviceDaemon() {
   return result;
 }
 
-#define START_MULTI_DEVICE_DAEMON(var)                                                           \
-  MultiDeviceDaemon var = StartMultiDeviceDaemon();                                              \
-  if (var.devices < 2) GTEST_SKIP() << "no two Vulkan devices here, nor a driver to list twice"; \
+#define START_MULTI_DEVICE_DAEMON(var)                                                        \
+  MultiDeviceDaemon var = StartMultiDeviceDaemon();                                           \
+  if (var.devices < 2)                                                                        \
+    GTEST_SKIP() << "needs two Vulkan devices: this machine has fewer, and no single driver " \
+                    "(the only VK_DRIVER_FILES entry, or lavapipe) to list twice";            \
   std::cout << "devices: " << var.devices << ", " << var.kind << "\n"
 
 constexpr char kSaxpyShader[] = R"(
