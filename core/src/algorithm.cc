@@ -1,5 +1,7 @@
 #include "komputed/core/algorithm.h"
 
+#include "komputed/core/op_semantics.h"
+
 #include "absl/strings/str_cat.h"
 #include "komputed/core/shader.h"
 #include "komputed/core/status.h"
@@ -178,11 +180,7 @@ absl::Status Algorithm::Rebuild(AlgorithmSpec spec) {
 
 absl::Status Algorithm::SetPushConstants(std::vector<uint8_t> values) {
   absl::MutexLock lock(&mu_);
-  if (values.size() != spec_.push_constants.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "push constants of ", values.size(), " bytes given; the algorithm was built with ",
-        spec_.push_constants.size(), " bytes"));
-  }
+  KD_RETURN_IF_ERROR(CheckPushConstantSize(values.size(), spec_.push_constants.size()));
   spec_.push_constants = std::move(values);
   return absl::OkStatus();
 }

@@ -26,22 +26,48 @@ void GlobalBarrier(VkCommandBuffer cb, VkPipelineStageFlags src_stage, VkAccessF
   vkCmdPipelineBarrier(cb, src_stage, dst_stage, 0, 1, &b, 0, nullptr, 0, nullptr);
 }
 
-absl::Status CheckTensors(const std::vector<std::shared_ptr<Tensor>>& tensors, const Device& device,
-                          absl::string_view op, size_t minimum) {
-  if (tensors.size() < minimum) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, " needs at least ", minimum, " tensor(s), got ", tensors.size()));
-  }
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (tensors[i] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(op, ": tensor ", i, " is null"));
+// The core's own checks of an operation's objects (present, on this device), then the
+// operation's rules (op_semantics.h).
+absl::Status CheckOp(const Op& op, const Device& device) {
+  const absl::string_view name = OpName(op.kind);
+  std::vector<TensorFacts> facts;
+  facts.reserve(op.tensors.size());
+  for (size_t i = 0; i < op.tensors.size(); ++i) {
+    const Tensor* t = op.tensors[i].get();
+    if (t == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": tensor ", i, " is null"));
     }
-    if (&tensors[i]->device() != &device) {
+    if (&t->device() != &device) {
       return absl::FailedPreconditionError(
-          absl::StrCat(op, ": tensor ", i, " belongs to another device"));
+          absl::StrCat(name, ": tensor ", i, " belongs to another device"));
+    }
+    facts.push_back({t, t->element_type(), t->element_size(), t->count(), t->memory_type()});
+  }
+  KD_RETURN_IF_ERROR(ValidateOpTensors(op.kind, facts));
+  if (op.kind != OpKind::kDispatch) return absl::OkStatus();
+  if (op.algorithm == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": no algorithm"));
+  }
+  if (&op.algorithm->device() != &device) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, ": the algorithm belongs to another device"));
+  }
+  if (op.push_constants.has_value()) {
+    if (absl::Status s =
+            CheckPushConstantSize(op.push_constants->size(), op.algorithm->push_constant_size());
+        !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", s.message()));
     }
   }
   return absl::OkStatus();
+}
+
+std::vector<TensorFacts> FactsOf(const std::vector<std::shared_ptr<Tensor>>& tensors) {
+  std::vector<TensorFacts> facts;
+  for (const auto& t : tensors) {
+    facts.push_back({t.get(), t->element_type(), t->element_size(), t->count(), t->memory_type()});
+  }
+  return facts;
 }
 
 }  // namespace
@@ -129,56 +155,7 @@ Sequence::~Sequence() {
   }
 }
 
-absl::Status Sequence::ValidateLocked(const Op& op) const {
-  const Device& device = *device_;
-  if (const auto* o = std::get_if<op::SyncToDevice>(&op)) {
-    return CheckTensors(o->tensors, device, "OpTensorSyncDevice", 1);
-  }
-  if (const auto* o = std::get_if<op::SyncToHost>(&op)) {
-    return CheckTensors(o->tensors, device, "OpTensorSyncLocal", 1);
-  }
-  if (const auto* o = std::get_if<op::Copy>(&op)) {
-    KD_RETURN_IF_ERROR(CheckTensors(o->tensors, device, "OpTensorCopy", 2));
-    const Tensor& src = *o->tensors[0];
-    for (size_t i = 1; i < o->tensors.size(); ++i) {
-      const Tensor& dst = *o->tensors[i];
-      if (&dst == &src) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("OpTensorCopy: tensor ", i, " is the source (tensor 0) itself"));
-      }
-      if (dst.element_type() != src.element_type() || dst.element_size() != src.element_size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "OpTensorCopy: tensor ", i, " holds ", ElementTypeName(dst.element_type()),
-            " elements but the source (tensor 0) holds ", ElementTypeName(src.element_type())));
-      }
-      if (dst.count() != src.count()) {
-        return absl::InvalidArgumentError(absl::StrCat("OpTensorCopy: tensor ", i, " has ",
-                                                       dst.count(),
-                                                       " elements but the source "
-                                                       "(tensor 0) has ",
-                                                       src.count()));
-      }
-    }
-    return absl::OkStatus();
-  }
-  if (const auto* o = std::get_if<op::Dispatch>(&op)) {
-    if (o->algorithm == nullptr) return absl::InvalidArgumentError("OpAlgoDispatch: no algorithm");
-    if (&o->algorithm->device() != &device) {
-      return absl::FailedPreconditionError(
-          "OpAlgoDispatch: the algorithm belongs to another device");
-    }
-    if (o->push_constants.has_value() &&
-        o->push_constants->size() != o->algorithm->push_constant_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("OpAlgoDispatch: push constants of ",
-                                                     o->push_constants->size(),
-                                                     " bytes given; the algorithm was built with ",
-                                                     o->algorithm->push_constant_size(), " bytes"));
-    }
-    return absl::OkStatus();
-  }
-  const auto& o = std::get<op::MemoryBarrier>(op);
-  return CheckTensors(o.tensors, device, "OpMemoryBarrier", 0);
-}
+absl::Status Sequence::ValidateLocked(const Op& op) const { return CheckOp(op, *device_); }
 
 absl::Status Sequence::BeginLocked() {
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
@@ -197,30 +174,38 @@ absl::Status Sequence::BeginLocked() {
 
 void Sequence::RecordLocked(Op& op) {
   VkCommandBuffer cb = cb_;
-  if (auto* o = std::get_if<op::SyncToDevice>(&op)) {
-    GlobalBarrier(cb, kWorkStages, kAnyShaderAccess | kAnyTransferAccess,
-                  VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
-    for (const auto& t : o->tensors) t->RecordToDevice(cb);
-  } else if (auto* o = std::get_if<op::SyncToHost>(&op)) {
-    GlobalBarrier(cb, kWorkStages, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
-                  VK_PIPELINE_STAGE_TRANSFER_BIT, kAnyTransferAccess);
-    for (const auto& t : o->tensors) t->RecordToHost(cb);
-    GlobalBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
-                  VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
-  } else if (auto* o = std::get_if<op::Copy>(&op)) {
-    GlobalBarrier(cb, kWorkStages, kAnyShaderAccess | kAnyTransferAccess,
-                  VK_PIPELINE_STAGE_TRANSFER_BIT, kAnyTransferAccess);
-    for (size_t i = 1; i < o->tensors.size(); ++i) o->tensors[0]->RecordCopyTo(cb, *o->tensors[i]);
-  } else if (auto* o = std::get_if<op::Dispatch>(&op)) {
-    GlobalBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
-                  VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, kAnyShaderAccess);
-    uint64_t generation = 0;
-    cb_keep_.push_back(
-        {o->algorithm.get(), o->algorithm->RecordDispatch(cb, &generation), generation});
-  } else {
-    auto& b = std::get<op::MemoryBarrier>(op);
-    for (const auto& t : b.tensors) {
-      t->RecordBarrier(cb, b.src_access, b.dst_access, b.src_stage, b.dst_stage, b.primary);
+  switch (op.kind) {
+    case OpKind::kSyncDevice:
+      GlobalBarrier(cb, kWorkStages, kAnyShaderAccess | kAnyTransferAccess,
+                    VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT);
+      for (const auto& t : op.tensors) t->RecordToDevice(cb);
+      break;
+    case OpKind::kSyncLocal:
+      GlobalBarrier(cb, kWorkStages, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                    VK_PIPELINE_STAGE_TRANSFER_BIT, kAnyTransferAccess);
+      for (const auto& t : op.tensors) t->RecordToHost(cb);
+      GlobalBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                    VK_PIPELINE_STAGE_HOST_BIT, VK_ACCESS_HOST_READ_BIT);
+      break;
+    case OpKind::kCopy:
+      GlobalBarrier(cb, kWorkStages, kAnyShaderAccess | kAnyTransferAccess,
+                    VK_PIPELINE_STAGE_TRANSFER_BIT, kAnyTransferAccess);
+      for (size_t i = 1; i < op.tensors.size(); ++i) op.tensors[0]->RecordCopyTo(cb, *op.tensors[i]);
+      break;
+    case OpKind::kDispatch: {
+      GlobalBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
+                    VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, kAnyShaderAccess);
+      uint64_t generation = 0;
+      cb_keep_.push_back(
+          {op.algorithm.get(), op.algorithm->RecordDispatch(cb, &generation), generation});
+      break;
+    }
+    case OpKind::kBarrier: {
+      const BarrierMasks& b = op.barrier;
+      for (const auto& t : op.tensors) {
+        t->RecordBarrier(cb, b.src_access, b.dst_access, b.src_stage, b.dst_stage, b.primary);
+      }
+      break;
     }
   }
   if (query_pool_ && timestamps_written_ < total_timestamps_) {
@@ -235,8 +220,9 @@ absl::Status Sequence::Record(Op op) {
     return absl::FailedPreconditionError("cannot record: the sequence is running; await it first");
   }
   KD_RETURN_IF_ERROR(ValidateLocked(op));
-  if (auto* o = std::get_if<op::Dispatch>(&op); o != nullptr && o->push_constants.has_value()) {
-    KD_RETURN_IF_ERROR(o->algorithm->SetPushConstants(*o->push_constants));
+  // An override stays with the algorithm (op_semantics.h); the size was checked above.
+  if (op.kind == OpKind::kDispatch && op.push_constants.has_value()) {
+    KD_RETURN_IF_ERROR(op.algorithm->SetPushConstants(*op.push_constants));
   }
   if (!recording_) KD_RETURN_IF_ERROR(BeginLocked());
   RecordLocked(op);
@@ -287,15 +273,10 @@ absl::Status Sequence::Wait(absl::Duration timeout) {
 void Sequence::FinishLocked() {
   // Host steps: a copy carries the source's host data to destinations with staging buffers.
   for (const Op& op : cb_ops_) {
-    const auto* copy = std::get_if<op::Copy>(&op);
-    if (copy == nullptr) continue;
-    const Tensor& src = *copy->tensors[0];
-    if (src.host_data() == nullptr) continue;
-    for (size_t i = 1; i < copy->tensors.size(); ++i) {
-      const Tensor& dst = *copy->tensors[i];
-      if (dst.staging() != VK_NULL_HANDLE) {
-        std::memcpy(dst.host_data(), src.host_data(), src.byte_size());
-      }
+    if (op.kind != OpKind::kCopy) continue;
+    const Tensor& src = *op.tensors[0];
+    for (size_t i : CopyHostTargets(FactsOf(op.tensors))) {
+      std::memcpy(op.tensors[i]->host_data(), src.host_data(), src.byte_size());
     }
   }
   timestamps_.clear();
@@ -339,8 +320,8 @@ absl::Status Sequence::Rerecord() {
   cb_ops_.clear();
   cb_keep_.clear();
   for (Op& op : ops) {
-    if (auto* o = std::get_if<op::Dispatch>(&op); o != nullptr && o->push_constants.has_value()) {
-      KD_RETURN_IF_ERROR(o->algorithm->SetPushConstants(*o->push_constants));
+    if (op.kind == OpKind::kDispatch && op.push_constants.has_value()) {
+      KD_RETURN_IF_ERROR(op.algorithm->SetPushConstants(*op.push_constants));
     }
     if (!recording_) KD_RETURN_IF_ERROR(BeginLocked());
     RecordLocked(op);

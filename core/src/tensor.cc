@@ -8,53 +8,6 @@
 
 namespace komputed::core {
 
-absl::string_view MemoryTypeName(MemoryType type) {
-  switch (type) {
-    case MemoryType::kDevice:
-      return "device";
-    case MemoryType::kHost:
-      return "host";
-    case MemoryType::kStorage:
-      return "storage";
-    case MemoryType::kDeviceAndHost:
-      return "deviceAndHost";
-  }
-  return "unknown";
-}
-
-absl::string_view ElementTypeName(ElementType type) {
-  switch (type) {
-    case ElementType::kBool:
-      return "bool";
-    case ElementType::kInt32:
-      return "int32";
-    case ElementType::kUInt32:
-      return "uint32";
-    case ElementType::kFloat32:
-      return "float32";
-    case ElementType::kFloat64:
-      return "float64";
-    case ElementType::kBytes:
-      return "bytes";
-  }
-  return "unknown";
-}
-
-uint32_t ElementTypeSize(ElementType type) {
-  switch (type) {
-    case ElementType::kBool:
-      return 1;
-    case ElementType::kInt32:
-    case ElementType::kUInt32:
-    case ElementType::kFloat32:
-      return 4;
-    case ElementType::kFloat64:
-      return 8;
-    case ElementType::kBytes:
-      return 0;
-  }
-  return 0;
-}
 
 absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsageFlags usage,
                                       VkMemoryPropertyFlags required,
@@ -100,33 +53,7 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
                                                        ElementType type, uint64_t count,
                                                        uint32_t element_size, MemoryType memory,
                                                        const void* initial) {
-  if (static_cast<uint8_t>(type) > static_cast<uint8_t>(ElementType::kBytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown element type ", static_cast<int>(type)));
-  }
-  if (static_cast<uint8_t>(memory) > static_cast<uint8_t>(MemoryType::kDeviceAndHost)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown memory type ", static_cast<int>(memory)));
-  }
-  uint32_t natural = ElementTypeSize(type);
-  if (type == ElementType::kBytes) {
-    if (element_size == 0) {
-      return absl::InvalidArgumentError("a tensor of raw bytes needs an element size above 0");
-    }
-  } else if (element_size != 0 && element_size != natural) {
-    return absl::InvalidArgumentError(absl::StrCat("element size ", element_size,
-                                                   " does not match ", ElementTypeName(type),
-                                                   " (", natural, " bytes)"));
-  } else {
-    element_size = natural;
-  }
-  if (count == 0) {
-    return absl::InvalidArgumentError("cannot create a zero-sized tensor (0 elements)");
-  }
-  if (count > std::numeric_limits<uint64_t>::max() / element_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor of ", count, " elements of ", element_size, " bytes overflows"));
-  }
+  KD_ASSIGN_OR_RETURN(element_size, CheckTensorShape(type, memory, count, element_size));
   const uint64_t bytes = count * element_size;
   const PhysicalDeviceInfo& info = device->info();
   if (info.max_buffer_size != 0 && bytes > info.max_buffer_size) {

@@ -524,13 +524,13 @@ absl::StatusOr<core::Op> Session::OpLocked(const v1::Operation& operation) const
       KD_ASSIGN_OR_RETURN(auto tensors, TensorsLocked(operation.sync_device().tensors()));
       if (tensors.empty())
         return absl::InvalidArgumentError("sync_device needs at least one tensor");
-      return core::op::SyncToDevice{std::move(tensors)};
+      return core::Op(core::op::SyncToDevice{std::move(tensors)});
     }
     case v1::Operation::kSyncLocal: {
       KD_ASSIGN_OR_RETURN(auto tensors, TensorsLocked(operation.sync_local().tensors()));
       if (tensors.empty())
         return absl::InvalidArgumentError("sync_local needs at least one tensor");
-      return core::op::SyncToHost{std::move(tensors)};
+      return core::Op(core::op::SyncToHost{std::move(tensors)});
     }
     case v1::Operation::kCopy: {
       const auto& handles = operation.copy().tensors();
@@ -552,7 +552,7 @@ absl::StatusOr<core::Op> Session::OpLocked(const v1::Operation& operation) const
                            " elements of ", src.element_size(), " bytes"));
         }
       }
-      return core::op::Copy{std::move(tensors)};
+      return core::Op(core::op::Copy{std::move(tensors)});
     }
     case v1::Operation::kDispatch: {
       const v1::Dispatch& d = operation.dispatch();
@@ -569,13 +569,13 @@ absl::StatusOr<core::Op> Session::OpLocked(const v1::Operation& operation) const
         }
         op.push_constants = Bytes(d.push_constants());
       }
-      return op;
+      return core::Op(op);
     }
     case v1::Operation::kBarrier: {
       const v1::Barrier& b = operation.barrier();
       KD_ASSIGN_OR_RETURN(auto tensors, TensorsLocked(b.tensors()));
-      return core::op::MemoryBarrier{std::move(tensors), b.src_access(), b.dst_access(),
-                                     b.src_stage(),      b.dst_stage(),  b.primary()};
+      return core::Op(core::op::MemoryBarrier{std::move(tensors), b.src_access(), b.dst_access(),
+                                              b.src_stage(), b.dst_stage(), b.primary()});
     }
     case v1::Operation::OP_NOT_SET:
       break;

@@ -5,15 +5,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "komputed/v1/grpc_status.h"
 
 namespace komputed::server {
 
-// The one translation of an absl::Status into a gRPC status: the codes are the same google.rpc
-// codes, mapped one to one; the message is kept as is.
-grpc::Status ToGrpcStatus(const absl::Status& status);
-
-// The reverse (for tests and for clients of the daemon).
-absl::Status FromGrpcStatus(const grpc::Status& status);
+// The translation between absl::Status and gRPC's status lives with the wire.
+using v1::wire::FromGrpcStatus;
+using v1::wire::ToGrpcStatus;
 
 // The level at which a failed call is logged: the client's mistakes (INVALID_ARGUMENT,
 // NOT_FOUND, FAILED_PRECONDITION, ...) and refusals while draining at debug; limits and

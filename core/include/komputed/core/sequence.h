@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <variant>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -15,32 +14,34 @@
 #include "komputed/core/algorithm.h"
 #include "komputed/core/device.h"
 #include "komputed/core/handle.h"
+#include "komputed/core/op_semantics.h"
 #include "komputed/core/tensor.h"
 
 namespace komputed::core {
 
-// The operations a sequence records. Each holds its objects, so they outlive the recording.
+// An operation that a sequence records: komputed's one operation description
+// (op_semantics.h) over core objects. It holds its objects, so they outlive the recording.
+using Op = OpDesc<std::shared_ptr<Tensor>, std::shared_ptr<Algorithm>>;
+
+// The operations spelled by kind, as a caller writes them: Record(op::SyncToDevice{{a, b}}).
 namespace op {
-// Host data → device, for tensors with staging (others: nothing to do). At least one tensor.
 struct SyncToDevice {
   std::vector<std::shared_ptr<Tensor>> tensors;
+  operator Op() const { return {OpKind::kSyncDevice, tensors}; }
 };
-// Device → host data, for tensors with staging, with the barriers around it.
 struct SyncToHost {
   std::vector<std::shared_ptr<Tensor>> tensors;
+  operator Op() const { return {OpKind::kSyncLocal, tensors}; }
 };
-// tensors[0] → every other tensor, on the device; afterwards the source's host data is copied
-// into each destination that has a staging buffer. Same element type and size required.
 struct Copy {
   std::vector<std::shared_ptr<Tensor>> tensors;
+  operator Op() const { return {OpKind::kCopy, tensors}; }
 };
-// A dispatch of the algorithm; push_constants, when given, replace the algorithm's values (and
-// stay with it) before recording.
 struct Dispatch {
   std::shared_ptr<Algorithm> algorithm;
   std::optional<std::vector<uint8_t>> push_constants;
+  operator Op() const { return {OpKind::kDispatch, {}, algorithm, push_constants}; }
 };
-// A buffer memory barrier per tensor.
 struct MemoryBarrier {
   std::vector<std::shared_ptr<Tensor>> tensors;
   VkAccessFlags src_access = 0;
@@ -48,11 +49,12 @@ struct MemoryBarrier {
   VkPipelineStageFlags src_stage = 0;
   VkPipelineStageFlags dst_stage = 0;
   bool primary = true;
+  operator Op() const {
+    return {OpKind::kBarrier, tensors, nullptr, std::nullopt,
+            BarrierMasks{src_access, dst_access, src_stage, dst_stage, primary}};
+  }
 };
 }  // namespace op
-
-using Op = std::variant<op::SyncToDevice, op::SyncToHost, op::Copy, op::Dispatch,
-                        op::MemoryBarrier>;
 
 // A command buffer on one queue with its fence (Kompute's Sequence). Recording appends to the
 // command buffer; after a submission, the next Record starts a new command buffer. Submit/Wait

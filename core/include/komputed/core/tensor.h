@@ -9,30 +9,10 @@
 #include "absl/status/statusor.h"
 #include "komputed/core/device.h"
 #include "komputed/core/handle.h"
+#include "komputed/core/types.h"
 
 namespace komputed::core {
 
-// Where a tensor's memory lives.
-enum class MemoryType : uint8_t {
-  kDevice = 0,         // device-local buffer, plus a host-visible staging buffer for its host data
-  kHost = 1,           // one host-visible buffer: shaders read the host data directly
-  kStorage = 2,        // device-local only; no host data
-  kDeviceAndHost = 3,  // one buffer both device-local and host-visible
-};
-
-enum class ElementType : uint8_t {
-  kBool = 0,     // 1 byte
-  kInt32 = 1,
-  kUInt32 = 2,
-  kFloat32 = 3,
-  kFloat64 = 4,
-  kBytes = 5,    // raw elements of a size given at creation
-};
-
-absl::string_view MemoryTypeName(MemoryType type);
-absl::string_view ElementTypeName(ElementType type);
-// Bytes per element; 0 for kBytes (its size is given at creation).
-uint32_t ElementTypeSize(ElementType type);
 
 // One buffer and the memory bound to it, mapped when host-visible. Move-only.
 class Buffer {

@@ -1,0 +1,52 @@
+#pragma once
+// The element and memory types of tensors: plain values, free of Vulkan and of the wire, shared
+// by the core, the kp library, the daemon and the wire converter (which keeps the wire's numbering
+// in step with these at compile time).
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace komputed::core {
+
+// Where a tensor's memory lives.
+enum class MemoryType : uint8_t {
+  kDevice = 0,         // device-local buffer, plus a host-visible staging buffer for its host data
+  kHost = 1,           // one host-visible buffer: shaders read the host data directly
+  kStorage = 2,        // device-local only; no host data
+  kDeviceAndHost = 3,  // one buffer both device-local and host-visible
+};
+inline constexpr MemoryType kLastMemoryType = MemoryType::kDeviceAndHost;
+
+enum class ElementType : uint8_t {
+  kBool = 0,  // 1 byte
+  kInt32 = 1,
+  kUInt32 = 2,
+  kFloat32 = 3,
+  kFloat64 = 4,
+  kBytes = 5,  // raw elements of a size given at creation
+};
+inline constexpr ElementType kLastElementType = ElementType::kBytes;
+
+absl::string_view MemoryTypeName(MemoryType type);
+absl::string_view ElementTypeName(ElementType type);
+// Bytes per element; 0 for kBytes (its size is given at creation).
+uint32_t ElementTypeSize(ElementType type);
+
+// Whether a tensor of this memory type has host data (everything but kStorage).
+constexpr bool HasHostData(MemoryType m) { return m != MemoryType::kStorage; }
+// Whether its host data is a separate staging copy that sync operations move (kDevice).
+constexpr bool HasStaging(MemoryType m) { return m == MemoryType::kDevice; }
+// Whether its host data is the memory that shaders use (kHost, kDeviceAndHost).
+constexpr bool IsHostCoherent(MemoryType m) {
+  return m == MemoryType::kHost || m == MemoryType::kDeviceAndHost;
+}
+
+// The shape of a tensor as requested: the one check of element type, memory type, element size
+// and count, shared by every backend. `element_size` 0 means the type's natural size (required
+// above 0 for kBytes). Returns the element size to use. INVALID_ARGUMENT naming what is wrong.
+absl::StatusOr<uint32_t> CheckTensorShape(ElementType type, MemoryType memory, uint64_t count,
+                                          uint32_t element_size);
+
+}  // namespace komputed::core
