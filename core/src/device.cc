@@ -353,6 +353,7 @@ Device::~Device() {
     absl::MutexLock lock(&once_mu_);
     once_pool_.Reset();
     once_fence_.Reset();
+    late_fences_.clear();
   }
   vkDestroyDevice(device_, nullptr);
 }
@@ -441,7 +442,9 @@ absl::Status Device::RunOnce(const std::function<void(VkCommandBuffer)>& record,
     VkDevice d;
     VkCommandPool p;
     VkCommandBuffer cb;
-    ~Free() { vkFreeCommandBuffers(d, p, 1, &cb); }
+    ~Free() {
+      if (cb != VK_NULL_HANDLE) vkFreeCommandBuffers(d, p, 1, &cb);
+    }
   } free_cb{device_, once_pool_.get(), cb};
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
@@ -452,9 +455,16 @@ absl::Status Device::RunOnce(const std::function<void(VkCommandBuffer)>& record,
   KD_RETURN_IF_ERROR(Check(vkResetFences(device_, 1, &fence), "vkResetFences"));
   KD_RETURN_IF_ERROR(Submit(0, cb, fence));
   absl::Status waited = Wait(fence, timeout);
-  if (!waited.ok()) {
-    // The command buffer may still be in use: wait for the queue before freeing it.
-    vkDeviceWaitIdle(device_);
+  if (absl::IsDeadlineExceeded(waited)) {
+    // The command buffer may still be in use: it is not freed (its pool frees it when the device
+    // is destroyed), and the fence is replaced so that the next one-off submission has its own.
+    free_cb.cb = VK_NULL_HANDLE;
+    VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    VkFence fresh = VK_NULL_HANDLE;
+    if (vkCreateFence(device_, &fi, nullptr, &fresh) == VK_SUCCESS) {
+      late_fences_.push_back(std::move(once_fence_));  // the late submission still signals it
+      once_fence_ = FenceHandle(device_, fresh);
+    }
   }
   return waited;
 }

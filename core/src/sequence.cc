@@ -133,26 +133,39 @@ absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(std::shared_ptr<Devic
 
 Sequence::~Sequence() {
   absl::MutexLock lock(&mu_);
-  bool idle = true;
-  if (running_) {
-    // The command buffer must not be freed while the device uses it.
-    idle = device_->Wait(fence_.get(), absl::Seconds(30)).ok();
-  }
-  if (idle && timeline_ && timeline_value_ > 0) {
-    // The fence can signal before the driver is done with the timeline semaphore of the same
-    // submission: wait for the semaphore itself before destroying it.
+  if (!running_ && timeline_value_ == 0) return;
+  // Bounded: the command buffer, and what its commands use, must not be freed while the device
+  // may still run them. The fence can signal before the driver is done with the timeline
+  // semaphore of the same submission, so that is waited for as well.
+  constexpr absl::Duration kReleaseWait = absl::Seconds(10);
+  bool idle = !running_ || device_->Wait(fence_.get(), kReleaseWait).ok();
+  if (idle && timeline_) {
     VkSemaphore semaphore = timeline_.get();
     VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO};
     wi.semaphoreCount = 1;
     wi.pSemaphores = &semaphore;
     wi.pValues = &timeline_value_;
-    idle = vkWaitSemaphores(device_->handle(), &wi, /*timeout_ns=*/10'000'000'000ull) == VK_SUCCESS;
+    idle = vkWaitSemaphores(device_->handle(), &wi, absl::ToInt64Nanoseconds(kReleaseWait)) ==
+           VK_SUCCESS;
   }
-  if (!idle) {
-    Queue& q = device_->queue(queue_);
-    absl::MutexLock queue_lock(&q.mu);
-    vkQueueWaitIdle(q.handle);
-  }
+  if (idle) return;
+  // The device did not finish in time (a hung or lost device): its objects are kept rather than
+  // freed under a running submission.
+  spdlog::error(
+      "device {}: a sequence was destroyed while its submission still ran after {}; its command "
+      "buffer and the objects it uses are kept until the process exits",
+      device_->info().index, absl::FormatDuration(kReleaseWait));
+  struct Kept {
+    CommandPoolHandle pool;
+    FenceHandle fence;
+    QueryPoolHandle query_pool;
+    SemaphoreHandle timeline;
+    std::vector<Op> ops;
+    std::vector<Recorded> keep;
+  };
+  new Kept{std::move(pool_), std::move(fence_), std::move(query_pool_), std::move(timeline_),
+           std::move(all_ops_), std::move(cb_keep_)};  // deliberately never freed
+  cb_ops_.clear();
 }
 
 absl::Status Sequence::ValidateLocked(const Op& op) const { return CheckOp(op, *device_); }

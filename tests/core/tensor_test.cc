@@ -255,7 +255,9 @@ TEST(Tensor, ReservedTensorIsZeroFilled) {
         Tensor::Create(TestDevice(), ElementType::kUInt32, kCount, 0, memory, nullptr));
     ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> on_device, ReadBack(*t));
     EXPECT_THAT(on_device, Each(0));
-    if (memory != MemoryType::kStorage) EXPECT_THAT(HostBytes(*t), Each(0));
+    if (memory != MemoryType::kStorage) {
+      EXPECT_THAT(HostBytes(*t), Each(0));
+    }
   }
 }
 
@@ -277,7 +279,9 @@ TEST(Tensor, ReservedTensorOfOddSizeIsZeroFilled) {
       EXPECT_EQ(t->byte_size(), bytes);
       ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> on_device, ReadBack(*t));
       EXPECT_THAT(on_device, Each(0));
-      if (memory != MemoryType::kStorage) EXPECT_THAT(HostBytes(*t), Each(0));
+      if (memory != MemoryType::kStorage) {
+        EXPECT_THAT(HostBytes(*t), Each(0));
+      }
     }
   }
 }

@@ -46,7 +46,9 @@ TEST(Metrics, EveryMetricOfTheTableIsServedWithItsType) {
     EXPECT_EQ(it->second, type) << name;
   }
   for (const auto& [name, type] : samples.types()) {
-    if (name.rfind("komputed_", 0) == 0) EXPECT_TRUE(kTable.contains(name)) << name;
+    if (name.rfind("komputed_", 0) == 0) {
+      EXPECT_TRUE(kTable.contains(name)) << name;
+    }
   }
   EXPECT_GT(samples.Get("komputed_device_memory_limit_bytes", {{"device", "0"}}), 0);
   EXPECT_EQ(samples.Get("komputed_device_memory_used_bytes", {{"device", "0"}}), 0);

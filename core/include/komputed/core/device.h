@@ -101,6 +101,8 @@ class Device {
   // Every physical device of the shared instance.
   static absl::StatusOr<std::vector<PhysicalDeviceInfo>> List();
 
+  // Waits for the device to be idle (Vulkan requires it before destroying the device; the one
+  // wait without a bound, at the end of the device's life), then destroys it.
   ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -160,6 +162,9 @@ class Device {
   absl::Mutex once_mu_;  // guards the RunOnce pool and fence
   CommandPoolHandle once_pool_ ABSL_GUARDED_BY(once_mu_);
   FenceHandle once_fence_ ABSL_GUARDED_BY(once_mu_);
+  // Fences of one-off submissions that outlived their wait: destroyed with the device, after it
+  // is idle.
+  std::vector<FenceHandle> late_fences_ ABSL_GUARDED_BY(once_mu_);
 };
 
 }  // namespace komputed::core
