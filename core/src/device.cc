@@ -18,9 +18,10 @@ constexpr char kValidationLayer[] = "VK_LAYER_KHRONOS_validation";
 
 std::atomic<uint64_t> g_validation_errors{0};
 
-VKAPI_ATTR VkBool32 VKAPI_CALL OnValidationMessage(
-    VkDebugUtilsMessageSeverityFlagBitsEXT severity, VkDebugUtilsMessageTypeFlagsEXT,
-    const VkDebugUtilsMessengerCallbackDataEXT* data, void*) {
+VKAPI_ATTR VkBool32 VKAPI_CALL OnValidationMessage(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                                   VkDebugUtilsMessageTypeFlagsEXT,
+                                                   const VkDebugUtilsMessengerCallbackDataEXT* data,
+                                                   void*) {
   if (severity & VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT) {
     g_validation_errors.fetch_add(1);
     spdlog::error("vulkan validation: {}", data->pMessage);
@@ -203,8 +204,8 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
   if (options.physical_device_index.has_value()) {
     index = *options.physical_device_index;
     if (index >= physical.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("device index ", index, " out of range: ",
-                                                     physical.size(), " device(s) present"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device index ", index, " out of range: ", physical.size(), " device(s) present"));
     }
   } else {
     int best = 99;
@@ -220,7 +221,8 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
   device->physical_device_ = physical[index];
   device->info_ = instance->Describe(index);
   const PhysicalDeviceInfo& info = device->info_;
-  const std::string device_name = absl::StrCat("device ", index, " (", info.properties.deviceName, ")");
+  const std::string device_name =
+      absl::StrCat("device ", index, " (", info.properties.deviceName, ")");
 
   // Queues: one per entry, repeated entries of a family take its next queue.
   std::vector<uint32_t> families = options.queue_families;
@@ -250,9 +252,9 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
   }
   for (const auto& [family, count] : per_family) {
     if (count > info.queue_families[family].queueCount) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          count, " queues requested from queue family ", family, " of ", device_name,
-          ", which has ", info.queue_families[family].queueCount, " queue(s)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(count, " queues requested from queue family ", family, " of ", device_name,
+                       ", which has ", info.queue_families[family].queueCount, " queue(s)"));
     }
   }
   std::vector<std::vector<float>> priorities;
@@ -275,9 +277,8 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
                                        available.data());
   std::vector<const char*> extension_names;
   for (const std::string& wanted : options.extensions) {
-    bool found = std::any_of(available.begin(), available.end(), [&](const auto& e) {
-      return wanted == e.extensionName;
-    });
+    bool found = std::any_of(available.begin(), available.end(),
+                             [&](const auto& e) { return wanted == e.extensionName; });
     if (found) {
       device->enabled_extensions_.push_back(wanted);
     } else {
@@ -296,7 +297,8 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
   features.features.shaderInt16 = supported.shaderInt16;
   device->float64_ = supported.shaderFloat64 == VK_TRUE;
   VkPhysicalDeviceVulkan12Features v12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
-  VkPhysicalDeviceVulkan12Features v12_enable{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  VkPhysicalDeviceVulkan12Features v12_enable{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
   bool have_v12 = info.properties.apiVersion >= VK_API_VERSION_1_2;
   if (have_v12) {
     VkPhysicalDeviceFeatures2 query{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
@@ -316,8 +318,9 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
   create.pQueueCreateInfos = queue_infos.data();
   create.enabledExtensionCount = static_cast<uint32_t>(extension_names.size());
   create.ppEnabledExtensionNames = extension_names.data();
-  KD_VK_RETURN_IF_ERROR(vkCreateDevice(device->physical_device_, &create, nullptr, &device->device_),
-                        absl::StrCat("vkCreateDevice on ", device_name));
+  KD_VK_RETURN_IF_ERROR(
+      vkCreateDevice(device->physical_device_, &create, nullptr, &device->device_),
+      absl::StrCat("vkCreateDevice on ", device_name));
 
   std::map<uint32_t, uint32_t> next_in_family;
   for (uint32_t f : families) {
@@ -353,13 +356,11 @@ Device::~Device() {
     absl::MutexLock lock(&once_mu_);
     once_pool_.Reset();
     once_fence_.Reset();
-    late_fences_.clear();
   }
   vkDestroyDevice(device_, nullptr);
 }
 
-absl::StatusOr<uint32_t> Device::FindMemoryType(uint32_t type_bits,
-                                                VkMemoryPropertyFlags required,
+absl::StatusOr<uint32_t> Device::FindMemoryType(uint32_t type_bits, VkMemoryPropertyFlags required,
                                                 VkMemoryPropertyFlags preferred) const {
   const auto& mem = info_.memory;
   int fallback = -1;
@@ -371,8 +372,7 @@ absl::StatusOr<uint32_t> Device::FindMemoryType(uint32_t type_bits,
     if (fallback < 0) fallback = static_cast<int>(i);
   }
   if (fallback >= 0) return static_cast<uint32_t>(fallback);
-  return absl::NotFoundError(absl::StrCat("device ", info_.index, " (",
-                                          info_.properties.deviceName,
+  return absl::NotFoundError(absl::StrCat("device ", info_.index, " (", info_.properties.deviceName,
                                           ") has no memory type with properties 0x",
                                           absl::Hex(required)));
 }
@@ -383,7 +383,8 @@ uint64_t Device::HeapSize(uint32_t memory_type) const {
 
 absl::Status Device::Check(VkResult result, absl::string_view what) {
   if (result == VK_ERROR_DEVICE_LOST && !lost_.exchange(true)) {
-    spdlog::error("device {} ({}) lost during {}", info_.index, info_.properties.deviceName, std::string(what));
+    spdlog::error("device {} ({}) lost during {}", info_.index, info_.properties.deviceName,
+                  std::string(what));
   }
   return VkStatus(result, what);
 }
@@ -418,13 +419,14 @@ absl::Status Device::Submit(size_t queue, VkCommandBuffer command_buffer, VkFenc
 }
 
 absl::Status Device::Wait(VkFence fence, absl::Duration timeout) {
-  uint64_t ns = timeout == absl::InfiniteDuration()
-                    ? UINT64_MAX
-                    : static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Nanoseconds(timeout)));
+  uint64_t ns =
+      timeout == absl::InfiniteDuration()
+          ? UINT64_MAX
+          : static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Nanoseconds(timeout)));
   VkResult r = calls_->WaitForFences(device_, 1, &fence, VK_TRUE, ns);
   if (r == VK_TIMEOUT) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "the submission did not complete within ", absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(
+        absl::StrCat("the submission did not complete within ", absl::FormatDuration(timeout)));
   }
   return Check(r, "vkWaitForFences");
 }
@@ -437,14 +439,13 @@ absl::Status Device::RunOnce(const std::function<void(VkCommandBuffer)>& record,
   ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
   ai.commandBufferCount = 1;
   VkCommandBuffer cb = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(Check(vkAllocateCommandBuffers(device_, &ai, &cb), "vkAllocateCommandBuffers"));
+  KD_RETURN_IF_ERROR(
+      Check(vkAllocateCommandBuffers(device_, &ai, &cb), "vkAllocateCommandBuffers"));
   struct Free {
     VkDevice d;
     VkCommandPool p;
     VkCommandBuffer cb;
-    ~Free() {
-      if (cb != VK_NULL_HANDLE) vkFreeCommandBuffers(d, p, 1, &cb);
-    }
+    ~Free() { vkFreeCommandBuffers(d, p, 1, &cb); }
   } free_cb{device_, once_pool_.get(), cb};
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
@@ -455,16 +456,10 @@ absl::Status Device::RunOnce(const std::function<void(VkCommandBuffer)>& record,
   KD_RETURN_IF_ERROR(Check(vkResetFences(device_, 1, &fence), "vkResetFences"));
   KD_RETURN_IF_ERROR(Submit(0, cb, fence));
   absl::Status waited = Wait(fence, timeout);
-  if (absl::IsDeadlineExceeded(waited)) {
-    // The command buffer may still be in use: it is not freed (its pool frees it when the device
-    // is destroyed), and the fence is replaced so that the next one-off submission has its own.
-    free_cb.cb = VK_NULL_HANDLE;
-    VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-    VkFence fresh = VK_NULL_HANDLE;
-    if (vkCreateFence(device_, &fi, nullptr, &fresh) == VK_SUCCESS) {
-      late_fences_.push_back(std::move(once_fence_));  // the late submission still signals it
-      once_fence_ = FenceHandle(device_, fresh);
-    }
+  if (!waited.ok()) {
+    // The commands may still run, on the caller's buffers: the caller frees those when this
+    // returns, so the device must be idle first.
+    vkDeviceWaitIdle(device_);
   }
   return waited;
 }

@@ -162,9 +162,6 @@ class Device {
   absl::Mutex once_mu_;  // guards the RunOnce pool and fence
   CommandPoolHandle once_pool_ ABSL_GUARDED_BY(once_mu_);
   FenceHandle once_fence_ ABSL_GUARDED_BY(once_mu_);
-  // Fences of one-off submissions that outlived their wait: destroyed with the device, after it
-  // is idle.
-  std::vector<FenceHandle> late_fences_ ABSL_GUARDED_BY(once_mu_);
 };
 
 }  // namespace komputed::core
