@@ -3,7 +3,7 @@ BUILD ?= build
 BUILD_TYPE ?= Release
 CTEST_JOBS ?= 2
 
-.PHONY: setup configure build run example test bench install clean
+.PHONY: setup configure build run example test sanitize format format-check ci bench install clean
 
 LISTEN ?= 127.0.0.1:50051
 
@@ -31,6 +31,22 @@ example: configure
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(CTEST_JOBS)
+
+# The unit and behaviour suites under AddressSanitizer and UndefinedBehaviorSanitizer (clang, with
+# -Werror and -Wthread-safety), in build-asan/.
+sanitize: setup
+	bash scripts/sanitize
+
+# clang-format over every C++ file of the repository: `format` rewrites, `format-check` fails on
+# any difference.
+CXX_FILES = git ls-files '*.cc' '*.h' '*.hpp'
+format:
+	$(CXX_FILES) | xargs clang-format -i
+format-check: setup
+	$(CXX_FILES) | xargs clang-format --dry-run -Werror
+
+# What CI runs (.ci/run): the format check, every test, and the sanitizer suites.
+ci: format-check test sanitize
 
 bench: build
 	$(BUILD)/tests/bench/komputed_bench

@@ -22,7 +22,7 @@
 #include "komputed/core/sequence.h"
 #include "komputed/core/shader.h"
 #include "komputed/core/tensor.h"
-#include "status_matchers.h"
+#include "support/status_matchers.h"
 #include "test_device.h"
 
 namespace komputed::core {

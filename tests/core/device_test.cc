@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "status_matchers.h"
+#include "support/status_matchers.h"
 
 namespace komputed::core {
 namespace {

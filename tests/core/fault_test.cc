@@ -19,7 +19,7 @@
 #include "komputed/core/shader.h"
 #include "komputed/core/tensor.h"
 #include "komputed/core/vulkan_calls.h"
-#include "status_matchers.h"
+#include "support/status_matchers.h"
 #include "test_device.h"
 
 namespace komputed::core {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "komputed/core/types.h"
-#include "status_matchers.h"
+#include "support/status_matchers.h"
 
 namespace komputed::core {
 namespace {

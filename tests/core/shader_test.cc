@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "status_matchers.h"
+#include "support/status_matchers.h"
 #include "test_device.h"
 
 namespace komputed::core {

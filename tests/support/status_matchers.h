@@ -1,5 +1,5 @@
 #pragma once
-// Status assertions shared by the core tests: EXPECT_THAT(x, StatusIs(code[, message matcher])),
+// absl::Status assertions shared by the tests: EXPECT_THAT(x, StatusIs(code[, message matcher])),
 // ASSERT_OK(status), ASSERT_OK_AND_ASSIGN(lhs, statusor).
 
 #include <gmock/gmock.h>
@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 
-namespace komputed::core {
+namespace komputed {
 
 inline const absl::Status& ToStatus(const absl::Status& s) { return s; }
 template <typename T>
@@ -48,4 +48,4 @@ MATCHER_P2(StatusIs, code, message,
   ASSERT_TRUE(tmp.ok()) << tmp.status();          \
   lhs = std::move(tmp).value()
 
-}  // namespace komputed::core
+}  // namespace komputed
