@@ -28,7 +28,7 @@ absl::StatusOr<std::shared_ptr<DeviceInstance>> OpenInstance(const core::DeviceO
 
 absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
     uint32_t pool_index, uint32_t physical_index, const ServerOptions& server_options,
-    Metrics& metrics) {
+    Metrics& m) {
   KD_ASSIGN_OR_RETURN(std::vector<core::PhysicalDeviceInfo> all, core::Device::List());
   if (physical_index >= all.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -58,7 +58,6 @@ absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
     const core::Queue& q = device.queue(i);
     pooled->queue_index_[{q.family, q.index}] = i;
   }
-  Metrics& m = metrics;
   const std::string label = absl::StrCat(pool_index);
   pooled->memory_used_ = &m.device_memory_used_bytes(label);
   m.device_memory_limit_bytes(label).Set(static_cast<double>(info.DeviceLocalBytes()));
