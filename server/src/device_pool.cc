@@ -27,7 +27,8 @@ absl::StatusOr<std::shared_ptr<DeviceInstance>> OpenInstance(const core::DeviceO
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
-    uint32_t pool_index, uint32_t physical_index, const DevicePoolOptions& pool_options) {
+    uint32_t pool_index, uint32_t physical_index, const ServerOptions& server_options,
+    Metrics& m) {
   KD_ASSIGN_OR_RETURN(std::vector<core::PhysicalDeviceInfo> all, core::Device::List());
   if (physical_index >= all.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -36,7 +37,7 @@ absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
   const core::PhysicalDeviceInfo& info = all[physical_index];
   core::DeviceOptions options;
   options.physical_device_index = physical_index;
-  options.calls = pool_options.vulkan_calls;
+  options.calls = server_options.vulkan_calls;
   for (uint32_t f = 0; f < info.queue_families.size(); ++f) {
     if (!info.HasCompute(f)) continue;
     for (uint32_t q = 0; q < info.queue_families[f].queueCount; ++q) {
@@ -57,7 +58,6 @@ absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
     const core::Queue& q = device.queue(i);
     pooled->queue_index_[{q.family, q.index}] = i;
   }
-  Metrics& m = *pool_options.metrics;
   const std::string label = absl::StrCat(pool_index);
   pooled->memory_used_ = &m.device_memory_used_bytes(label);
   m.device_memory_limit_bytes(label).Set(static_cast<double>(info.DeviceLocalBytes()));
@@ -190,54 +190,15 @@ size_t PooledDevice::FreeRetired() {
   return still_held;
 }
 
-void PooledDevice::Describe(v1::DeviceInfo* out) const {
-  const core::PhysicalDeviceInfo& info = info_;
-  const VkPhysicalDeviceProperties& p = info.properties;
-  out->set_index(index_);
-  out->set_name(p.deviceName);
-  out->set_vendor_id(p.vendorID);
-  out->set_device_id(p.deviceID);
-  out->set_device_type(static_cast<uint32_t>(p.deviceType));
-  out->set_api_version(p.apiVersion);
-  out->set_driver_version(p.driverVersion);
-  for (uint32_t f = 0; f < info.queue_families.size(); ++f) {
-    const VkQueueFamilyProperties& qf = info.queue_families[f];
-    v1::QueueFamily* family = out->add_queue_families();
-    family->set_index(f);
-    family->set_queue_count(qf.queueCount);
-    family->set_compute((qf.queueFlags & VK_QUEUE_COMPUTE_BIT) != 0);
-    family->set_transfer((qf.queueFlags & VK_QUEUE_TRANSFER_BIT) != 0);
-    family->set_graphics((qf.queueFlags & VK_QUEUE_GRAPHICS_BIT) != 0);
-    family->set_timestamp_valid_bits(qf.timestampValidBits);
-  }
-  out->set_memory_bytes(info.DeviceLocalBytes());
-  out->set_memory_in_use_bytes(memory_in_use());
-  v1::Limits* limits = out->mutable_limits();
-  for (int d = 0; d < 3; ++d) {
-    limits->add_max_compute_work_group_count(p.limits.maxComputeWorkGroupCount[d]);
-    limits->add_max_compute_work_group_size(p.limits.maxComputeWorkGroupSize[d]);
-  }
-  limits->set_max_compute_work_group_invocations(p.limits.maxComputeWorkGroupInvocations);
-  limits->set_max_push_constants_size(p.limits.maxPushConstantsSize);
-  limits->set_max_storage_buffer_range(p.limits.maxStorageBufferRange);
-  limits->set_max_buffer_size(info.max_buffer_size);
-  limits->set_timestamp_period(p.limits.timestampPeriod);
-  out->set_properties_raw(reinterpret_cast<const char*>(&p), sizeof(p));
-  out->set_sessions(sessions());
-  out->set_lost(!usable());
-  out->set_recoveries(static_cast<uint64_t>(recoveries_->Value()));
-}
-
-absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(
-    const std::vector<uint32_t>& physical_indices, const DevicePoolOptions& options) {
-  if (options.metrics == nullptr)
-    return absl::InvalidArgumentError("the device pool needs metrics");
+absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(const ServerOptions& options,
+                                                               Metrics* metrics) {
+  if (metrics == nullptr) return absl::InvalidArgumentError("the device pool needs metrics");
   KD_ASSIGN_OR_RETURN(std::vector<core::PhysicalDeviceInfo> all, core::Device::List());
   if (all.empty()) {
     return absl::UnavailableError(
         "no Vulkan device found (is a driver installed? Debian: mesa-vulkan-drivers for lavapipe)");
   }
-  std::vector<uint32_t> chosen = physical_indices;
+  std::vector<uint32_t> chosen = options.devices;
   if (chosen.empty()) {
     for (uint32_t i = 0; i < all.size(); ++i) chosen.push_back(i);
   }
@@ -253,9 +214,9 @@ absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(
     }
   }
   auto pool = std::unique_ptr<DevicePool>(new DevicePool());
-  pool->recovery_interval_ = options.recovery_interval;
+  pool->recovery_interval_ = options.device_recovery_interval;
   for (uint32_t i = 0; i < chosen.size(); ++i) {
-    KD_ASSIGN_OR_RETURN(auto device, PooledDevice::Open(i, chosen[i], options));
+    KD_ASSIGN_OR_RETURN(auto device, PooledDevice::Open(i, chosen[i], options, *metrics));
     DevicePool* const p = pool.get();
     device->on_lost_ = [p] { p->DeviceLost(); };
     pool->devices_.push_back(std::move(device));
@@ -340,7 +301,9 @@ size_t DevicePool::usable() const {
   return n;
 }
 
-void DevicePool::SetStateListener(std::function<void()> listener) { listener_ = std::move(listener); }
+void DevicePool::SetStateListener(std::function<void()> listener) {
+  listener_ = std::move(listener);
+}
 
 absl::StatusOr<PooledDevice*> DevicePool::Get(uint32_t index) const {
   if (index >= devices_.size()) {

@@ -15,23 +15,10 @@
 #include "absl/time/time.h"
 #include "komputed/core/completion_waiter.h"
 #include "komputed/core/device.h"
-#include "komputed/core/vulkan_calls.h"
-#include "komputed/v1/komputed.pb.h"
 #include "metrics.h"
+#include "server_options.h"
 
 namespace komputed::server {
-
-// How the pool opens its devices.
-struct DevicePoolOptions {
-  // The Vulkan calls that can fail (tests inject faults here); null: the real ones.
-  std::shared_ptr<core::VulkanCalls> vulkan_calls;
-  // Where the devices' metrics go; must outlive the pool. Required.
-  Metrics* metrics = nullptr;
-  // A lost device is opened again this long after the loss; while that fails, again after
-  // twice as long each time (up to 64 times this); zero: a lost device stays lost until the
-  // daemon restarts.
-  absl::Duration recovery_interval = absl::Seconds(5);
-};
 
 // One opening of a physical device: the core::Device with every compute queue, and the one
 // CompletionWaiter that watches its submissions. A session keeps the instance that it was opened
@@ -51,9 +38,11 @@ struct DeviceInstance {
 class PooledDevice {
  public:
   // `pool_index` is the daemon's device index (what OpenSession takes).
+  // Opened with options.vulkan_calls; its metrics go to `metrics`.
   static absl::StatusOr<std::unique_ptr<PooledDevice>> Open(uint32_t pool_index,
                                                             uint32_t physical_index,
-                                                            const DevicePoolOptions& options);
+                                                            const ServerOptions& options,
+                                                            Metrics& metrics);
 
   uint32_t index() const { return index_; }
   // The instance that new sessions open on.
@@ -75,8 +64,10 @@ class PooledDevice {
     return static_cast<uint32_t>(sessions_.load(std::memory_order_relaxed));
   }
 
-  // What ListDevices and OpenSession report about this device.
-  void Describe(v1::DeviceInfo* info) const;
+  // What the device is (ListDevices and OpenSession report it; session_wire.h).
+  const core::PhysicalDeviceInfo& info() const { return info_; }
+  // Times a lost instance was replaced by a new one.
+  uint64_t recoveries() const { return static_cast<uint64_t>(recoveries_->Value()); }
 
   // Metrics of the device's queues (`queue` is the device queue index): a submission went to
   // the queue; its evaluation completed after `gpu_ns` nanoseconds of GPU time (0: unknown).
@@ -148,11 +139,13 @@ class PooledDevice {
 // after Create; thread-safe.
 class DevicePool {
  public:
-  // Opens every physical device, or those whose physical indices `physical_indices` lists (in
-  // that order). INVALID_ARGUMENT for an index that does not exist or is given twice;
+  // Opens every physical device, or those whose physical indices options.devices lists (in that
+  // order), with options.vulkan_calls; a lost one is opened again after
+  // options.device_recovery_interval (backing off while that fails; zero: never). The metrics
+  // must outlive the pool. INVALID_ARGUMENT for an index that does not exist or is given twice;
   // UNAVAILABLE when there is no Vulkan device at all.
-  static absl::StatusOr<std::unique_ptr<DevicePool>> Create(
-      const std::vector<uint32_t>& physical_indices, const DevicePoolOptions& options);
+  static absl::StatusOr<std::unique_ptr<DevicePool>> Create(const ServerOptions& options,
+                                                            Metrics* metrics);
 
   // Stops the recovery thread, then completes every device's watched submissions (their
   // callbacks may use any device) before it closes the devices.

@@ -51,6 +51,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.eval_spin < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the eval spin must not be negative");
   }
+  if (options.eval_inline_waiters < 0) {
+    return absl::InvalidArgumentError("the number of inline eval waiters must not be negative");
+  }
   if (options.eval_inline_wait < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the eval inline wait must not be negative");
   }
@@ -71,24 +74,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
       v1::Tensors::service_full_name(), v1::Algorithms::service_full_name(),
       v1::Sequences::service_full_name()});
 
-  DevicePoolOptions pool_options;
-  pool_options.vulkan_calls = o.vulkan_calls;
-  pool_options.metrics = s->metrics_.get();
-  pool_options.recovery_interval = o.device_recovery_interval;
-  KD_ASSIGN_OR_RETURN(s->pool_, DevicePool::Create(o.devices, pool_options));
+  KD_ASSIGN_OR_RETURN(s->pool_, DevicePool::Create(o, s->metrics_.get()));
   s->pool_->SetStateListener([s] { s->UpdateHealth(); });
-  SessionManagerOptions session_options;
-  session_options.idle_timeout = o.session_idle_timeout;
-  session_options.eval_timeout = o.eval_timeout;
-  session_options.inline_wait = o.eval_inline_wait;
-  session_options.spin = o.eval_spin;
-  session_options.max_message_bytes = static_cast<uint64_t>(o.max_message_bytes);
-  session_options.metrics = s->metrics_.get();
-  session_options.gate = s->gate_.get();
-  s->sessions_ = std::make_unique<SessionManager>(s->pool_.get(), session_options);
+  s->sessions_ =
+      std::make_unique<SessionManager>(s->pool_.get(), o, s->metrics_.get(), s->gate_.get());
 
-  ServiceContext context{s->pool_.get(), s->sessions_.get(),
-                         static_cast<uint64_t>(o.max_message_bytes)};
+  ServiceContext context{s->pool_.get(), s->sessions_.get(), &o};
   s->devices_service_ = std::make_unique<DevicesService>(context);
   s->sessions_service_ = std::make_unique<SessionsService>(context);
   s->tensors_service_ = std::make_unique<TensorsService>(context);
@@ -206,9 +197,8 @@ void Server::Shutdown(absl::Duration grace) {
     spdlog::info("komputed shutting down");
     // Waits for every call to end: those still running after `grace` are cancelled, and their
     // reactors finish once their submissions complete.
-    TimedStep("gRPC calls ended", [&] {
-      grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
-    });
+    TimedStep("gRPC calls ended",
+              [&] { grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace)); });
   }
   if (sessions_ != nullptr) TimedStep("sessions freed", [this] { sessions_->Shutdown(); });
   absl::MutexLock lock(&mu_);

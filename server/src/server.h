@@ -14,43 +14,13 @@
 #include "absl/time/time.h"
 #include "device_pool.h"
 #include "health.h"
-#include "komputed/core/vulkan_calls.h"
 #include "metrics.h"
+#include "server_options.h"
 #include "services.h"
 #include "session_manager.h"
 #include "work_gate.h"
 
 namespace komputed::server {
-
-struct ServerOptions {
-  // host:port to listen on; port 0 picks a free port (see Server::port()).
-  std::string listen = "127.0.0.1:50051";
-  // host:port to serve Prometheus metrics on (/metrics); port 0 picks a free port. Empty: the
-  // metrics are kept (Server::metrics()) but not served. (komputed's flag defaults to
-  // 127.0.0.1:9464; the library's default is empty so that in-process servers do not collide.)
-  std::string metrics_listen;
-  // Physical device indices to serve, in the daemon's order; empty: every device.
-  std::vector<uint32_t> devices;
-  absl::Duration session_idle_timeout = absl::Seconds(60);
-  // Bound on an eval's wait for the device when the request gives none.
-  absl::Duration eval_timeout = absl::Seconds(600);
-  // How long a unary Eval waits for its submission on the gRPC thread before handing it to the
-  // device's completion waiter; zero: always hand it off.
-  absl::Duration eval_inline_wait = absl::Milliseconds(2);
-  // Within that wait, how long to poll the fence before blocking on it (a blocked thread wakes
-  // tens of microseconds late on an idle host). Not done on CPU devices, whose work needs the
-  // cores.
-  absl::Duration eval_spin = absl::Microseconds(50);
-  // Largest message received or sent.
-  int max_message_bytes = 64 << 20;
-  // How long Drain waits for evaluations in flight.
-  absl::Duration drain_timeout = absl::Seconds(25);
-  // A lost device is opened again this long after the loss (then backing off while that fails);
-  // zero: it stays lost until the daemon restarts.
-  absl::Duration device_recovery_interval = absl::Seconds(5);
-  // The Vulkan calls that can fail (tests inject faults); null: the real ones.
-  std::shared_ptr<core::VulkanCalls> vulkan_calls;
-};
 
 // The komputed daemon: its devices, its sessions, the gRPC server that serves them (with server
 // reflection and the grpc.health.v1 health service), and its metrics (served over HTTP when

@@ -15,7 +15,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "session_wire.h"
 #include "status.h"
+#include "tensor_io.h"
 
 namespace komputed::server {
 namespace {
@@ -252,12 +254,16 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
       Complete(std::move(event), session.status());
       return;
     }
-    v1::EvalResponse* result = event->mutable_result();
-    (*session)->Eval(eval, absl::InfiniteFuture(), result, /*may_wait_inline=*/false,
-                     [this, event = std::move(event)](absl::Status status) mutable {
+    (*session)->Eval(wire::FromWire(eval, (*session)->id()), absl::InfiniteFuture(),
+                     /*may_wait_inline=*/false,
+                     [this, event = std::move(event)](absl::StatusOr<EvalResult> result) mutable {
                        // session_ is set (Bind) and the reactor alive (pending_) until Complete.
-                       if (!status.ok()) LogFailure("Execute", session_->id(), "", status);
-                       Complete(std::move(event), status);
+                       if (result.ok()) {
+                         wire::ToWire(*std::move(result), event->mutable_result());
+                       } else {
+                         LogFailure("Execute", session_->id(), "", result.status());
+                       }
+                       Complete(std::move(event), result.status());
                      });
   }
 
@@ -353,7 +359,9 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
 grpc::ServerUnaryReactor* DevicesService::ListDevices(grpc::CallbackServerContext* context,
                                                       const v1::ListDevicesRequest*,
                                                       v1::ListDevicesResponse* response) {
-  for (size_t i = 0; i < ctx_.pool->size(); ++i) ctx_.pool->at(i).Describe(response->add_devices());
+  for (size_t i = 0; i < ctx_.pool->size(); ++i) {
+    wire::ToWire(ctx_.pool->at(i), response->add_devices());
+  }
   return Reply(context, "ListDevices", "", absl::OkStatus());
 }
 
@@ -363,14 +371,15 @@ grpc::ServerUnaryReactor* DevicesService::ListDevices(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* SessionsService::OpenSession(grpc::CallbackServerContext* context,
                                                        const v1::OpenSessionRequest* request,
                                                        v1::OpenSessionResponse* response) {
-  absl::StatusOr<std::shared_ptr<Session>> session = ctx_.sessions->Open(*request, context->peer());
+  absl::StatusOr<std::shared_ptr<Session>> session =
+      ctx_.sessions->Open(wire::FromWire(*request, context->peer()));
   if (!session.ok()) return Reply(context, "OpenSession", "", session.status());
   response->set_session_id((*session)->id());
-  (*session)->device().Describe(response->mutable_device());
+  wire::ToWire((*session)->device(), response->mutable_device());
   response->set_queue_count((*session)->queue_count());
   response->set_idle_timeout_ms(
-      static_cast<uint64_t>(absl::ToInt64Milliseconds(ctx_.sessions->options().idle_timeout)));
-  response->set_max_message_bytes(ctx_.max_message_bytes);
+      static_cast<uint64_t>(absl::ToInt64Milliseconds(ctx_.options->session_idle_timeout)));
+  response->set_max_message_bytes(static_cast<uint64_t>(ctx_.options->max_message_bytes));
   return Reply(context, "OpenSession", (*session)->id(), absl::OkStatus());
 }
 
@@ -391,7 +400,9 @@ grpc::ServerUnaryReactor* SessionsService::KeepAlive(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* SessionsService::ListSessions(grpc::CallbackServerContext* context,
                                                         const v1::ListSessionsRequest*,
                                                         v1::ListSessionsResponse* response) {
-  for (const auto& session : ctx_.sessions->List()) session->Describe(response->add_sessions());
+  for (const auto& session : ctx_.sessions->List()) {
+    wire::ToWire(session->Describe(), response->add_sessions());
+  }
   return Reply(context, "ListSessions", "", absl::OkStatus());
 }
 
@@ -409,14 +420,18 @@ grpc::ServerUnaryReactor* TensorsService::CreateTensor(grpc::CallbackServerConte
                                                        const v1::CreateTensorRequest* request,
                                                        v1::CreateTensorResponse*) {
   return InSession(context, "CreateTensor", *ctx_.sessions, request->session_id(),
-                   [&](Session& s) { return s.CreateTensor(*request); });
+                   [&](Session& s) -> absl::Status {
+                     absl::StatusOr<TensorRequest> tensor = wire::FromWire(*request);
+                     if (!tensor.ok()) return tensor.status();
+                     return s.CreateTensor(*tensor);
+                   });
 }
 
 grpc::ServerUnaryReactor* TensorsService::DestroyTensor(grpc::CallbackServerContext* context,
                                                         const v1::DestroyTensorRequest* request,
                                                         v1::DestroyTensorResponse*) {
   return InSession(context, "DestroyTensor", *ctx_.sessions, request->session_id(),
-                   [&](Session& s) { return s.DestroyTensor(*request); });
+                   [&](Session& s) { return s.DestroyTensor(request->handle()); });
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* TensorsService::WriteTensor(grpc::CallbackServerContext*,
@@ -426,9 +441,9 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* TensorsService::WriteTensor(grpc::Cal
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* TensorsService::ReadTensor(
     grpc::CallbackServerContext*, const grpc::ByteBuffer* request) {
-  const uint64_t max_chunk = ctx_.max_message_bytes > 2 * kChunkOverhead
-                                 ? ctx_.max_message_bytes - kChunkOverhead
-                                 : kChunkOverhead;
+  const uint64_t max_message = static_cast<uint64_t>(ctx_.options->max_message_bytes);
+  const uint64_t max_chunk =
+      max_message > 2 * kChunkOverhead ? max_message - kChunkOverhead : kChunkOverhead;
   return new ReadTensorReactor(ctx_.sessions, *request, max_chunk);
 }
 
@@ -439,28 +454,28 @@ grpc::ServerUnaryReactor* AlgorithmsService::CreateAlgorithm(
     grpc::CallbackServerContext* context, const v1::CreateAlgorithmRequest* request,
     v1::CreateAlgorithmResponse*) {
   return InSession(context, "CreateAlgorithm", *ctx_.sessions, request->session_id(),
-                   [&](Session& s) { return s.CreateAlgorithm(*request); });
+                   [&](Session& s) { return s.CreateAlgorithm(wire::FromWire(*request)); });
 }
 
 grpc::ServerUnaryReactor* AlgorithmsService::RebuildAlgorithm(
     grpc::CallbackServerContext* context, const v1::CreateAlgorithmRequest* request,
     v1::CreateAlgorithmResponse*) {
   return InSession(context, "RebuildAlgorithm", *ctx_.sessions, request->session_id(),
-                   [&](Session& s) { return s.RebuildAlgorithm(*request); });
+                   [&](Session& s) { return s.RebuildAlgorithm(wire::FromWire(*request)); });
 }
 
 grpc::ServerUnaryReactor* AlgorithmsService::SetPushConstants(
     grpc::CallbackServerContext* context, const v1::SetPushConstantsRequest* request,
     v1::SetPushConstantsResponse*) {
   return InSession(context, "SetPushConstants", *ctx_.sessions, request->session_id(),
-                   [&](Session& s) { return s.SetPushConstants(*request); });
+                   [&](Session& s) { return s.SetPushConstants(wire::FromWire(*request)); });
 }
 
 grpc::ServerUnaryReactor* AlgorithmsService::DestroyAlgorithm(
     grpc::CallbackServerContext* context, const v1::DestroyAlgorithmRequest* request,
     v1::DestroyAlgorithmResponse*) {
   return InSession(context, "DestroyAlgorithm", *ctx_.sessions, request->session_id(),
-                   [&](Session& s) { return s.DestroyAlgorithm(*request); });
+                   [&](Session& s) { return s.DestroyAlgorithm(request->handle()); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -470,14 +485,18 @@ grpc::ServerUnaryReactor* SequencesService::CreateSequence(grpc::CallbackServerC
                                                            const v1::CreateSequenceRequest* request,
                                                            v1::CreateSequenceResponse*) {
   return InSession(context, "CreateSequence", *ctx_.sessions, request->session_id(),
-                   [&](Session& s) { return s.CreateSequence(*request); });
+                   [&](Session& s) { return s.CreateSequence(wire::FromWire(*request)); });
 }
 
 grpc::ServerUnaryReactor* SequencesService::Record(grpc::CallbackServerContext* context,
                                                    const v1::RecordRequest* request,
                                                    v1::RecordResponse*) {
   return InSession(context, "Record", *ctx_.sessions, request->session_id(),
-                   [&](Session& s) { return s.Record(*request); });
+                   [&](Session& s) -> absl::Status {
+                     absl::StatusOr<RecordRequest> record = wire::FromWire(*request);
+                     if (!record.ok()) return record.status();
+                     return s.Record(*record);
+                   });
 }
 
 grpc::ServerUnaryReactor* SequencesService::Eval(grpc::CallbackServerContext* context,
@@ -488,11 +507,16 @@ grpc::ServerUnaryReactor* SequencesService::Eval(grpc::CallbackServerContext* co
   std::shared_ptr<Session> session = *std::move(found);  // alive until Eval has returned
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // The callback holds the session in use (not reaped) until the eval has completed.
-  session->Eval(*request, Deadline(*context), response, /*may_wait_inline=*/true,
-                [reactor, session](absl::Status status) mutable {
-                  if (!status.ok()) LogFailure("Eval", session->id(), "", status);
+  session->Eval(wire::FromWire(*request, session->id()), Deadline(*context),
+                /*may_wait_inline=*/true,
+                [reactor, session, response](absl::StatusOr<EvalResult> result) mutable {
+                  if (result.ok()) {
+                    wire::ToWire(*std::move(result), response);
+                  } else {
+                    LogFailure("Eval", session->id(), "", result.status());
+                  }
                   session.reset();
-                  reactor->Finish(ToGrpcStatus(status));
+                  reactor->Finish(ToGrpcStatus(result.status()));
                 });
   return reactor;
 }
@@ -501,7 +525,7 @@ grpc::ServerUnaryReactor* SequencesService::DestroySequence(
     grpc::CallbackServerContext* context, const v1::DestroySequenceRequest* request,
     v1::DestroySequenceResponse*) {
   return InSession(context, "DestroySequence", *ctx_.sessions, request->session_id(),
-                   [&](Session& s) { return s.DestroySequence(*request); });
+                   [&](Session& s) { return s.DestroySequence(request->handle()); });
 }
 
 grpc::ServerUnaryReactor* SequencesService::GetTimestamps(grpc::CallbackServerContext* context,

@@ -4,6 +4,7 @@
 
 #include "device_pool.h"
 #include "komputed/v1/komputed.grpc.pb.h"
+#include "server_options.h"
 #include "session_manager.h"
 
 namespace komputed::server {
@@ -12,7 +13,7 @@ namespace komputed::server {
 struct ServiceContext {
   DevicePool* pool = nullptr;
   SessionManager* sessions = nullptr;
-  uint64_t max_message_bytes = 64 << 20;  // the largest message the daemon sends or takes
+  const ServerOptions* options = nullptr;  // the daemon's (max_message_bytes, idle timeout)
 };
 
 // The komputed.v1 services, on gRPC's callback API. The handlers are thin: they look the session

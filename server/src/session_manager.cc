@@ -41,16 +41,17 @@ std::string Seconds(absl::Duration d) { return absl::StrFormat("%.1fs", absl::To
 
 }  // namespace
 
-SessionManager::SessionManager(DevicePool* pool, SessionManagerOptions options)
-    : pool_(pool), options_(options) {
+SessionManager::SessionManager(DevicePool* pool, const ServerOptions& options, Metrics* metrics,
+                               WorkGate* gate)
+    : pool_(pool), options_(options), metrics_(metrics), gate_(gate) {
   reaper_ = std::thread([this] { Reap(); });
 }
 
 void SessionManager::Free(Session& session, const char* reason) {
   session.Close();
   session.device().AddSessions(-1);
-  options_.metrics->sessions_open().Decrement();
-  if (reason != nullptr) options_.metrics->sessions_reaped_total(reason).Increment();
+  metrics_->sessions_open().Decrement();
+  if (reason != nullptr) metrics_->sessions_reaped_total(reason).Increment();
 }
 
 SessionManager::~SessionManager() { Shutdown(); }
@@ -71,48 +72,37 @@ void SessionManager::Shutdown() {
   }
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(const v1::OpenSessionRequest& request,
-                                                              std::string peer) {
-  if (options_.gate != nullptr && options_.gate->closed()) {
-    return WorkGate::Refusal("sessions");
-  }
-  KD_ASSIGN_OR_RETURN(PooledDevice * device, pool_->Get(request.device_index()));
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(OpenRequest request) {
+  if (gate_ != nullptr && gate_->closed()) return WorkGate::Refusal("sessions");
+  KD_ASSIGN_OR_RETURN(PooledDevice * device, pool_->Get(request.device_index));
   std::shared_ptr<DeviceInstance> instance = device->instance();
   if (instance->device->lost()) {
     return absl::UnavailableError(
-        absl::StrCat("device ", request.device_index(),
+        absl::StrCat("device ", request.device_index,
                      " was lost (VK_ERROR_DEVICE_LOST) and is not open again yet; try again "
                      "later or use another device"));
   }
-  std::vector<uint32_t> families(request.queue_families().begin(), request.queue_families().end());
-  KD_ASSIGN_OR_RETURN(std::vector<uint32_t> queues, device->ResolveQueues(families));
-  const std::string peer_name = peer;
-  SessionConfig config;
-  config.id = NewSessionId();
-  config.device = device;
-  config.instance = std::move(instance);
-  config.queues = std::move(queues);
-  config.client_name = request.client_name();
-  config.peer = std::move(peer);
-  config.eval_timeout = options_.eval_timeout;
-  config.inline_wait = options_.inline_wait;
-  config.spin = options_.spin;
-  config.max_message_bytes = options_.max_message_bytes;
-  config.metrics = options_.metrics;
-  config.gate = options_.gate;
-  auto session = std::make_shared<Session>(std::move(config));
+  KD_ASSIGN_OR_RETURN(std::vector<uint32_t> queues, device->ResolveQueues(request.queue_families));
+  SessionFacts facts;
+  facts.id = NewSessionId();
+  facts.device = device;
+  facts.instance = std::move(instance);
+  facts.queues = std::move(queues);
+  facts.client_name = request.client_name;
+  facts.peer = request.peer;
+  auto session = std::make_shared<Session>(std::move(facts), options_, metrics_, gate_);
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the daemon is shutting down");
     sessions_.emplace(session->id(), session);
   }
   device->AddSessions(1);
-  options_.metrics->sessions_open().Increment();
-  options_.metrics->sessions_opened_total().Increment();
+  metrics_->sessions_open().Increment();
+  metrics_->sessions_opened_total().Increment();
   spdlog::info("session {} opened on device {} with {} queue(s) by {} ({})", session->id(),
                device->index(), session->queue_count(),
-               request.client_name().empty() ? "an unnamed client" : request.client_name(),
-               peer_name);
+               request.client_name.empty() ? "an unnamed client" : request.client_name,
+               request.peer);
   return session;
 }
 
@@ -125,7 +115,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Get(absl::string_view i
     if (it == sessions_.end()) {
       return absl::NotFoundError(
           absl::StrCat("session ", id, " not found (it was closed, or idle for longer than ",
-                       Seconds(options_.idle_timeout), ", or the daemon restarted)"));
+                       Seconds(options_.session_idle_timeout), ", or the daemon restarted)"));
     }
     session = it->second;
     session->BeginUse();  // under mu_: the reaper cannot take it from here on
@@ -166,7 +156,7 @@ std::vector<std::shared_ptr<Session>> SessionManager::List() const {
 
 absl::Time SessionManager::ReapOnce() {
   const absl::Time now = absl::Now();
-  absl::Time next = now + std::min(options_.idle_timeout, kMaxReapInterval);
+  absl::Time next = now + std::min(options_.session_idle_timeout, kMaxReapInterval);
   std::vector<std::shared_ptr<Session>> idle;
   {
     absl::MutexLock lock(&mu_);
@@ -176,7 +166,7 @@ absl::Time SessionManager::ReapOnce() {
         ++it;
         continue;
       }
-      const absl::Time expires = s.last_activity() + options_.idle_timeout;
+      const absl::Time expires = s.last_activity() + options_.session_idle_timeout;
       if (expires <= now) {
         idle.push_back(std::move(it->second));
         sessions_.erase(it++);
@@ -190,7 +180,7 @@ absl::Time SessionManager::ReapOnce() {
     const absl::Duration idle_for = now - session->last_activity();
     Free(*session, "idle");
     spdlog::info("session {} reaped: no call for {} (idle timeout {})", session->id(),
-                 Seconds(idle_for), Seconds(options_.idle_timeout));
+                 Seconds(idle_for), Seconds(options_.session_idle_timeout));
   }
   return std::max(next, absl::Now() + kMinReapInterval);
 }

@@ -14,38 +14,36 @@
 #include "absl/time/time.h"
 #include "device_pool.h"
 #include "metrics.h"
+#include "server_options.h"
 #include "session.h"
 #include "work_gate.h"
 
 namespace komputed::server {
 
-struct SessionManagerOptions {
-  // A session with no call and no open Execute stream (or eval in flight) for this long is closed.
-  absl::Duration idle_timeout = absl::Seconds(60);
-  absl::Duration eval_timeout = absl::Seconds(600);
-  absl::Duration inline_wait = absl::ZeroDuration();  // SessionConfig::inline_wait
-  absl::Duration spin = absl::ZeroDuration();         // SessionConfig::spin
-  uint64_t max_message_bytes = 64 << 20;
-  Metrics* metrics = nullptr;  // required; outlives the manager
-  WorkGate* gate = nullptr;    // admits new sessions and evaluations; null: always admitted
+// What OpenSession asks for.
+struct OpenRequest {
+  uint32_t device_index = 0;
+  // One entry per queue: the queue family it comes from (PooledDevice::ResolveQueues).
+  std::vector<uint32_t> queue_families;
+  std::string client_name;
+  std::string peer;  // where the call came from, for logs and ListSessions
 };
 
-// The open sessions, by id, and the reaper thread that closes idle ones. Owns the sessions
-// (calls in progress share them). The pool must outlive the manager. Thread-safe.
+// The open sessions, by id, and the reaper thread that closes idle ones (after the options'
+// session_idle_timeout). Owns the sessions (calls in progress share them). The pool, the options,
+// the metrics and the gate (null: always admitted; it admits new sessions and evaluations) must
+// outlive the manager and its sessions. Thread-safe.
 class SessionManager {
  public:
-  SessionManager(DevicePool* pool, SessionManagerOptions options);
+  SessionManager(DevicePool* pool, const ServerOptions& options, Metrics* metrics, WorkGate* gate);
   // Stops the reaper and closes every session.
   ~SessionManager();
   SessionManager(const SessionManager&) = delete;
   SessionManager& operator=(const SessionManager&) = delete;
 
-  const SessionManagerOptions& options() const { return options_; }
-
   // INVALID_ARGUMENT for a device index or queue request the daemon cannot serve; UNAVAILABLE
   // while the daemon drains or stops.
-  absl::StatusOr<std::shared_ptr<Session>> Open(const v1::OpenSessionRequest& request,
-                                                std::string peer);
+  absl::StatusOr<std::shared_ptr<Session>> Open(OpenRequest request);
   // The session, in use (so not reaped) until the returned pointer and all its copies are gone;
   // then it is touched: the idle time counts from the end of the last call or stream. A call
   // holds it for its whole length. INVALID_ARGUMENT for an empty id, NOT_FOUND for an unknown one.
@@ -65,7 +63,9 @@ class SessionManager {
   void Free(Session& session, const char* reason);
 
   DevicePool* const pool_;
-  const SessionManagerOptions options_;
+  const ServerOptions& options_;
+  Metrics* const metrics_;
+  WorkGate* const gate_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);

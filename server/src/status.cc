@@ -5,8 +5,14 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace komputed::server {
+
+absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
+}
 
 spdlog::level::level_enum LogLevelFor(const absl::Status& status) {
   switch (status.code()) {

@@ -13,6 +13,9 @@ namespace komputed::server {
 using v1::wire::FromGrpcStatus;
 using v1::wire::ToGrpcStatus;
 
+// The same status with `prefix` in front of its message (OK stays OK).
+absl::Status Annotate(const absl::Status& status, absl::string_view prefix);
+
 // The level at which a failed call is logged: the client's mistakes (INVALID_ARGUMENT,
 // NOT_FOUND, FAILED_PRECONDITION, ...) and refusals while draining at debug; limits and
 // availability (RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, UNAVAILABLE, ABORTED) at warn; the

@@ -248,7 +248,7 @@ TEST_P(EvalTest, BadTensorsAreInvalidArguments) {
   v1::CreateTensorRequest zero = FloatTensor(session_, 70, {});
   grpc::Status s = CreateTensor(zero);
   EXPECT_THAT(s, HasCode(grpc::StatusCode::INVALID_ARGUMENT));
-  EXPECT_THAT(s.error_message(), HasSubstr("count is 0"));
+  EXPECT_THAT(s.error_message(), HasSubstr("zero-sized tensor (0 elements)"));
 
   v1::CreateTensorRequest wrong_size = FloatTensor(session_, 71, {1, 2, 3});
   wrong_size.set_count(4);

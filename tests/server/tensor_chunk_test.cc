@@ -67,7 +67,7 @@ TEST(TensorChunkParse, AnyFieldOrderRepeatedDataAndUnknownFields) {
   v1::TensorChunk last_data;
   last_data.set_data("new data");
   std::string unknown;  // field 99, varint 1
-  unknown.push_back(static_cast<char>((99 << 3) & 0x7f | 0x80));
+  unknown.push_back(static_cast<char>(((99 << 3) & 0x7f) | 0x80));
   unknown.push_back(static_cast<char>(99 >> 4));
   unknown.push_back(1);
   const std::string bytes =

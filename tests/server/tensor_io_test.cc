@@ -61,7 +61,9 @@ class TensorIoTest : public ServerTest {
     while (reader->Read(&c)) {
       EXPECT_EQ(c.offset(), offset + out->size());
       EXPECT_EQ(c.handle(), handle);
-      if (chunk_bytes != 0) EXPECT_LE(c.data().size(), chunk_bytes);
+      if (chunk_bytes != 0) {
+        EXPECT_LE(c.data().size(), chunk_bytes);
+      }
       out->append(c.data());
       ++n;
     }

@@ -1,0 +1,223 @@
+// Session::Eval: an eval's commands, uploads and submission, the inline wait or the hand-off to
+// the device's completion waiter, and the result.
+#include "eval.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "host_data.h"
+#include "komputed/core/status.h"
+#include "session.h"
+#include "status.h"
+
+namespace komputed::server {
+namespace {
+
+// Room left in a message for everything but the data bytes.
+constexpr uint64_t kMessageOverhead = 4096;
+
+// The tensors whose host data comes back, by handle.
+using Downloads = std::vector<std::pair<uint64_t, std::shared_ptr<core::Tensor>>>;
+
+// Copies the downloads' host data into the result; returns their bytes.
+uint64_t CollectDownloads(const Downloads& downloads, EvalResult& result) {
+  uint64_t bytes = 0;
+  result.downloads.reserve(downloads.size());
+  for (const auto& [handle, tensor] : downloads) {
+    result.downloads.push_back({handle, std::string(HostData(*tensor), tensor->byte_size())});
+    bytes += tensor->byte_size();
+  }
+  return bytes;
+}
+
+template <typename... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <typename... F>
+Overloaded(F...) -> Overloaded<F...>;
+
+}  // namespace
+
+// What an eval hands to the waiter: the sequence it submitted (null when none) and the tensors
+// whose host data comes back.
+struct Session::Prepared {
+  std::shared_ptr<SequenceEntry> sequence;
+  uint64_t sequence_handle = 0;
+  bool submitted = false;  // a command buffer went to the device queue
+  Downloads downloads;
+};
+
+absl::Status Session::CommandLocked(const SessionCommand& command) {
+  // (server:: names the command types, which the member functions of the same names hide.)
+  return std::visit(
+      Overloaded{
+          [&](const TensorRequest& c) { return CreateTensorLocked(c); },
+          [&](const server::DestroyTensor& c) { return DestroyTensorLocked(c.handle); },
+          [&](const AlgorithmRequest& c) { return CreateAlgorithmLocked(c); },
+          [&](const server::RebuildAlgorithm& c) { return RebuildAlgorithmLocked(c.algorithm); },
+          [&](const PushConstantsRequest& c) { return SetPushConstantsLocked(c); },
+          [&](const server::DestroyAlgorithm& c) { return DestroyAlgorithmLocked(c.handle); },
+          [&](const SequenceRequest& c) { return CreateSequenceLocked(c); },
+          [&](const RecordRequest& c) { return RecordLocked(c); },
+          [&](const server::DestroySequence& c) { return DestroySequenceLocked(c.handle); },
+      },
+      command);
+}
+
+absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const EvalPlan& plan) {
+  KD_RETURN_IF_ERROR(CheckUsableLocked());
+  for (size_t i = 0; i < plan.commands.size(); ++i) {
+    const EvalPlan::Command& command = plan.commands[i];
+    absl::Status s =
+        command.command.ok() ? CommandLocked(*command.command) : command.command.status();
+    if (!s.ok()) return Annotate(s, absl::StrCat("command ", i, " (", command.name, "): "));
+  }
+
+  // Everything is checked before anything is written or submitted.
+  std::vector<std::shared_ptr<core::Tensor>> upload_tensors;
+  for (const EvalPlan::Upload& upload : plan.uploads) {
+    auto tensor = HostTensorLocked(upload.tensor);
+    if (!tensor.ok()) return Annotate(tensor.status(), "upload: ");
+    if (!Inside(upload.offset, upload.data.size(), (*tensor)->byte_size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "upload to tensor ", upload.tensor, ": ", upload.data.size(), " bytes at offset ",
+          upload.offset, " do not fit in its ", (*tensor)->byte_size(), " bytes"));
+    }
+    upload_tensors.push_back(*std::move(tensor));
+  }
+  Prepared prepared;
+  uint64_t download_bytes = 0;
+  for (uint64_t handle : plan.downloads) {
+    auto tensor = HostTensorLocked(handle);
+    if (!tensor.ok()) return Annotate(tensor.status(), "download: ");
+    download_bytes += (*tensor)->byte_size();
+    prepared.downloads.emplace_back(handle, *std::move(tensor));
+  }
+  const uint64_t max_message_bytes = static_cast<uint64_t>(options_.max_message_bytes);
+  if (download_bytes + kMessageOverhead > max_message_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "downloads of ", download_bytes, " bytes do not fit in one message (the daemon's limit is ",
+        max_message_bytes, " bytes); read large tensors with ReadTensor"));
+  }
+  if (plan.sequence != 0) {
+    KD_ASSIGN_OR_RETURN(prepared.sequence, sequences_.Find(plan.sequence));
+    prepared.sequence_handle = plan.sequence;
+    KD_RETURN_IF_ERROR(SettleLocked(plan.sequence, *prepared.sequence));
+  }
+
+  for (size_t i = 0; i < plan.uploads.size(); ++i) {
+    const EvalPlan::Upload& upload = plan.uploads[i];
+    std::memcpy(HostData(*upload_tensors[i]) + upload.offset, upload.data.data(),
+                upload.data.size());
+    CountUpload(upload.data.size());
+  }
+  if (prepared.sequence != nullptr) {
+    core::Sequence& sequence = *prepared.sequence->sequence;
+    absl::Status submitted = sequence.Submit();
+    if (!submitted.ok()) {
+      facts_.device->CheckLost(*facts_.instance);
+      return Annotate(submitted, absl::StrCat("sequence ", plan.sequence, ": "));
+    }
+    // Nothing is submitted for a sequence that never recorded anything.
+    prepared.submitted = sequence.IsRunning();
+    if (prepared.submitted) facts_.device->Submitted(sequence.queue());
+    prepared.sequence->awaited.store(true);
+  }
+  return prepared;
+}
+
+void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inline,
+                   EvalDone on_done) {
+  Touch();
+  WorkGate* const gate = gate_;
+  if (gate != nullptr && !gate->Enter()) {
+    on_done(WorkGate::Refusal("evaluations"));
+    return;
+  }
+  // The gate counts the eval in flight until its caller has been told.
+  auto done = [gate, on_done = std::move(on_done)](absl::StatusOr<EvalResult> result) {
+    on_done(std::move(result));
+    if (gate != nullptr) gate->Exit();
+  };
+  absl::StatusOr<Prepared> prepared;
+  {
+    absl::MutexLock lock(&mu_);
+    prepared = PrepareEvalLocked(plan);
+  }
+  if (!prepared.ok()) {
+    done(prepared.status());
+    return;
+  }
+  if (prepared->sequence == nullptr) {
+    EvalResult result;
+    CountDownload(CollectDownloads(prepared->downloads, result));
+    done(std::move(result));
+    return;
+  }
+  const absl::Duration timeout =
+      plan.timeout > absl::ZeroDuration() ? plan.timeout : options_.eval_timeout;
+  deadline = std::min(deadline, absl::Now() + timeout);
+  std::shared_ptr<SequenceEntry> entry = prepared->sequence;
+  const uint64_t handle = prepared->sequence_handle;
+  const bool submitted = prepared->submitted;
+  PooledDevice* const device = facts_.device;  // the pool outlives the waiter's callbacks
+  // The instance outlives its waiter's callbacks (and the inline wait holds the session).
+  DeviceInstance* const instance = facts_.instance.get();
+  prometheus::Counter* const downloaded = downloads_;
+  // What runs once the submission has completed (or failed, or run past the deadline).
+  auto finish = [entry, handle, timeout, submitted, device, instance, downloaded,
+                 downloads = std::move(prepared->downloads),
+                 done = std::move(done)](absl::Status status) mutable {
+    uint64_t gpu_ns = 0;
+    EvalResult result;
+    if (status.ok()) {
+      downloaded->Increment(static_cast<double>(CollectDownloads(downloads, result)));
+      result.timestamps_ns = entry->sequence->Timestamps();
+      if (result.timestamps_ns.size() >= 2) {
+        gpu_ns = result.timestamps_ns.back() - result.timestamps_ns.front();
+        result.device_time_ns = gpu_ns;
+      }
+    } else if (absl::IsDeadlineExceeded(status)) {
+      status = absl::DeadlineExceededError(
+          absl::StrCat("sequence ", handle, ": the submission did not complete within ",
+                       absl::FormatDuration(timeout),
+                       " (it is still running; a later eval of the "
+                       "sequence fails until it has completed)"));
+    } else {
+      status = Annotate(status, absl::StrCat("sequence ", handle, ": "));
+      device->CheckLost(*instance);
+    }
+    if (submitted) device->Completed(entry->sequence->queue(), gpu_ns);
+    entry->awaited.store(false);
+    if (status.ok()) {
+      done(std::move(result));
+    } else {
+      done(std::move(status));
+    }
+  };
+  // Short work: wait on this thread, then reply from it (no hand-off to the waiter thread and
+  // back). Bounded in time and in the number of threads doing it, so that long submissions and
+  // many concurrent ones still go to the waiter.
+  if (may_wait_inline && submitted && options_.eval_inline_wait > absl::ZeroDuration() &&
+      device->BeginInlineWait(options_.eval_inline_waiters)) {
+    const absl::Duration budget =
+        std::min(options_.eval_inline_wait, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (options_.eval_spin > absl::ZeroDuration() && !device->is_cpu()) {
+      entry->sequence->Poll(std::min(budget, options_.eval_spin));
+    }
+    absl::Status status = entry->sequence->Wait(budget);
+    device->EndInlineWait();
+    if (!absl::IsDeadlineExceeded(status)) {
+      finish(std::move(status));
+      return;
+    }
+  }
+  // The waiter holds the sequence (and through its recording, its tensors and algorithms) until
+  // the submission completes, even if the session is closed meanwhile.
+  facts_.instance->waiter->Watch(entry->sequence, deadline, std::move(finish));
+}
+
+}  // namespace komputed::server
