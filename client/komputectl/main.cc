@@ -151,11 +151,12 @@ int Devices() {
                                         l.max_compute_work_group_count(1), "x",
                                         l.max_compute_work_group_count(2))
                          : "?";
-    rows.push_back(
-        {absl::StrCat(d.index()), d.name(),
-         absl::StrCat(TypeName(d.device_type()), d.lost() ? " (lost)" : ""), Bytes(d.memory_bytes()),
-         Bytes(d.memory_in_use_bytes()), absl::StrCat(d.sessions()), absl::StrJoin(families, " "),
-         wg, absl::StrCat(l.max_push_constants_size(), " B"), Bytes(l.max_storage_buffer_range())});
+    rows.push_back({absl::StrCat(d.index()), d.name(),
+                    absl::StrCat(TypeName(d.device_type()), d.lost() ? " (lost)" : ""),
+                    Bytes(d.memory_bytes()), Bytes(d.memory_in_use_bytes()),
+                    absl::StrCat(d.sessions()), absl::StrJoin(families, " "), wg,
+                    absl::StrCat(l.max_push_constants_size(), " B"),
+                    Bytes(l.max_storage_buffer_range())});
   }
   PrintTable(rows);
   return 0;
@@ -336,8 +337,7 @@ int Run() {
     auto spec_bytes = std::vector<uint8_t>(spec.begin(), spec.end());
     auto push_bytes = std::vector<uint8_t>(push.begin(), push.end());
     auto algo = mgr.algorithm(params, spirv, workgroup, std::vector<float>{}, std::vector<float>{});
-    algo->rebuildRaw(params, spirv, workgroup, spec_bytes, SizeOf(ctype), push_bytes,
-                     SizeOf(ctype));
+    algo->rebuildRaw(params, spirv, workgroup, spec_bytes, SizeOf(ctype), push_bytes);
     auto seq = mgr.sequence(0, 3);
     const auto start = std::chrono::steady_clock::now();
     seq->record<kp::OpTensorSyncDevice>(params)

@@ -5,18 +5,20 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "komputed/core/algorithm.h"
 #include "komputed/core/device.h"
+#include "komputed/core/op_semantics.h"
 #include "komputed/core/tensor.h"
 
 namespace kp::internal {
 
 // Objects made by one backend carry it as their owner; a backend refuses objects of another.
+// Destructors only release: no network call, no wait for the daemon (a remote object's destroy
+// goes with the backend's next call to the daemon, or is freed with its session).
 class BackendObject {
  public:
   explicit BackendObject(const void* owner) : owner_(owner) {}
@@ -44,6 +46,8 @@ class BackendTensor : public BackendObject {
 class BackendAlgorithm : public BackendObject {
  public:
   using BackendObject::BackendObject;
+  // The push constants that a dispatch recorded now without an override would use.
+  virtual std::vector<uint8_t> PushConstants() const = 0;
 };
 
 struct AlgorithmSpec {
@@ -55,20 +59,18 @@ struct AlgorithmSpec {
   std::vector<uint8_t> push_constants;
 };
 
-// One recorded operation (OpMult arrives as kDispatch of its filled-in algorithm).
-struct Op {
-  enum class Kind { kSyncDevice, kSyncLocal, kCopy, kDispatch, kBarrier };
-  Kind kind = Kind::kSyncDevice;
-  std::vector<std::shared_ptr<BackendTensor>> tensors;
-  std::shared_ptr<BackendAlgorithm> algorithm;
-  std::optional<std::vector<uint8_t>> push_constants;  // a dispatch's override
-  uint32_t src_access = 0, dst_access = 0, src_stage = 0, dst_stage = 0;
-  bool primary = true;
-};
+// One recorded operation, in backend objects (OpMult arrives as kDispatch of its filled-in
+// algorithm). Its meaning and rules are core's (komputed/core/op_semantics.h).
+using Op =
+    komputed::core::OpDesc<std::shared_ptr<BackendTensor>, std::shared_ptr<BackendAlgorithm>>;
 
+// Destroying a sequence whose submission is in flight does not wait for it there (in-process,
+// core waits for the device, bounded); its results are dropped. Wait first to have them.
 class BackendSequence : public BackendObject {
  public:
   using BackendObject::BackendObject;
+  // Validates the operation by core's rules (ValidateOpTensors, the push-constant size); on error
+  // nothing of it is recorded or applied.
   virtual absl::Status Record(const Op& op) = 0;
   virtual absl::Status Submit() = 0;
   // DEADLINE_EXCEEDED: still running after `timeout`.
@@ -87,7 +89,13 @@ class BackendSequence : public BackendObject {
 
 class Backend {
  public:
+  // Releases without I/O: a backend that was not closed leaves its remote session to the
+  // daemon's idle reaper.
   virtual ~Backend() = default;
+  // Ends the backend's use of its device within `timeout` (a remote backend closes its session,
+  // which frees everything that the daemon holds for it). Objects made here may outlive it,
+  // unusable. Idempotent.
+  virtual absl::Status Close(absl::Duration timeout) = 0;
   // `data` (nullable) holds count * element_size bytes.
   virtual absl::StatusOr<std::shared_ptr<BackendTensor>> CreateTensor(const TensorSpec& spec,
                                                                       const void* data) = 0;
@@ -95,6 +103,7 @@ class Backend {
       const AlgorithmSpec& spec) = 0;
   // On error the algorithm is unchanged.
   virtual absl::Status RebuildAlgorithm(BackendAlgorithm& algorithm, const AlgorithmSpec& spec) = 0;
+  // INVALID_ARGUMENT unless `values` has the size that the algorithm was built with.
   virtual absl::Status SetPushConstants(BackendAlgorithm& algorithm,
                                         std::vector<uint8_t> values) = 0;
   virtual absl::StatusOr<std::shared_ptr<BackendSequence>> CreateSequence(

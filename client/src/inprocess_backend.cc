@@ -25,14 +25,14 @@ class LocalAlgorithm final : public BackendAlgorithm {
   LocalAlgorithm(const void* owner, std::shared_ptr<core::Algorithm> algorithm)
       : BackendAlgorithm(owner), algorithm_(std::move(algorithm)) {}
   const std::shared_ptr<core::Algorithm>& algorithm() const { return algorithm_; }
+  std::vector<uint8_t> PushConstants() const override { return algorithm_->spec().push_constants; }
 
  private:
   std::shared_ptr<core::Algorithm> algorithm_;
 };
 
 absl::Status NotMine(const char* what) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("the ", what, " belongs to another Manager"));
+  return absl::FailedPreconditionError(absl::StrCat("the ", what, " belongs to another Manager"));
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<core::Tensor>>> Unwrap(
@@ -61,24 +61,12 @@ class LocalSequence final : public BackendSequence {
 
   absl::Status Record(const Op& op) override {
     const void* me = owner();
-    KD_ASSIGN_OR_RETURN(auto tensors, Unwrap(me, op.tensors));
-    switch (op.kind) {
-      case Op::Kind::kSyncDevice:
-        return sequence_->Record(core::op::SyncToDevice{std::move(tensors)});
-      case Op::Kind::kSyncLocal:
-        return sequence_->Record(core::op::SyncToHost{std::move(tensors)});
-      case Op::Kind::kCopy:
-        return sequence_->Record(core::op::Copy{std::move(tensors)});
-      case Op::Kind::kDispatch: {
-        KD_ASSIGN_OR_RETURN(auto algorithm, Unwrap(me, op.algorithm.get()));
-        return sequence_->Record(core::op::Dispatch{std::move(algorithm), op.push_constants});
-      }
-      case Op::Kind::kBarrier:
-        return sequence_->Record(core::op::MemoryBarrier{std::move(tensors), op.src_access,
-                                                         op.dst_access, op.src_stage,
-                                                         op.dst_stage, op.primary});
+    core::Op local{op.kind, {}, nullptr, op.push_constants, op.barrier};
+    KD_ASSIGN_OR_RETURN(local.tensors, Unwrap(me, op.tensors));
+    if (op.algorithm != nullptr) {
+      KD_ASSIGN_OR_RETURN(local.algorithm, Unwrap(me, op.algorithm.get()));
     }
-    return absl::InvalidArgumentError("unknown operation");
+    return sequence_->Record(std::move(local));
   }
   absl::Status Submit() override { return sequence_->Submit(); }
   absl::Status Wait(absl::Duration timeout) override { return sequence_->Wait(timeout); }
@@ -95,6 +83,9 @@ class LocalSequence final : public BackendSequence {
 class InProcessBackend final : public Backend {
  public:
   explicit InProcessBackend(std::shared_ptr<core::Device> device) : device_(std::move(device)) {}
+
+  // The device goes with the last object that holds it.
+  absl::Status Close(absl::Duration) override { return absl::OkStatus(); }
 
   absl::StatusOr<std::shared_ptr<BackendTensor>> CreateTensor(const TensorSpec& spec,
                                                               const void* data) override {
@@ -116,8 +107,7 @@ class InProcessBackend final : public Backend {
     return local->Rebuild(std::move(core_spec));
   }
 
-  absl::Status SetPushConstants(BackendAlgorithm& algorithm,
-                                std::vector<uint8_t> values) override {
+  absl::Status SetPushConstants(BackendAlgorithm& algorithm, std::vector<uint8_t> values) override {
     KD_ASSIGN_OR_RETURN(auto local, Unwrap(this, &algorithm));
     return local->SetPushConstants(std::move(values));
   }

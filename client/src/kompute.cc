@@ -1,4 +1,6 @@
 // The kp facade: Kompute's classes over a Backend.
+#include "kompute/Kompute.hpp"
+
 #include <errno.h>
 
 #include <cstdlib>
@@ -6,9 +8,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "backend.h"
-#include "remote_backend.h"
+#include "komputed/core/op_semantics.h"
 #include "komputed/core/shader.h"
-#include "kompute/Kompute.hpp"
+#include "remote/remote_backend.h"
 
 namespace kp {
 namespace {
@@ -66,12 +68,40 @@ core::MemoryType ToCore(Memory::MemoryTypes type) {
               absl::StrCat("unknown memory type ", static_cast<int>(type)));
 }
 
+// kp's operation kinds are core's, plus kMult (a dispatch of a built-in shader).
+static_assert(static_cast<int>(detail::OpKind::kSyncDevice) ==
+              static_cast<int>(core::OpKind::kSyncDevice));
+static_assert(static_cast<int>(detail::OpKind::kSyncLocal) ==
+              static_cast<int>(core::OpKind::kSyncLocal));
+static_assert(static_cast<int>(detail::OpKind::kCopy) == static_cast<int>(core::OpKind::kCopy));
+static_assert(static_cast<int>(detail::OpKind::kDispatch) ==
+              static_cast<int>(core::OpKind::kDispatch));
+static_assert(static_cast<int>(detail::OpKind::kBarrier) ==
+              static_cast<int>(core::OpKind::kBarrier));
+static_assert(static_cast<int>(detail::OpKind::kMult) == static_cast<int>(core::kLastOpKind) + 1);
+
+core::OpKind ToCore(detail::OpKind kind) {
+  if (kind == detail::OpKind::kMult) return core::OpKind::kDispatch;
+  return static_cast<core::OpKind>(kind);
+}
+
 // The bound on every synchronous wait: KOMPUTED_EVAL_TIMEOUT_S seconds, default 600.
 absl::Duration EvalTimeout() {
   static const absl::Duration timeout = [] {
     const char* value = std::getenv("KOMPUTED_EVAL_TIMEOUT_S");
     double seconds = value != nullptr ? std::atof(value) : 0;
     return seconds > 0 ? absl::Seconds(seconds) : absl::Seconds(600);
+  }();
+  return timeout;
+}
+
+// How long Manager::destroy() waits for a remote daemon to close the session:
+// KOMPUTED_CLOSE_TIMEOUT_S seconds, default 5.
+absl::Duration CloseTimeout() {
+  static const absl::Duration timeout = [] {
+    const char* value = std::getenv("KOMPUTED_CLOSE_TIMEOUT_S");
+    double seconds = value != nullptr ? std::atof(value) : 0;
+    return seconds > 0 ? absl::Seconds(seconds) : absl::Seconds(5);
   }();
   return timeout;
 }
@@ -83,8 +113,7 @@ std::shared_ptr<internal::BackendTensor> BackendOf(const std::shared_ptr<Tensor>
   }
   auto impl = tensor->backendTensor();
   if (impl == nullptr) {
-    throw Error(ErrorCode::kFailedPrecondition,
-                absl::StrCat("tensor ", index, " was destroyed"));
+    throw Error(ErrorCode::kFailedPrecondition, absl::StrCat("tensor ", index, " was destroyed"));
   }
   return impl;
 }
@@ -157,7 +186,7 @@ Algorithm::~Algorithm() = default;
 void Algorithm::rebuildRaw(const std::vector<std::shared_ptr<Tensor>>& tensors,
                            const std::vector<uint32_t>& spirv, const Workgroup& workgroup,
                            std::vector<uint8_t> spec, uint32_t spec_size,
-                           std::vector<uint8_t> push, uint32_t push_size) {
+                           std::vector<uint8_t> push) {
   internal::AlgorithmSpec s;
   s.tensors = BackendOf(tensors);
   s.spirv = spirv;
@@ -179,7 +208,7 @@ void Algorithm::rebuildRaw(const std::vector<std::shared_ptr<Tensor>>& tensors,
   s.workgroup = {wg[0], wg[1], wg[2]};
   s.spec_constants = spec;
   s.spec_constant_size = spec_size;
-  s.push_constants = push;
+  s.push_constants = std::move(push);
 
   std::lock_guard<std::mutex> lock(mu_);
   if (destroyed_ || backend_ == nullptr) {
@@ -194,30 +223,20 @@ void Algorithm::rebuildRaw(const std::vector<std::shared_ptr<Tensor>>& tensors,
   workgroup_ = wg;
   spec_ = std::move(spec);
   spec_size_ = spec_size;
-  push_ = std::move(push);
-  push_size_ = push_size;
 }
 
-void Algorithm::setPushConstantBytes(std::vector<uint8_t> bytes, uint32_t element_size) {
+void Algorithm::setPushConstantBytes(std::vector<uint8_t> bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   if (impl_ == nullptr) {
     throw Error(ErrorCode::kFailedPrecondition,
                 "setPushConstants: the algorithm is not initialised");
   }
-  if (bytes.size() != push_.size()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                absl::StrCat("push constants of ", bytes.size(),
-                             " bytes given; the algorithm was built with ", push_.size(),
-                             " bytes"));
-  }
-  Check(backend_->SetPushConstants(*impl_, bytes));
-  push_ = std::move(bytes);
-  push_size_ = element_size;
+  Check(backend_->SetPushConstants(*impl_, std::move(bytes)));
 }
 
 std::vector<uint8_t> Algorithm::pushConstantBytes() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return push_;
+  return impl_ != nullptr ? impl_->PushConstants() : std::vector<uint8_t>();
 }
 
 std::vector<uint8_t> Algorithm::specConstantBytes() const {
@@ -268,57 +287,37 @@ BackendSequence& Sequence::implOrThrow() const {
 void Sequence::recordLocked(const OpBase& op) {
   BackendSequence& seq = implOrThrow();
   Op desc;
+  desc.kind = ToCore(op.kind());
   switch (op.kind()) {
     case detail::OpKind::kSyncDevice:
-      desc.kind = Op::Kind::kSyncDevice;
-      desc.tensors = BackendOf(op.tensors());
-      break;
     case detail::OpKind::kSyncLocal:
-      desc.kind = Op::Kind::kSyncLocal;
-      desc.tensors = BackendOf(op.tensors());
-      break;
     case detail::OpKind::kCopy:
-      desc.kind = Op::Kind::kCopy;
       desc.tensors = BackendOf(op.tensors());
       break;
     case detail::OpKind::kBarrier: {
-      desc.kind = Op::Kind::kBarrier;
       desc.tensors = BackendOf(op.tensors());
       const OpBase::Barrier& b = op.barrier();
-      desc.src_access = b.src_access;
-      desc.dst_access = b.dst_access;
-      desc.src_stage = b.src_stage;
-      desc.dst_stage = b.dst_stage;
-      desc.primary = b.primary;
+      desc.barrier = {b.src_access, b.dst_access, b.src_stage, b.dst_stage, b.primary};
       break;
     }
     case detail::OpKind::kDispatch: {
-      if (op.algorithm() == nullptr) throw Error(ErrorCode::kInvalidArgument, "OpAlgoDispatch: null algorithm");
-      desc.kind = Op::Kind::kDispatch;
+      if (op.algorithm() == nullptr) {
+        throw Error(ErrorCode::kInvalidArgument, "OpAlgoDispatch: null algorithm");
+      }
       desc.algorithm = op.algorithm()->backendAlgorithm();
       if (desc.algorithm == nullptr) {
         throw Error(ErrorCode::kFailedPrecondition,
                     "OpAlgoDispatch: the algorithm is not initialised (or was destroyed)");
       }
-      if (op.pushConstants().has_value()) {
-        const std::vector<uint8_t>& push = *op.pushConstants();
-        std::vector<uint8_t> current = op.algorithm()->pushConstantBytes();
-        if (push.size() != current.size()) {
-          throw Error(ErrorCode::kInvalidArgument,
-                      absl::StrCat("OpAlgoDispatch: push constants of ", push.size(),
-                                   " bytes given; the algorithm was built with ", current.size(),
-                                   " bytes"));
-        }
-        desc.push_constants = push;
-      }
+      desc.push_constants = op.pushConstants();
       break;
     }
     case detail::OpKind::kMult: {
       const auto& tensors = op.tensors();
       if (tensors.size() != 3) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    absl::StrCat("OpMult needs exactly 3 tensors (a, b, out), got ",
-                                 tensors.size()));
+        throw Error(
+            ErrorCode::kInvalidArgument,
+            absl::StrCat("OpMult needs exactly 3 tensors (a, b, out), got ", tensors.size()));
       }
       BackendOf(tensors);
       for (size_t i = 1; i < 3; ++i) {
@@ -328,29 +327,24 @@ void Sequence::recordLocked(const OpBase& op) {
                       absl::StrCat("OpMult: tensor ", i, " differs from tensor 0 in type or size"));
         }
       }
-      if (op.algorithm() == nullptr) throw Error(ErrorCode::kInvalidArgument, "OpMult: null algorithm");
+      if (op.algorithm() == nullptr) {
+        throw Error(ErrorCode::kInvalidArgument, "OpMult: null algorithm");
+      }
       auto spirv = Check(core::MultiplyShader(ToCore(tensors[0]->dataType())));
       op.algorithm()->rebuildRaw(tensors, std::vector<uint32_t>(spirv.begin(), spirv.end()),
-                                 {0, 0, 0}, {}, 4, {}, 4);
-      desc.kind = Op::Kind::kDispatch;
+                                 {0, 0, 0}, {}, 4, {});
       desc.algorithm = op.algorithm()->backendAlgorithm();
       break;
     }
   }
+  // The backend applies a dispatch's override to the algorithm (op_semantics.h).
   Check(seq.Record(desc));
-  // A dispatch's override stays with the algorithm.
-  if (op.kind() == detail::OpKind::kDispatch && op.pushConstants().has_value()) {
-    std::lock_guard<std::mutex> lock(op.algorithm()->mu_);
-    op.algorithm()->push_ = *op.pushConstants();
-    op.algorithm()->push_size_ = op.pushConstantSize();
-  }
 }
 
 std::shared_ptr<Sequence> Sequence::record(std::shared_ptr<OpBase> op) {
   if (op == nullptr) throw Error(ErrorCode::kInvalidArgument, "record: null operation");
   std::lock_guard<std::mutex> lock(mu_);
   recordLocked(*op);
-  recorded_.push_back(std::move(op));
   return shared_from_this();
 }
 
@@ -365,9 +359,7 @@ std::shared_ptr<Sequence> Sequence::eval(std::shared_ptr<OpBase> op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     Check(implOrThrow().Clear());
-    recorded_.clear();
     recordLocked(*op);
-    recorded_.push_back(std::move(op));
   }
   return eval();
 }
@@ -383,19 +375,17 @@ std::shared_ptr<Sequence> Sequence::evalAsync(std::shared_ptr<OpBase> op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     Check(implOrThrow().Clear());
-    recorded_.clear();
     recordLocked(*op);
-    recorded_.push_back(std::move(op));
   }
   return evalAsync();
 }
 
 std::shared_ptr<Sequence> Sequence::evalAwait(uint64_t waitFor) {
   std::lock_guard<std::mutex> lock(mu_);
-  absl::Duration timeout = waitFor == UINT64_MAX
-                               ? EvalTimeout()
-                               : absl::Nanoseconds(static_cast<int64_t>(
-                                     std::min<uint64_t>(waitFor, INT64_MAX)));
+  absl::Duration timeout =
+      waitFor == UINT64_MAX
+          ? EvalTimeout()
+          : absl::Nanoseconds(static_cast<int64_t>(std::min<uint64_t>(waitFor, INT64_MAX)));
   absl::Status s = implOrThrow().Wait(timeout);
   if (absl::IsDeadlineExceeded(s)) {
     throw Error(ErrorCode::kDeadlineExceeded,
@@ -409,7 +399,6 @@ std::shared_ptr<Sequence> Sequence::evalAwait(uint64_t waitFor) {
 void Sequence::clear() {
   std::lock_guard<std::mutex> lock(mu_);
   Check(implOrThrow().Clear());
-  recorded_.clear();
 }
 
 void Sequence::begin() {
@@ -442,15 +431,6 @@ bool Sequence::isInit() const {
 void Sequence::rerecord() {
   std::lock_guard<std::mutex> lock(mu_);
   Check(implOrThrow().Rerecord());
-  // Recording a dispatch with an override sets the algorithm's push constants again (the
-  // backend did the same).
-  for (const auto& op : recorded_) {
-    if (op->kind() == detail::OpKind::kDispatch && op->pushConstants().has_value()) {
-      std::lock_guard<std::mutex> algo_lock(op->algorithm()->mu_);
-      op->algorithm()->push_ = *op->pushConstants();
-      op->algorithm()->push_size_ = op->pushConstantSize();
-    }
-  }
 }
 
 std::vector<std::uint64_t> Sequence::getTimestamps() {
@@ -460,8 +440,10 @@ std::vector<std::uint64_t> Sequence::getTimestamps() {
 
 void Sequence::destroy() {
   std::lock_guard<std::mutex> lock(mu_);
-  recorded_.clear();
-  impl_.reset();  // waits for a submission in flight
+  if (impl_ == nullptr) return;
+  // Kompute's destroy waits for the submission; a failure or timeout here only drops its results.
+  if (impl_->IsRunning()) impl_->Wait(EvalTimeout()).IgnoreError();
+  impl_.reset();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -484,8 +466,7 @@ std::shared_ptr<Backend> MakeRemote(const std::string& address, uint32_t device_
 std::shared_ptr<Backend> MakeBackend(const core::DeviceOptions& options) {
   const char* address = std::getenv("KOMPUTED_ADDRESS");
   if (address != nullptr && address[0] != '\0') {
-    return MakeRemote(address, options.physical_device_index.value_or(0),
-                      options.queue_families);
+    return MakeRemote(address, options.physical_device_index.value_or(0), options.queue_families);
   }
   return Check(internal::CreateInProcessBackend(options));
 }
@@ -548,10 +529,6 @@ std::pair<std::shared_ptr<internal::BackendTensor>, void*> Manager::createTensor
   spec.count = count;
   spec.element_size = element_size;
   spec.memory = ToCore(memory_type);
-  if (spec.type == core::ElementType::kBool && element_size != 1) {
-    throw Error(ErrorCode::kInvalidArgument,
-                absl::StrCat("bool elements are 1 byte, not ", element_size));
-  }
   std::lock_guard<std::mutex> lock(mu_);
   auto impl = Check(backendOrThrow().CreateTensor(spec, data));
   void* host = impl->host_data();
@@ -577,9 +554,12 @@ void Manager::destroy() {
   std::vector<std::shared_ptr<Tensor>> tensors;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& w : sequences_) if (auto s = w.lock()) sequences.push_back(std::move(s));
-    for (auto& w : algorithms_) if (auto a = w.lock()) algorithms.push_back(std::move(a));
-    for (auto& w : tensors_) if (auto t = w.lock()) tensors.push_back(std::move(t));
+    for (auto& w : sequences_)
+      if (auto s = w.lock()) sequences.push_back(std::move(s));
+    for (auto& w : algorithms_)
+      if (auto a = w.lock()) algorithms.push_back(std::move(a));
+    for (auto& w : tensors_)
+      if (auto t = w.lock()) tensors.push_back(std::move(t));
     sequences_.clear();
     algorithms_.clear();
     tensors_.clear();
@@ -587,8 +567,13 @@ void Manager::destroy() {
   for (auto& s : sequences) s->destroy();
   for (auto& a : algorithms) a->destroy();
   for (auto& t : tensors) t->destroy();
-  std::lock_guard<std::mutex> lock(mu_);
-  backend_.reset();
+  std::shared_ptr<Backend> backend;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    backend = std::move(backend_);
+  }
+  // Best effort: a daemon that does not answer in time frees the session when its lease runs out.
+  if (backend != nullptr) backend->Close(CloseTimeout()).IgnoreError();
 }
 
 void Manager::clear() {

@@ -9,8 +9,8 @@
 namespace kptest {
 namespace {
 
-using ::testing::HasSubstr;
 using komputed::test_support::ScopedEnv;
+using ::testing::HasSubstr;
 
 constexpr char kTimesTwo[] = R"(
   #version 450
@@ -207,6 +207,23 @@ TEST_P(KpTest, DestroyingARunningSequenceWaitsForIt) {
   std::vector<uint32_t> got = out->vector();
   EXPECT_EQ(got[0], 1u);
   EXPECT_EQ(got[kSize - 1], (kSize - 1) * 3u + 1u);
+}
+
+// Dropping the last reference to a running sequence neither waits nor breaks anything: the
+// Manager's other objects keep working (remotely, the daemon finishes and frees the sequence).
+TEST_P(KpTest, DroppingARunningSequenceReleasesIt) {
+  auto in = mgr().tensor({1, 2});
+  auto out = mgr().tensor({0, 0});
+  auto algo = mgr().algorithm({in, out}, kp::compileSource(kTimesTwo));
+  for (int i = 0; i < 3; ++i) {
+    auto seq = mgr().sequence();
+    seq->record<kp::OpTensorSyncDevice>(TensorList{in})->record<kp::OpAlgoDispatch>(algo);
+    seq->evalAsync();
+  }
+  auto copy = mgr().tensor({0, 0});
+  mgr().sequence()->eval<kp::OpTensorCopy>(TensorList{in, copy});
+  mgr().sequence()->eval<kp::OpTensorSyncLocal>(TensorList{copy});
+  EXPECT_EQ(copy->vector(), (std::vector<float>{1, 2}));
 }
 
 TEST_P(KpTest, ManagerDestroyReleasesEverything) {

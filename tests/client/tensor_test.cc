@@ -225,7 +225,9 @@ TEST_P(KpTest, CopyBetweenEveryPairOfMemoryTypes) {
         EXPECT_EQ(dst->vector(), data);
       }
       EXPECT_EQ(ReadBack(mgr(), dst), data);
-      if (from != MemoryType::eStorage) EXPECT_EQ(src->vector(), data);
+      if (from != MemoryType::eStorage) {
+        EXPECT_EQ(src->vector(), data);
+      }
     }
   }
 }
@@ -283,6 +285,25 @@ TEST_P(KpTest, CopyRejectsBadTensorLists) {
   EXPECT_KP_ERROR(kInvalidArgument, seq->record<kp::OpTensorSyncLocal>(TensorList{}));
   // The sequence still works.
   seq->eval<kp::OpTensorCopy>(TensorList{f3, mgr().tensor({0, 0, 0})});
+}
+
+// A copy onto its own source is refused when it is recorded, on every backend, and nothing of that
+// record applies: the sequence evaluates what was recorded before it.
+TEST_P(KpTest, CopyOntoItsOwnSourceIsRejectedAtRecord) {
+  auto src = mgr().tensor({1, 2, 3});
+  auto dst = mgr().tensor({0, 0, 0});
+  auto untouched = mgr().tensor({0, 0, 0});
+  auto seq = mgr().sequence();
+  seq->record<kp::OpTensorCopy>(TensorList{src, dst});
+  EXPECT_KP_ERROR(kInvalidArgument, seq->record<kp::OpTensorCopy>(TensorList{src, src}));
+  EXPECT_KP_ERROR(kInvalidArgument, seq->record<kp::OpTensorCopy>(TensorList{src, untouched, src}));
+  EXPECT_TRUE(seq->isRecording());
+  seq->eval();
+  EXPECT_EQ(dst->vector(), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(untouched->vector(), (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(ReadBack(mgr(), dst), (std::vector<float>{1, 2, 3}));
+  EXPECT_EQ(ReadBack(mgr(), untouched), (std::vector<float>{0, 0, 0}));
+  EXPECT_EQ(ReadBack(mgr(), src), (std::vector<float>{1, 2, 3}));
 }
 
 // The kp contract: eStorage has no host data, even where device-local memory is also host

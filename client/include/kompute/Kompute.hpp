@@ -7,8 +7,6 @@
 // Threads: every class here may be used from several threads at once; host data returned by
 // Tensor::data() is the caller's to synchronise.
 
-#include <vulkan/vulkan.hpp>
-
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +17,7 @@
 #include <string>
 #include <type_traits>
 #include <vector>
+#include <vulkan/vulkan.hpp>
 
 namespace kp {
 
@@ -46,8 +45,7 @@ enum class ErrorCode : int {
 // What kp throws.
 class Error : public std::runtime_error {
  public:
-  Error(ErrorCode code, const std::string& message)
-      : std::runtime_error(message), code_(code) {}
+  Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
   ErrorCode code() const noexcept { return code_; }
 
  private:
@@ -177,8 +175,16 @@ std::vector<T> FromBytes(const std::vector<uint8_t>& bytes) {
   return values;
 }
 
-// Raw description of what an operation does; built by the Op* classes.
-enum class OpKind { kSyncDevice, kSyncLocal, kCopy, kDispatch, kMult, kBarrier };
+// Raw description of what an operation does; built by the Op* classes. The values are those of
+// komputed's own operation kinds (checked where kp converts them); kMult is kp's alone.
+enum class OpKind {
+  kSyncDevice = 0,
+  kSyncLocal = 1,
+  kCopy = 2,
+  kDispatch = 3,
+  kBarrier = 4,
+  kMult = 5
+};
 }  // namespace detail
 
 // A tensor of T elements.
@@ -194,9 +200,9 @@ class TensorT : public Tensor {
   // Replaces the host copy; the size must be the same.
   void setData(const std::vector<T>& values) {
     if (values.size() != size()) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "setData: " + std::to_string(values.size()) + " values given for a tensor of " +
-                      std::to_string(size()) + " elements");
+      throw Error(ErrorCode::kInvalidArgument, "setData: " + std::to_string(values.size()) +
+                                                   " values given for a tensor of " +
+                                                   std::to_string(size()) + " elements");
     }
     T* p = static_cast<T*>(hostOrThrow());
     if constexpr (std::is_same_v<T, bool>) {
@@ -223,18 +229,18 @@ class Algorithm {
                const std::vector<S>& specializationConstants = {},
                const std::vector<P>& pushConstants = {}) {
     rebuildRaw(tensors, spirv, workgroup, detail::ToBytes(specializationConstants), sizeof(S),
-               detail::ToBytes(pushConstants), sizeof(P));
+               detail::ToBytes(pushConstants));
   }
 
   // Replaces the push constants used by dispatches recorded from now on; the total size in bytes
   // must not change.
   template <typename T>
   void setPushConstants(const std::vector<T>& pushConstants) {
-    setPushConstantBytes(detail::ToBytes(pushConstants), sizeof(T));
+    setPushConstantBytes(detail::ToBytes(pushConstants));
   }
   void setPushConstants(const void* data, uint32_t size, uint32_t memorySize) {
     const auto* p = static_cast<const uint8_t*>(data);
-    setPushConstantBytes(std::vector<uint8_t>(p, p + size_t{size} * memorySize), memorySize);
+    setPushConstantBytes(std::vector<uint8_t>(p, p + size_t{size} * memorySize));
   }
   template <typename T>
   std::vector<T> getPushConstants() const {
@@ -252,16 +258,15 @@ class Algorithm {
   // komputed internals.
   void rebuildRaw(const std::vector<std::shared_ptr<Tensor>>& tensors,
                   const std::vector<uint32_t>& spirv, const Workgroup& workgroup,
-                  std::vector<uint8_t> spec, uint32_t spec_size, std::vector<uint8_t> push,
-                  uint32_t push_size);
-  void setPushConstantBytes(std::vector<uint8_t> bytes, uint32_t element_size);
+                  std::vector<uint8_t> spec, uint32_t spec_size, std::vector<uint8_t> push);
+  void setPushConstantBytes(std::vector<uint8_t> bytes);
+  // The backend's values: those that a dispatch recorded now without an override would use.
   std::vector<uint8_t> pushConstantBytes() const;
   std::vector<uint8_t> specConstantBytes() const;
   std::shared_ptr<internal::BackendAlgorithm> backendAlgorithm() const;
 
  private:
   friend class Manager;
-  friend class Sequence;
   explicit Algorithm(std::shared_ptr<internal::Backend> backend);
 
   mutable std::mutex mu_;
@@ -272,8 +277,6 @@ class Algorithm {
   Workgroup workgroup_{};
   std::vector<uint8_t> spec_;
   uint32_t spec_size_ = 0;
-  std::vector<uint8_t> push_;
-  uint32_t push_size_ = 0;
 };
 
 // Base of the operations a sequence records. Operations are descriptions: the backend records
@@ -287,7 +290,6 @@ class OpBase {
   const std::vector<std::shared_ptr<Tensor>>& tensors() const { return tensors_; }
   const std::shared_ptr<Algorithm>& algorithm() const { return algorithm_; }
   const std::optional<std::vector<uint8_t>>& pushConstants() const { return push_; }
-  uint32_t pushConstantSize() const { return push_size_; }
   struct Barrier {
     uint32_t src_access = 0, dst_access = 0, src_stage = 0, dst_stage = 0;
     bool primary = true;
@@ -302,7 +304,6 @@ class OpBase {
   std::vector<std::shared_ptr<Tensor>> tensors_;
   std::shared_ptr<Algorithm> algorithm_;
   std::optional<std::vector<uint8_t>> push_;
-  uint32_t push_size_ = 0;
   Barrier barrier_;
 };
 
@@ -337,7 +338,6 @@ class OpAlgoDispatch : public OpBase {
     algorithm_ = algorithm;
     if (!pushConstants.empty()) {
       push_ = detail::ToBytes(pushConstants);
-      push_size_ = sizeof(T);
     }
   }
 };
@@ -378,12 +378,15 @@ using OpCopy = OpTensorCopy;
 // the next record() starts a new batch; eval() without recording re-runs the last batch.
 class Sequence : public std::enable_shared_from_this<Sequence> {
  public:
+  // Releases the sequence without waiting for a submission in flight on a remote daemon (whose
+  // results are then dropped; the daemon finishes it and frees it). destroy() waits instead.
   ~Sequence();
 
   std::shared_ptr<Sequence> record(std::shared_ptr<OpBase> op);
   // Creates the operation T from a tensor list (or an algorithm) and further arguments.
   template <typename T, typename... TArgs>
-  std::shared_ptr<Sequence> record(std::vector<std::shared_ptr<Tensor>> tensors, TArgs&&... params) {
+  std::shared_ptr<Sequence> record(std::vector<std::shared_ptr<Tensor>> tensors,
+                                   TArgs&&... params) {
     return record(std::shared_ptr<OpBase>(new T(tensors, std::forward<TArgs>(params)...)));
   }
   template <typename T, typename... TArgs>
@@ -409,7 +412,8 @@ class Sequence : public std::enable_shared_from_this<Sequence> {
   std::shared_ptr<Sequence> evalAsync(std::shared_ptr<OpBase> op);
   // Creates the operation T from a tensor list (or an algorithm) and further arguments.
   template <typename T, typename... TArgs>
-  std::shared_ptr<Sequence> evalAsync(std::vector<std::shared_ptr<Tensor>> tensors, TArgs&&... params) {
+  std::shared_ptr<Sequence> evalAsync(std::vector<std::shared_ptr<Tensor>> tensors,
+                                      TArgs&&... params) {
     return evalAsync(std::shared_ptr<OpBase>(new T(tensors, std::forward<TArgs>(params)...)));
   }
   template <typename T, typename... TArgs>
@@ -431,6 +435,8 @@ class Sequence : public std::enable_shared_from_this<Sequence> {
   void rerecord();
   // Nanoseconds: one value before the first operation and one after each (last eval).
   std::vector<std::uint64_t> getTimestamps();
+  // Waits for a submission in flight (bounded by the eval timeout; its results arrive), then
+  // releases the sequence; it is no longer isInit().
   void destroy();
 
  private:
@@ -441,7 +447,6 @@ class Sequence : public std::enable_shared_from_this<Sequence> {
 
   mutable std::mutex mu_;
   std::shared_ptr<internal::BackendSequence> impl_;
-  std::vector<std::shared_ptr<OpBase>> recorded_;  // since the last clear, for rerecord()
 };
 
 // A physical device as listed by Manager::listDevices().
@@ -457,9 +462,9 @@ class PhysicalDevice {
 
 // Where a remote Manager runs: a komputed daemon, one of its devices, the queues to take.
 struct Remote {
-  std::string address;                        // host:port
-  uint32_t deviceIndex = 0;                   // the daemon's device index
-  std::vector<uint32_t> familyQueueIndices;   // as Manager(deviceIndex, familyQueueIndices)
+  std::string address;                       // host:port
+  uint32_t deviceIndex = 0;                  // the daemon's device index
+  std::vector<uint32_t> familyQueueIndices;  // as Manager(deviceIndex, familyQueueIndices)
 };
 
 // Creates and owns tensors, algorithms and sequences on one device.
@@ -479,6 +484,7 @@ class Manager {
   explicit Manager(const std::string& address);
   // Remote, with a device index and queue families (as the local constructor's).
   explicit Manager(const Remote& remote);
+  // destroy().
   ~Manager();
   Manager(const Manager&) = delete;
   Manager& operator=(const Manager&) = delete;
@@ -497,17 +503,17 @@ class Manager {
   }
   // A tensor of `size` elements, zero-filled.
   template <typename T>
-  std::shared_ptr<TensorT<T>> tensorT(size_t size,
-                                      Tensor::TensorTypes tensorType = Tensor::TensorTypes::eDevice) {
+  std::shared_ptr<TensorT<T>> tensorT(
+      size_t size, Tensor::TensorTypes tensorType = Tensor::TensorTypes::eDevice) {
     return makeTensorT<T>(nullptr, size, tensorType);
   }
   std::shared_ptr<TensorT<float>> tensor(
-      const std::vector<float>& data, Tensor::TensorTypes tensorType = Tensor::TensorTypes::eDevice) {
+      const std::vector<float>& data,
+      Tensor::TensorTypes tensorType = Tensor::TensorTypes::eDevice) {
     return tensorT<float>(data, tensorType);
   }
   // elementTotalCount elements of elementMemorySize bytes from `data` (nullptr: zero-filled).
-  std::shared_ptr<Tensor> tensor(void* data, uint64_t elementTotalCount,
-                                 uint32_t elementMemorySize,
+  std::shared_ptr<Tensor> tensor(void* data, uint64_t elementTotalCount, uint32_t elementMemorySize,
                                  const Tensor::TensorDataTypes& dataType,
                                  Tensor::TensorTypes tensorType = Tensor::TensorTypes::eDevice) {
     auto [impl, host] =
@@ -532,7 +538,8 @@ class Manager {
   }
 
   // Destroys every sequence, algorithm and tensor made here (they stop being isInit()), then
-  // releases the device.
+  // releases the device: a remote Manager closes its session on the daemon, waiting at most
+  // KOMPUTED_CLOSE_TIMEOUT_S seconds (default 5) for the daemon's answer. Idempotent.
   void destroy();
   // Forgets objects that were already released elsewhere.
   void clear();

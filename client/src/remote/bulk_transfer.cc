@@ -1,0 +1,284 @@
+#include "remote/bulk_transfer.h"
+
+#include <grpcpp/support/byte_buffer.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "komputed/core/status.h"
+#include "komputed/v1/grpc_status.h"
+#include "komputed/v1/komputed.grpc.pb.h"
+#include "komputed/v1/tensor_chunk_wire.h"
+#include "remote/rpc.h"
+
+namespace kp::internal::remote {
+namespace {
+
+namespace v1 = komputed::v1;
+
+constexpr uint64_t kChunkBytes = 4u << 20;
+// A bulk transfer is split over parallel streams only where each gets at least this many chunks.
+constexpr uint64_t kMinChunksPerLane = 4;
+
+// Parallel streams for one bulk transfer: $KOMPUTED_TRANSFER_STREAMS (1 to 16), else a quarter
+// of the cores, from 1 to 4 (each stream keeps about two cores busy: the client's and the
+// daemon's side of the copies).
+uint32_t TransferStreams() {
+  const char* value = std::getenv("KOMPUTED_TRANSFER_STREAMS");
+  const int n = value != nullptr ? std::atoi(value) : 0;
+  if (n > 0) return static_cast<uint32_t>(std::min(n, 16));
+  return std::clamp(std::thread::hardware_concurrency() / 4, 1u, 4u);
+}
+
+// One bulk transfer call (WriteTensor or ReadTensor) through gRPC's generic API, so that tensor
+// data moves as byte buffers (komputed/v1/tensor_chunk_wire.h) and not through protobuf strings.
+// Sends what next() returns until it returns nothing, then half-closes; hands every received
+// message to on_read (a non-OK status cancels the call and is returned as it is). Run() blocks
+// until the call has ended (its context's deadline bounds it) and gRPC has released the data it
+// was lent; gRPC's errors come back with `what` in front.
+class BulkCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  using Next = std::function<std::optional<grpc::ByteBuffer>(BulkCall&)>;
+  using OnRead = std::function<absl::Status(grpc::ByteBuffer&)>;
+
+  BulkCall(Next next, OnRead on_read) : next_(std::move(next)), on_read_(std::move(on_read)) {}
+
+  absl::Status Run(grpc::GenericStub& stub, grpc::ClientContext* context, const std::string& method,
+                   absl::string_view what) {
+    context_ = context;
+    stub.PrepareBidiStreamingCall(context, method, grpc::StubOptions(), this);
+    StartRead(&in_);
+    SendNext();
+    StartCall();
+    std::unique_lock<std::mutex> lock(mu_);
+    // The context's deadline ends the call; should gRPC not report that in time, cancel it (after
+    // which gRPC always calls OnDone, which this object must outlive).
+    const auto deadline = context->deadline();
+    const auto grace = std::chrono::seconds(10);
+    const bool bounded = deadline < std::chrono::system_clock::time_point::max() - grace;
+    if (bounded && !cv_.wait_until(lock, deadline + grace, [this] { return done_; })) {
+      context->TryCancel();
+    }
+    cv_.wait(lock, [this] { return done_; });
+    // gRPC gives lent data back as the call ends; wait for that before the caller may free it.
+    if (!cv_.wait_for(lock, std::chrono::seconds(60), [this] { return lent_ == 0; })) {
+      return absl::InternalError(
+          absl::StrCat(what, ": the data was still held by gRPC 60 s after the call"));
+    }
+    if (!local_.ok()) return local_;
+    return v1::wire::FromGrpcStatus(status_, what);
+  }
+
+  // A slice release callback's argument for data lent to this call: counts it until released.
+  void* Lend() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++lent_;
+    return this;
+  }
+  static void Release(void* call) {
+    auto* self = static_cast<BulkCall*>(call);
+    std::lock_guard<std::mutex> lock(self->mu_);
+    --self->lent_;
+    self->cv_.notify_all();
+  }
+
+  void OnWriteDone(bool ok) override {
+    out_.Clear();        // gRPC holds what it still needs of the message
+    if (ok) SendNext();  // otherwise the stream is broken: OnDone follows
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    absl::Status s = on_read_(in_);
+    if (!s.ok()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        local_ = s;
+      }
+      context_->TryCancel();
+      return;
+    }
+    StartRead(&in_);
+  }
+  void OnDone(const grpc::Status& status) override {
+    out_.Clear();
+    in_.Clear();
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = status;
+    done_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  void SendNext() {
+    std::optional<grpc::ByteBuffer> message = next_(*this);
+    if (!message.has_value()) {
+      StartWritesDone();
+      return;
+    }
+    out_ = *std::move(message);
+    StartWrite(&out_);
+  }
+
+  Next next_;
+  OnRead on_read_;
+  grpc::ClientContext* context_ = nullptr;
+  grpc::ByteBuffer out_;
+  grpc::ByteBuffer in_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  int lent_ = 0;
+  grpc::Status status_;
+  absl::Status local_;
+};
+
+// A transfer's deadline: the object-call bound plus time for its bytes at 100 MB/s.
+void SetTransferDeadline(grpc::ClientContext& context, uint64_t bytes) {
+  SetDeadline(context, RpcTimeout() + absl::Seconds(static_cast<double>(bytes) / 1e8));
+}
+
+}  // namespace
+
+BulkTransfer::BulkTransfer(std::string address, std::shared_ptr<grpc::Channel> channel,
+                           std::string session_id)
+    : address_(std::move(address)),
+      channel_(std::move(channel)),
+      session_id_(std::move(session_id)),
+      lanes_(TransferStreams()) {}
+
+absl::Status BulkTransfer::Write(uint64_t handle, const uint8_t* data, uint64_t bytes) {
+  return InLanes(bytes, [&](grpc::GenericStub& stub, uint64_t begin, uint64_t end) {
+    return WriteRange(stub, handle, data, begin, end);
+  });
+}
+
+absl::Status BulkTransfer::Read(uint64_t handle, uint8_t* data, uint64_t bytes) {
+  return InLanes(bytes, [&](grpc::GenericStub& stub, uint64_t begin, uint64_t end) {
+    return ReadRange(stub, handle, data, begin, end);
+  });
+}
+
+// A transfer of many chunks is split into whole-chunk byte ranges moved at once, one per lane,
+// each over its own channel (its own TCP connection), so that serialization, the socket and
+// parsing of one range overlap with the others' (one stream moves one message at a time). The
+// first failure is returned (the others still complete).
+template <typename Move>
+absl::Status BulkTransfer::InLanes(uint64_t bytes, Move move) {
+  const uint64_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
+  const uint64_t n = std::min<uint64_t>(lanes_, chunks / kMinChunksPerLane);
+  if (n <= 1) return move(LaneStub(0), 0, bytes);
+  const uint64_t per_lane = (chunks + n - 1) / n * kChunkBytes;
+  std::vector<absl::Status> statuses(n);
+  std::vector<std::thread> threads;
+  for (uint64_t i = 1; i < n; ++i) {
+    const uint64_t begin = std::min(bytes, i * per_lane);
+    const uint64_t end = std::min(bytes, begin + per_lane);
+    threads.emplace_back([&, i, begin, end] { statuses[i] = move(LaneStub(i), begin, end); });
+  }
+  statuses[0] = move(LaneStub(0), 0, std::min(bytes, per_lane));
+  for (auto& t : threads) t.join();
+  for (const absl::Status& s : statuses) KD_RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+grpc::GenericStub& BulkTransfer::LaneStub(uint64_t lane) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (lane_stubs_.size() <= lane) lane_stubs_.resize(lane + 1);
+  if (lane == 0 && lane_stubs_[0] == nullptr) {
+    lane_stubs_[0] = std::make_unique<grpc::GenericStub>(channel_);
+  }
+  if (lane_stubs_[lane] == nullptr) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+    // A channel of its own: its own connection, not one shared through the subchannel pool.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt("komputed.bulk_lane", static_cast<int>(lane));
+    lane_stubs_[lane] = std::make_unique<grpc::GenericStub>(
+        grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  }
+  return *lane_stubs_[lane];
+}
+
+// Streams data[begin, end) into the tensor's bytes [begin, end), lending the data to gRPC.
+absl::Status BulkTransfer::WriteRange(grpc::GenericStub& stub, uint64_t handle, const uint8_t* data,
+                                      uint64_t begin, uint64_t end) {
+  const uint64_t bytes = end - begin;
+  grpc::ClientContext context;
+  SetTransferDeadline(context, bytes);
+  uint64_t offset = begin;
+  BulkCall call(
+      [&](BulkCall& self) -> std::optional<grpc::ByteBuffer> {
+        if (offset >= end) return std::nullopt;
+        const uint64_t n = std::min(kChunkBytes, end - offset);
+        v1::TensorChunk fields;
+        if (offset == begin) {  // the first chunk names the session, tensor and total
+          fields.set_session_id(session_id_);
+          fields.set_handle(handle);
+          fields.set_total_bytes(bytes);
+        }
+        fields.set_offset(offset);
+        grpc::ByteBuffer chunk =
+            v1::wire::SerializeTensorChunk(fields, reinterpret_cast<const char*>(data) + offset, n,
+                                           &BulkCall::Release, self.Lend());
+        offset += n;
+        return chunk;
+      },
+      [](grpc::ByteBuffer&) { return absl::OkStatus(); });  // WriteTensorResponse
+  return call.Run(stub, &context, "/komputed.v1.Tensors/WriteTensor",
+                  absl::StrCat("writing tensor ", handle));
+}
+
+// Reads the tensor's bytes [begin, end) into data[begin, end), each chunk copied once.
+absl::Status BulkTransfer::ReadRange(grpc::GenericStub& stub, uint64_t handle, uint8_t* data,
+                                     uint64_t begin, uint64_t end) {
+  const uint64_t bytes = end - begin;
+  grpc::ClientContext context;
+  SetTransferDeadline(context, bytes);
+  v1::ReadTensorRequest request;
+  request.set_session_id(session_id_);
+  request.set_handle(handle);
+  request.set_offset(begin);
+  request.set_length(bytes);
+  request.set_chunk_bytes(kChunkBytes);
+  std::optional<grpc::ByteBuffer> first(std::in_place);
+  bool own = false;
+  if (!grpc::SerializationTraits<v1::ReadTensorRequest>::Serialize(request, &*first, &own).ok()) {
+    return absl::InternalError(absl::StrCat("reading tensor ", handle, ": request not serialized"));
+  }
+  uint64_t received = 0;
+  v1::wire::TensorChunkView chunk;
+  BulkCall call(
+      [&](BulkCall&) { return std::exchange(first, std::nullopt); },
+      [&](grpc::ByteBuffer& raw) -> absl::Status {
+        absl::Status parsed = v1::wire::ParseTensorChunk(raw, &chunk);
+        if (!parsed.ok()) {
+          return absl::DataLossError(
+              absl::StrCat("reading tensor ", handle, ": ", parsed.message()));
+        }
+        const uint64_t at = chunk.fields.offset();
+        if (at < begin || at > end || chunk.data_bytes > end - at) {
+          return absl::DataLossError(absl::StrCat("reading tensor ", handle, ": chunk at offset ",
+                                                  at, " outside [", begin, ", ", end, ")"));
+        }
+        v1::wire::CopyData(chunk, reinterpret_cast<char*>(data) + at);
+        received += chunk.data_bytes;
+        return absl::OkStatus();
+      });
+  KD_RETURN_IF_ERROR(call.Run(stub, &context, "/komputed.v1.Tensors/ReadTensor",
+                              absl::StrCat("reading tensor ", handle)));
+  if (received != bytes) {
+    return absl::DataLossError(
+        absl::StrCat("reading tensor ", handle, ": got ", received, " of ", bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kp::internal::remote

@@ -1,0 +1,50 @@
+#pragma once
+// Tensor data moved in bulk between the client and a komputed daemon: the WriteTensor and
+// ReadTensor streams, split over parallel connections for large transfers.
+
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+
+namespace kp::internal::remote {
+
+// The bulk data path of one session. Thread-safe; each call blocks until its transfer has ended
+// (bounded by a deadline that grows with the size). Owned by the session's Connection.
+class BulkTransfer {
+ public:
+  // `channel` is the session's; further lanes open channels of their own to `address`. The
+  // number of lanes is $KOMPUTED_TRANSFER_STREAMS (1 to 16), else a quarter of the cores, 1 to 4.
+  BulkTransfer(std::string address, std::shared_ptr<grpc::Channel> channel, std::string session_id);
+
+  // Streams `bytes` of host data into the tensor `handle`.
+  absl::Status Write(uint64_t handle, const uint8_t* data, uint64_t bytes);
+  // Reads the tensor's whole host data (`bytes`) into `data`.
+  absl::Status Read(uint64_t handle, uint8_t* data, uint64_t bytes);
+
+ private:
+  template <typename Move>
+  absl::Status InLanes(uint64_t bytes, Move move);
+  grpc::GenericStub& LaneStub(uint64_t lane);
+  absl::Status WriteRange(grpc::GenericStub& stub, uint64_t handle, const uint8_t* data,
+                          uint64_t begin, uint64_t end);
+  absl::Status ReadRange(grpc::GenericStub& stub, uint64_t handle, uint8_t* data, uint64_t begin,
+                         uint64_t end);
+
+  const std::string address_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::string session_id_;
+  const uint32_t lanes_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<grpc::GenericStub>> lane_stubs_
+      ABSL_GUARDED_BY(mu_);  // [0]: channel_
+};
+
+}  // namespace kp::internal::remote

@@ -1,0 +1,247 @@
+#include "remote/connection.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "komputed/core/malloc_tuning.h"
+#include "komputed/core/status.h"
+#include "komputed/v1/grpc_status.h"
+#include "remote/rpc.h"
+
+namespace kp::internal::remote {
+namespace {
+
+namespace v1 = komputed::v1;
+
+// Deferred commands beyond this many are sent by the next explicit call (FlushIfMany).
+constexpr size_t kMaxDeferredCommands = 256;
+
+absl::Duration EnvSeconds(const char* name, absl::Duration fallback) {
+  const char* value = std::getenv(name);
+  double seconds = value != nullptr ? std::atof(value) : 0;
+  return seconds > 0 ? absl::Seconds(seconds) : fallback;
+}
+
+}  // namespace
+
+absl::Duration RpcTimeout() {
+  static const absl::Duration t = EnvSeconds("KOMPUTED_RPC_TIMEOUT_S", absl::Seconds(60));
+  return t;
+}
+
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+VkPhysicalDeviceProperties PropertiesOf(const v1::DeviceInfo& d) {
+  VkPhysicalDeviceProperties p{};
+  if (d.properties_raw().size() == sizeof(p)) {
+    std::memcpy(&p, d.properties_raw().data(), sizeof(p));
+  } else {
+    p.apiVersion = d.api_version();
+    p.driverVersion = d.driver_version();
+    p.vendorID = d.vendor_id();
+    p.deviceID = d.device_id();
+    p.deviceType = static_cast<VkPhysicalDeviceType>(d.device_type());
+    std::strncpy(p.deviceName, d.name().c_str(), sizeof(p.deviceName) - 1);
+  }
+  return p;
+}
+
+absl::StatusOr<std::shared_ptr<Connection>> Connection::Open(const RemoteOptions& options) {
+  komputed::core::TuneMallocForBulkTransfers();  // tensor data moves in multi-megabyte messages
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  std::shared_ptr<Connection> c(new Connection());
+  c->address_ = options.address;
+  c->channel_ =
+      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+  c->sessions_ = v1::Sessions::NewStub(c->channel_);
+  c->devices_ = v1::Devices::NewStub(c->channel_);
+  c->tensors_ = v1::Tensors::NewStub(c->channel_);
+  c->algorithms_ = v1::Algorithms::NewStub(c->channel_);
+  c->sequences_ = v1::Sequences::NewStub(c->channel_);
+
+  v1::OpenSessionRequest request;
+  request.set_device_index(options.device_index);
+  for (uint32_t f : options.queue_families) request.add_queue_families(f);
+  request.set_client_name(options.client_name);
+  v1::OpenSessionResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, RpcTimeout());
+  KD_RETURN_IF_ERROR(
+      v1::wire::FromGrpcStatus(c->sessions_->OpenSession(&context, request, &response),
+                               absl::StrCat("opening a session on komputed at ", options.address)));
+  c->session_id_ = response.session_id();
+  c->properties_ = PropertiesOf(response.device());
+  if (response.idle_timeout_ms() > 0) {
+    c->idle_timeout_ = absl::Milliseconds(response.idle_timeout_ms());
+  }
+  c->bulk_ = std::make_unique<BulkTransfer>(c->address_, c->channel_, c->session_id_);
+  c->StartKeepAlive();
+  return c;
+}
+
+Connection::~Connection() {
+  StopKeepAlive();
+  std::lock_guard<std::mutex> lock(stream_mu_);
+  CloseStreamLocked();
+}
+
+absl::Status Connection::Close(absl::Duration timeout) {
+  {
+    std::lock_guard<std::mutex> lock(deferred_mu_);
+    if (closed_) return absl::OkStatus();
+    closed_ = true;
+    deferred_.clear();  // the daemon frees the session's objects with it
+  }
+  StopKeepAlive();
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  v1::CloseSessionRequest request;
+  request.set_session_id(session_id_);
+  v1::CloseSessionResponse response;
+  absl::Status s = v1::wire::FromGrpcStatus(sessions_->CloseSession(&context, request, &response),
+                                            "closing the session");
+  std::lock_guard<std::mutex> lock(stream_mu_);
+  CloseStreamLocked();
+  return s;
+}
+
+void Connection::Defer(v1::Command command) {
+  std::lock_guard<std::mutex> lock(deferred_mu_);
+  if (!closed_) deferred_.push_back(std::move(command));
+}
+
+std::vector<v1::Command> Connection::TakeDeferred() {
+  std::lock_guard<std::mutex> lock(deferred_mu_);
+  return std::exchange(deferred_, {});
+}
+
+absl::Status Connection::FlushIfMany() {
+  {
+    std::lock_guard<std::mutex> lock(deferred_mu_);
+    if (deferred_.size() < kMaxDeferredCommands) return absl::OkStatus();
+  }
+  v1::EvalRequest request;
+  for (auto& c : TakeDeferred()) *request.add_commands() = std::move(c);
+  if (request.commands_size() == 0) return absl::OkStatus();
+  request.set_session_id(session_id_);
+  v1::EvalResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, RpcTimeout());
+  return v1::wire::FromGrpcStatus(sequences_->Eval(&context, request, &response),
+                                  "flushing commands");
+}
+
+absl::StatusOr<std::shared_ptr<Connection::Pending>> Connection::ExecuteAsync(
+    v1::EvalRequest request) {
+  std::lock_guard<std::mutex> lock(stream_mu_);
+  if (stream_ == nullptr) OpenStreamLocked();
+  uint64_t id = next_request_.fetch_add(1);
+  request.set_request_id(id);
+  auto pending = std::make_shared<Pending>();
+  {
+    std::lock_guard<std::mutex> plock(pending_mu_);
+    pending_[id] = pending;
+  }
+  v1::ExecuteRequest message;
+  *message.mutable_eval() = std::move(request);
+  if (!stream_->Write(message)) {
+    {
+      std::lock_guard<std::mutex> plock(pending_mu_);
+      pending_.erase(id);
+    }
+    CloseStreamLocked();
+    return absl::UnavailableError("the Execute stream to the daemon broke");
+  }
+  return pending;
+}
+
+void Connection::StartKeepAlive() {
+  keepalive_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(keepalive_mu_);
+    const auto period =
+        absl::ToChronoNanoseconds(std::max(idle_timeout_ / 3, absl::Milliseconds(50)));
+    while (!keepalive_cv_.wait_for(lock, period, [this] { return stop_keepalive_; })) {
+      grpc::ClientContext context;
+      SetDeadline(context, absl::Seconds(10));
+      keepalive_call_ = &context;
+      lock.unlock();
+      v1::KeepAliveRequest request;
+      request.set_session_id(session_id_);
+      v1::KeepAliveResponse response;
+      sessions_->KeepAlive(&context, request, &response);
+      lock.lock();
+      keepalive_call_ = nullptr;
+    }
+  });
+}
+
+// Cancels a keep-alive call in progress rather than waiting for its answer.
+void Connection::StopKeepAlive() {
+  {
+    std::lock_guard<std::mutex> lock(keepalive_mu_);
+    stop_keepalive_ = true;
+    if (keepalive_call_ != nullptr) keepalive_call_->TryCancel();
+  }
+  keepalive_cv_.notify_all();
+  if (keepalive_.joinable()) keepalive_.join();
+}
+
+void Connection::OpenStreamLocked() {
+  stream_context_ = std::make_unique<grpc::ClientContext>();
+  stream_ = sequences_->Execute(stream_context_.get());
+  reader_ = std::thread([this, stream = stream_.get()] {
+    v1::ExecuteEvent event;
+    while (stream->Read(&event)) {
+      std::shared_ptr<Pending> p;
+      {
+        std::lock_guard<std::mutex> lock(pending_mu_);
+        auto it = pending_.find(event.request_id());
+        if (it == pending_.end()) continue;
+        p = it->second;
+        pending_.erase(it);
+      }
+      Complete(*p,
+               v1::wire::FromGrpcStatus(
+                   grpc::Status(static_cast<grpc::StatusCode>(event.code()), event.message())),
+               std::move(*event.mutable_result()));
+    }
+    // The stream ended: whatever is still pending failed.
+    std::map<uint64_t, std::shared_ptr<Pending>> orphans;
+    {
+      std::lock_guard<std::mutex> lock(pending_mu_);
+      orphans.swap(pending_);
+    }
+    for (auto& [id, p] : orphans) {
+      Complete(*p, absl::UnavailableError("the Execute stream to the daemon ended"), {});
+    }
+  });
+}
+
+// Cancels the stream (no waiting for the daemon), then collects the reader.
+void Connection::CloseStreamLocked() {
+  if (stream_ == nullptr) return;
+  stream_context_->TryCancel();
+  if (reader_.joinable()) reader_.join();
+  stream_->Finish().IgnoreError();
+  stream_.reset();
+  stream_context_.reset();
+}
+
+void Connection::Complete(Pending& p, absl::Status status, v1::EvalResponse result) {
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    p.done = true;
+    p.status = std::move(status);
+    p.result = std::move(result);
+  }
+  p.cv.notify_all();
+}
+
+}  // namespace kp::internal::remote

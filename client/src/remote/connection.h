@@ -1,0 +1,116 @@
+#pragma once
+// The session on a komputed daemon that a remote backend and every object made through it share.
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "backend.h"
+#include "komputed/v1/komputed.grpc.pb.h"
+#include "remote/bulk_transfer.h"
+#include "remote/remote_backend.h"
+
+namespace kp::internal::remote {
+
+// A device's properties as the daemon describes them.
+VkPhysicalDeviceProperties PropertiesOf(const komputed::v1::DeviceInfo& device);
+
+// One open session: its channel and stubs, a keep-alive thread, the commands deferred to the next
+// call, and the Execute stream of asynchronous evaluations. Thread-safe. Shared (shared_ptr) by
+// the backend and its objects; Close() ends the session; the destructor only releases (cancels
+// the calls in progress, joins its threads) and never calls the daemon.
+class Connection {
+ public:
+  // The outcome of one asynchronous evaluation, completed by the stream's reader thread.
+  struct Pending {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    absl::Status status;
+    komputed::v1::EvalResponse result;
+  };
+
+  // Opens a session (bounded by RpcTimeout()).
+  static absl::StatusOr<std::shared_ptr<Connection>> Open(const RemoteOptions& options);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Closes the session on the daemon within `timeout` (the daemon frees what it holds for it,
+  // deferred destroys included), then stops the keep-alive and the Execute stream. Idempotent.
+  absl::Status Close(absl::Duration timeout);
+
+  const std::string& session_id() const { return session_id_; }
+  const VkPhysicalDeviceProperties& properties() const { return properties_; }
+  komputed::v1::Devices::Stub& devices() { return *devices_; }
+  komputed::v1::Tensors::Stub& tensors() { return *tensors_; }
+  komputed::v1::Algorithms::Stub& algorithms() { return *algorithms_; }
+  komputed::v1::Sequences::Stub& sequences() { return *sequences_; }
+  BulkTransfer& bulk() { return *bulk_; }
+
+  // A fresh object handle (the client chooses them).
+  uint64_t NewHandle() { return next_handle_.fetch_add(1); }
+
+  // Queues a command (a destroy) for the next eval; no I/O. Dropped once the session is closed.
+  void Defer(komputed::v1::Command command);
+  std::vector<komputed::v1::Command> TakeDeferred();
+  // Sends the deferred commands now when many have gathered (bounded by RpcTimeout()).
+  absl::Status FlushIfMany();
+
+  // Sends `request` on the Execute stream (opened on first use); the reader thread completes the
+  // returned Pending.
+  absl::StatusOr<std::shared_ptr<Pending>> ExecuteAsync(komputed::v1::EvalRequest request);
+
+ private:
+  Connection() = default;
+  void StartKeepAlive();
+  void StopKeepAlive();
+  void OpenStreamLocked();
+  void CloseStreamLocked();
+  static void Complete(Pending& p, absl::Status status, komputed::v1::EvalResponse result);
+
+  std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<komputed::v1::Sessions::Stub> sessions_;
+  std::unique_ptr<komputed::v1::Devices::Stub> devices_;
+  std::unique_ptr<komputed::v1::Tensors::Stub> tensors_;
+  std::unique_ptr<komputed::v1::Algorithms::Stub> algorithms_;
+  std::unique_ptr<komputed::v1::Sequences::Stub> sequences_;
+  std::string session_id_;
+  VkPhysicalDeviceProperties properties_{};
+  absl::Duration idle_timeout_ = absl::Seconds(60);
+  std::unique_ptr<BulkTransfer> bulk_;
+
+  std::atomic<uint64_t> next_handle_{1};
+  std::mutex deferred_mu_;
+  std::vector<komputed::v1::Command> deferred_;  // guarded by deferred_mu_
+  bool closed_ = false;                          // guarded by deferred_mu_
+
+  std::mutex stream_mu_;  // guards stream_, its context and writes
+  std::unique_ptr<grpc::ClientContext> stream_context_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<komputed::v1::ExecuteRequest, komputed::v1::ExecuteEvent>>
+      stream_;
+  std::thread reader_;
+  std::atomic<uint64_t> next_request_{1};
+  std::mutex pending_mu_;
+  std::map<uint64_t, std::shared_ptr<Pending>> pending_;  // guarded by pending_mu_
+
+  std::mutex keepalive_mu_;
+  std::condition_variable keepalive_cv_;
+  bool stop_keepalive_ = false;                    // guarded by keepalive_mu_
+  grpc::ClientContext* keepalive_call_ = nullptr;  // the call in progress; guarded by keepalive_mu_
+  std::thread keepalive_;
+};
+
+}  // namespace kp::internal::remote

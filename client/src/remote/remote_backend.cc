@@ -1,0 +1,203 @@
+#include "remote/remote_backend.h"
+
+#include <cstring>
+#include <utility>
+
+#include "komputed/core/status.h"
+#include "komputed/core/types.h"
+#include "komputed/v1/grpc_status.h"
+#include "komputed/v1/semantics_wire.h"
+#include "remote/connection.h"
+#include "remote/objects.h"
+#include "remote/rpc.h"
+#include "remote/sequence.h"
+
+namespace kp::internal {
+namespace {
+
+namespace core = komputed::core;
+namespace v1 = komputed::v1;
+using remote::Connection;
+using remote::RemoteAlgorithm;
+using remote::RemoteSequence;
+using remote::RemoteTensor;
+using remote::RpcTimeout;
+using remote::SetDeadline;
+
+absl::Status NotMine() {
+  return absl::FailedPreconditionError("the algorithm belongs to another Manager");
+}
+
+class RemoteBackend final : public Backend {
+ public:
+  explicit RemoteBackend(std::shared_ptr<Connection> connection)
+      : connection_(std::move(connection)) {}
+
+  absl::Status Close(absl::Duration timeout) override { return connection_->Close(timeout); }
+
+  absl::StatusOr<std::shared_ptr<BackendTensor>> CreateTensor(const TensorSpec& spec,
+                                                              const void* data) override {
+    KD_ASSIGN_OR_RETURN(
+        const uint32_t element_size,
+        core::CheckTensorShape(spec.type, spec.memory, spec.count, spec.element_size));
+    KD_RETURN_IF_ERROR(connection_->FlushIfMany());
+    const uint64_t handle = connection_->NewHandle();
+    TensorSpec resolved = spec;
+    resolved.element_size = element_size;
+    const uint64_t bytes = spec.count * element_size;
+    v1::CreateTensorRequest request;
+    request.set_session_id(connection_->session_id());
+    request.set_handle(handle);
+    request.set_element_type(v1::wire::ToWire(spec.type));
+    request.set_count(spec.count);
+    request.set_element_size(spec.element_size);
+    request.set_memory_type(v1::wire::ToWire(spec.memory));
+    const bool inline_data = data != nullptr && bytes <= remote::kInlineLimit;
+    if (inline_data) request.mutable_data()->assign(reinterpret_cast<const char*>(data), bytes);
+    {
+      grpc::ClientContext context;
+      SetDeadline(context, RpcTimeout());
+      v1::CreateTensorResponse response;
+      KD_RETURN_IF_ERROR(v1::wire::FromGrpcStatus(
+          connection_->tensors().CreateTensor(&context, request, &response), "creating a tensor"));
+    }
+    auto tensor = std::make_shared<RemoteTensor>(this, connection_, handle, resolved);
+    if (tensor->host() != nullptr) {
+      if (data != nullptr) {
+        std::memcpy(tensor->host(), data, bytes);
+      } else {
+        std::memset(tensor->host(), 0, bytes);
+      }
+    }
+    if (data != nullptr && !inline_data) {
+      KD_RETURN_IF_ERROR(
+          connection_->bulk().Write(handle, static_cast<const uint8_t*>(data), bytes));
+      if (core::HasStaging(spec.memory)) KD_RETURN_IF_ERROR(SyncToDevice(handle));
+    }
+    return tensor;
+  }
+
+  absl::StatusOr<std::shared_ptr<BackendAlgorithm>> CreateAlgorithm(
+      const AlgorithmSpec& spec) override {
+    KD_RETURN_IF_ERROR(connection_->FlushIfMany());
+    auto algorithm = std::make_shared<RemoteAlgorithm>(this, connection_, connection_->NewHandle());
+    KD_RETURN_IF_ERROR(Build(*algorithm, spec, /*rebuild=*/false));
+    return algorithm;
+  }
+
+  absl::Status RebuildAlgorithm(BackendAlgorithm& algorithm, const AlgorithmSpec& spec) override {
+    if (algorithm.owner() != this) return NotMine();
+    return Build(static_cast<RemoteAlgorithm&>(algorithm), spec, /*rebuild=*/true);
+  }
+
+  absl::Status SetPushConstants(BackendAlgorithm& algorithm, std::vector<uint8_t> values) override {
+    if (algorithm.owner() != this) return NotMine();
+    auto& remote = static_cast<RemoteAlgorithm&>(algorithm);
+    KD_RETURN_IF_ERROR(core::CheckPushConstantSize(values.size(), remote.PushConstants().size()));
+    v1::SetPushConstantsRequest request;
+    request.set_session_id(connection_->session_id());
+    request.set_handle(remote.handle());
+    request.set_push_constants(values.data(), values.size());
+    grpc::ClientContext context;
+    SetDeadline(context, RpcTimeout());
+    v1::SetPushConstantsResponse response;
+    KD_RETURN_IF_ERROR(v1::wire::FromGrpcStatus(
+        connection_->algorithms().SetPushConstants(&context, request, &response),
+        "setting push constants"));
+    remote.SetPushConstants(std::move(values));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::shared_ptr<BackendSequence>> CreateSequence(
+      uint32_t queue, uint32_t total_timestamps) override {
+    KD_RETURN_IF_ERROR(connection_->FlushIfMany());
+    const uint64_t handle = connection_->NewHandle();
+    v1::CreateSequenceRequest request;
+    request.set_session_id(connection_->session_id());
+    request.set_handle(handle);
+    request.set_queue(queue);
+    request.set_total_timestamps(total_timestamps);
+    grpc::ClientContext context;
+    SetDeadline(context, RpcTimeout());
+    v1::CreateSequenceResponse response;
+    KD_RETURN_IF_ERROR(v1::wire::FromGrpcStatus(
+        connection_->sequences().CreateSequence(&context, request, &response),
+        "creating a sequence"));
+    return std::make_shared<RemoteSequence>(this, connection_, handle);
+  }
+
+  VkPhysicalDeviceProperties Properties() const override { return connection_->properties(); }
+
+  absl::StatusOr<std::vector<VkPhysicalDeviceProperties>> ListDevices() const override {
+    grpc::ClientContext context;
+    SetDeadline(context, RpcTimeout());
+    v1::ListDevicesResponse response;
+    KD_RETURN_IF_ERROR(v1::wire::FromGrpcStatus(
+        connection_->devices().ListDevices(&context, v1::ListDevicesRequest(), &response),
+        "listing devices"));
+    std::vector<VkPhysicalDeviceProperties> out;
+    for (const auto& d : response.devices()) out.push_back(remote::PropertiesOf(d));
+    return out;
+  }
+
+ private:
+  // The daemon's device buffer of a tensor with staging gets its initial data too, as in-process:
+  // one sync through a sequence made for it.
+  absl::Status SyncToDevice(uint64_t tensor) {
+    v1::EvalRequest request;
+    request.set_session_id(connection_->session_id());
+    const uint64_t seq = connection_->NewHandle();
+    request.add_commands()->mutable_create_sequence()->set_handle(seq);
+    auto* record = request.add_commands()->mutable_record();
+    record->set_sequence(seq);
+    *record->add_actions()->mutable_record() =
+        v1::wire::ToWire(v1::wire::HandleOp{core::OpKind::kSyncDevice, {tensor}});
+    request.set_sequence(seq);
+    grpc::ClientContext context;
+    SetDeadline(context, RpcTimeout());
+    v1::EvalResponse response;
+    KD_RETURN_IF_ERROR(
+        v1::wire::FromGrpcStatus(connection_->sequences().Eval(&context, request, &response),
+                                 "uploading a tensor's initial data"));
+    v1::Command destroy;
+    destroy.mutable_destroy_sequence()->set_handle(seq);
+    connection_->Defer(std::move(destroy));
+    return absl::OkStatus();
+  }
+
+  absl::Status Build(RemoteAlgorithm& algorithm, const AlgorithmSpec& spec, bool rebuild) {
+    KD_ASSIGN_OR_RETURN(auto tensors, remote::Unwrap(this, spec.tensors));
+    v1::CreateAlgorithmRequest request;
+    request.set_session_id(connection_->session_id());
+    request.set_handle(algorithm.handle());
+    for (const auto& t : tensors) request.add_tensors(t->handle());
+    request.set_spirv(spec.spirv.data(), spec.spirv.size() * sizeof(uint32_t));
+    request.mutable_workgroup()->set_x(spec.workgroup.x);
+    request.mutable_workgroup()->set_y(spec.workgroup.y);
+    request.mutable_workgroup()->set_z(spec.workgroup.z);
+    request.set_spec_constants(spec.spec_constants.data(), spec.spec_constants.size());
+    request.set_spec_constant_size(spec.spec_constant_size);
+    request.set_push_constants(spec.push_constants.data(), spec.push_constants.size());
+    grpc::ClientContext context;
+    SetDeadline(context, RpcTimeout());
+    v1::CreateAlgorithmResponse response;
+    v1::Algorithms::Stub& stub = connection_->algorithms();
+    grpc::Status s = rebuild ? stub.RebuildAlgorithm(&context, request, &response)
+                             : stub.CreateAlgorithm(&context, request, &response);
+    KD_RETURN_IF_ERROR(
+        v1::wire::FromGrpcStatus(s, rebuild ? "rebuilding an algorithm" : "creating an algorithm"));
+    algorithm.Built(std::move(tensors), spec.push_constants);
+    return absl::OkStatus();
+  }
+
+  const std::shared_ptr<Connection> connection_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Backend>> CreateRemoteBackend(const RemoteOptions& options) {
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<Connection> connection, Connection::Open(options));
+  return std::make_shared<RemoteBackend>(std::move(connection));
+}
+
+}  // namespace kp::internal
