@@ -16,7 +16,8 @@ if [ $# -ne 1 ]; then
 fi
 
 # Both images: the Vulkan loader and the daemon's shared libraries (gRPC 1.51 with reflection,
-# Protobuf 3.21, Abseil 20220623, spdlog 1.10 and its fmt, prometheus-cpp 1.0).
+# Protobuf 3.21, Abseil 20220623, spdlog 1.10 and its fmt, prometheus-cpp 1.0, yaml-cpp 0.7 and
+# OpenSSL 3 for the tenants file and its token hashes).
 common="
 libvulkan1
 libgrpc++1.51
@@ -27,6 +28,8 @@ libspdlog1.10
 libfmt9
 libprometheus-cpp-core1.0
 libprometheus-cpp-pull1.0
+libyaml-cpp0.7
+libssl3
 "
 
 case "$1" in

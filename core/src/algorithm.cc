@@ -1,8 +1,7 @@
 #include "komputed/core/algorithm.h"
 
-#include "komputed/core/op_semantics.h"
-
 #include "absl/strings/str_cat.h"
+#include "komputed/core/op_semantics.h"
 #include "komputed/core/shader.h"
 #include "komputed/core/status.h"
 
@@ -46,9 +45,10 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
           absl::StrCat("tensor ", i, " belongs to another device"));
     }
     if (t->byte_size() > limits.maxStorageBufferRange) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor ", i, " has ", t->byte_size(), " bytes, over the device's maxStorageBufferRange (",
-          limits.maxStorageBufferRange, " bytes); it cannot be bound to a shader"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", i, " has ", t->byte_size(),
+                       " bytes, over the device's maxStorageBufferRange (",
+                       limits.maxStorageBufferRange, " bytes); it cannot be bound to a shader"));
     }
   }
   const uint32_t wg[3] = {spec.workgroup.x, spec.workgroup.y, spec.workgroup.z};
@@ -68,9 +68,9 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
   }
   if (!spec.spec_constants.empty() &&
       (spec.spec_constant_size == 0 || spec.spec_constants.size() % spec.spec_constant_size != 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("specialization constants of ", spec.spec_constants.size(),
-                     " bytes are not a whole number of ", spec.spec_constant_size, "-byte constants"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "specialization constants of ", spec.spec_constants.size(),
+        " bytes are not a whole number of ", spec.spec_constant_size, "-byte constants"));
   }
   KD_RETURN_IF_ERROR(ValidateSpirv(spec.spirv, device.properties().apiVersion));
 
@@ -82,8 +82,8 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
   mi.codeSize = spec.spirv.size() * sizeof(uint32_t);
   mi.pCode = spec.spirv.data();
   VkShaderModule module = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(device.Check(vkCreateShaderModule(dev, &mi, nullptr, &module),
-                                  "vkCreateShaderModule"));
+  KD_RETURN_IF_ERROR(
+      device.Check(vkCreateShaderModule(dev, &mi, nullptr, &module), "vkCreateShaderModule"));
   p->module = ShaderModuleHandle(dev, module);
 
   const uint32_t n = static_cast<uint32_t>(spec.tensors.size());
@@ -106,15 +106,15 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
     pi.poolSizeCount = 1;
     pi.pPoolSizes = &size;
     VkDescriptorPool pool = VK_NULL_HANDLE;
-    KD_RETURN_IF_ERROR(device.Check(vkCreateDescriptorPool(dev, &pi, nullptr, &pool),
-                                    "vkCreateDescriptorPool"));
+    KD_RETURN_IF_ERROR(
+        device.Check(vkCreateDescriptorPool(dev, &pi, nullptr, &pool), "vkCreateDescriptorPool"));
     p->pool = DescriptorPoolHandle(dev, pool);
     VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
     ai.descriptorPool = pool;
     ai.descriptorSetCount = 1;
     ai.pSetLayouts = &set_layout;
-    KD_RETURN_IF_ERROR(device.Check(vkAllocateDescriptorSets(dev, &ai, &p->set),
-                                    "vkAllocateDescriptorSets"));
+    KD_RETURN_IF_ERROR(
+        device.Check(vkAllocateDescriptorSets(dev, &ai, &p->set), "vkAllocateDescriptorSets"));
     std::vector<VkDescriptorBufferInfo> infos(n);
     std::vector<VkWriteDescriptorSet> writes(n);
     for (uint32_t i = 0; i < n; ++i) {
@@ -137,13 +137,14 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
   pli.pushConstantRangeCount = spec.push_constants.empty() ? 0 : 1;
   pli.pPushConstantRanges = &range;
   VkPipelineLayout layout = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(device.Check(vkCreatePipelineLayout(dev, &pli, nullptr, &layout),
-                                  "vkCreatePipelineLayout"));
+  KD_RETURN_IF_ERROR(
+      device.Check(vkCreatePipelineLayout(dev, &pli, nullptr, &layout), "vkCreatePipelineLayout"));
   p->layout = PipelineLayoutHandle(dev, layout);
 
   std::vector<VkSpecializationMapEntry> entries;
   if (!spec.spec_constants.empty()) {
-    const uint32_t count = static_cast<uint32_t>(spec.spec_constants.size() / spec.spec_constant_size);
+    const uint32_t count =
+        static_cast<uint32_t>(spec.spec_constants.size() / spec.spec_constant_size);
     for (uint32_t i = 0; i < count; ++i) {
       entries.push_back({i, i * spec.spec_constant_size, spec.spec_constant_size});
     }
@@ -162,9 +163,9 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
   ci.stage.pSpecializationInfo = entries.empty() ? nullptr : &si;
   ci.layout = layout;
   VkPipeline pipeline = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(device.Check(
-      vkCreateComputePipelines(dev, VK_NULL_HANDLE, 1, &ci, nullptr, &pipeline),
-      "vkCreateComputePipelines"));
+  KD_RETURN_IF_ERROR(
+      device.Check(vkCreateComputePipelines(dev, VK_NULL_HANDLE, 1, &ci, nullptr, &pipeline),
+                   "vkCreateComputePipelines"));
   p->pipeline = PipelineHandle(dev, pipeline);
   return p;
 }

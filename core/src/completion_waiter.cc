@@ -82,9 +82,8 @@ void CompletionWaiter::Run() {
     if (entries_.empty()) {
       if (stopping_) return;
       mu_.Await(absl::Condition(
-          +[](CompletionWaiter* w) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return w->stopping_ || !w->entries_.empty();
-          },
+          +[](CompletionWaiter* w)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return w->stopping_ || !w->entries_.empty(); },
           this));
       continue;
     }
@@ -115,8 +114,8 @@ void CompletionWaiter::Run() {
       int64_t ns = std::max<int64_t>(0, absl::ToInt64Nanoseconds(until - now));
       vkWaitSemaphores(device_->handle(), &wi, static_cast<uint64_t>(ns));
     } else {
-      int64_t ns = std::max<int64_t>(
-          0, absl::ToInt64Nanoseconds(std::min(until - now, kFencePollBound)));
+      int64_t ns =
+          std::max<int64_t>(0, absl::ToInt64Nanoseconds(std::min(until - now, kFencePollBound)));
       device_->calls().WaitForFences(device_->handle(), static_cast<uint32_t>(fences.size()),
                                      fences.data(), VK_FALSE, static_cast<uint64_t>(ns));
     }
@@ -130,8 +129,8 @@ void CompletionWaiter::Run() {
         finished.emplace_back(std::move(*it), absl::OkStatus());
         it = entries_.erase(it);
       } else if (after >= it->deadline) {
-        finished.emplace_back(std::move(*it), absl::DeadlineExceededError(
-                                                  "the submission did not complete in time"));
+        finished.emplace_back(
+            std::move(*it), absl::DeadlineExceededError("the submission did not complete in time"));
         it = entries_.erase(it);
       } else {
         ++it;

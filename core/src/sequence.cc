@@ -26,9 +26,9 @@ void GlobalBarrier(VkCommandBuffer cb, VkPipelineStageFlags src_stage, VkAccessF
   vkCmdPipelineBarrier(cb, src_stage, dst_stage, 0, 1, &b, 0, nullptr, 0, nullptr);
 }
 
-// The core's own checks of an operation's objects (present, on this device), then the
-// operation's rules (op_semantics.h).
-absl::Status CheckOp(const Op& op, const Device& device) {
+}  // namespace
+
+absl::Status ValidateOp(const Op& op, const Device& device) {
   const absl::string_view name = OpName(op.kind);
   std::vector<TensorFacts> facts;
   facts.reserve(op.tensors.size());
@@ -61,6 +61,8 @@ absl::Status CheckOp(const Op& op, const Device& device) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 std::vector<TensorFacts> FactsOf(const std::vector<std::shared_ptr<Tensor>>& tensors) {
   std::vector<TensorFacts> facts;
@@ -177,7 +179,7 @@ Sequence::~Sequence() {
   cb_ops_.clear();
 }
 
-absl::Status Sequence::ValidateLocked(const Op& op) const { return CheckOp(op, *device_); }
+absl::Status Sequence::ValidateLocked(const Op& op) const { return ValidateOp(op, *device_); }
 
 absl::Status Sequence::BeginLocked() {
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};

@@ -62,11 +62,11 @@ absl::Status ValidateSpirv(absl::Span<const uint32_t> spirv, uint32_t vulkan_api
   }
   spvtools::SpirvTools tools(TargetFor(vulkan_api_version));
   std::string messages;
-  tools.SetMessageConsumer([&](spv_message_level_t, const char*, const spv_position_t& position,
-                               const char* message) {
-    absl::StrAppend(&messages, messages.empty() ? "" : "; ", "word ", position.index, ": ",
-                    message);
-  });
+  tools.SetMessageConsumer(
+      [&](spv_message_level_t, const char*, const spv_position_t& position, const char* message) {
+        absl::StrAppend(&messages, messages.empty() ? "" : "; ", "word ", position.index, ": ",
+                        message);
+      });
   if (!tools.Validate(spirv.data(), spirv.size())) {
     return absl::InvalidArgumentError(absl::StrCat("invalid SPIR-V: ", messages));
   }

@@ -41,8 +41,8 @@ absl::string_view VkResultName(VkResult result) {
 
 absl::Status VkStatus(VkResult result, absl::string_view what) {
   if (result == VK_SUCCESS) return absl::OkStatus();
-  std::string message = absl::StrCat(what, " failed: ", VkResultName(result), " (",
-                                     static_cast<int>(result), ")");
+  std::string message =
+      absl::StrCat(what, " failed: ", VkResultName(result), " (", static_cast<int>(result), ")");
   switch (result) {
     case VK_ERROR_DEVICE_LOST:
       return absl::UnavailableError(message);

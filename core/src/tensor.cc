@@ -8,7 +8,6 @@
 
 namespace komputed::core {
 
-
 absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsageFlags usage,
                                       VkMemoryPropertyFlags required,
                                       VkMemoryPropertyFlags preferred, absl::string_view what) {
@@ -25,11 +24,12 @@ absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsa
 
   VkMemoryRequirements req;
   vkGetBufferMemoryRequirements(device.handle(), buffer, &req);
-  KD_ASSIGN_OR_RETURN(uint32_t type, device.FindMemoryType(req.memoryTypeBits, required, preferred));
+  KD_ASSIGN_OR_RETURN(uint32_t type,
+                      device.FindMemoryType(req.memoryTypeBits, required, preferred));
   if (req.size > device.HeapSize(type)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(what, " needs ", req.size, " bytes, more than its memory heap's ",
-                     device.HeapSize(type), " bytes"));
+    return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", req.size,
+                                                     " bytes, more than its memory heap's ",
+                                                     device.HeapSize(type), " bytes"));
   }
   VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
   ai.allocationSize = req.size;
@@ -39,8 +39,8 @@ absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsa
       device.Check(device.calls().AllocateMemory(device.handle(), &ai, &memory),
                    absl::StrCat("vkAllocateMemory of ", req.size, " bytes for ", what)));
   b.memory_ = MemoryHandle(device.handle(), memory);
-  KD_RETURN_IF_ERROR(device.Check(vkBindBufferMemory(device.handle(), buffer, memory, 0),
-                                  "vkBindBufferMemory"));
+  KD_RETURN_IF_ERROR(
+      device.Check(vkBindBufferMemory(device.handle(), buffer, memory, 0), "vkBindBufferMemory"));
   b.properties_ = device.info().memory.memoryTypes[type].propertyFlags;
   if (b.properties_ & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) {
     KD_RETURN_IF_ERROR(device.Check(
@@ -57,9 +57,9 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
   const uint64_t bytes = count * element_size;
   const PhysicalDeviceInfo& info = device->info();
   if (info.max_buffer_size != 0 && bytes > info.max_buffer_size) {
-    return absl::ResourceExhaustedError(absl::StrCat("tensor of ", bytes,
-                                                     " bytes exceeds the device's maxBufferSize of ",
-                                                     info.max_buffer_size, " bytes"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tensor of ", bytes, " bytes exceeds the device's maxBufferSize of ",
+                     info.max_buffer_size, " bytes"));
   }
 
   auto t = std::shared_ptr<Tensor>(new Tensor());
@@ -76,11 +76,13 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
                                         VK_BUFFER_USAGE_TRANSFER_DST_BIT;
   constexpr VkMemoryPropertyFlags kHostVisible =
       VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-  const std::string what = absl::StrCat("a ", MemoryTypeName(memory), " tensor of ", bytes, " bytes");
+  const std::string what =
+      absl::StrCat("a ", MemoryTypeName(memory), " tensor of ", bytes, " bytes");
   switch (memory) {
     case MemoryType::kDevice: {
-      KD_ASSIGN_OR_RETURN(t->primary_, Buffer::Create(*device, alloc, kUsage,
-                                                      VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0, what));
+      KD_ASSIGN_OR_RETURN(
+          t->primary_,
+          Buffer::Create(*device, alloc, kUsage, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0, what));
       KD_ASSIGN_OR_RETURN(
           t->staging_,
           Buffer::Create(*device, alloc,
@@ -95,8 +97,9 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
       break;
     }
     case MemoryType::kStorage: {
-      KD_ASSIGN_OR_RETURN(t->primary_, Buffer::Create(*device, alloc, kUsage,
-                                                      VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0, what));
+      KD_ASSIGN_OR_RETURN(
+          t->primary_,
+          Buffer::Create(*device, alloc, kUsage, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0, what));
       break;
     }
     case MemoryType::kDeviceAndHost: {

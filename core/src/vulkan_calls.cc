@@ -55,9 +55,8 @@ VkResult FaultInjectingCalls::QueueSubmit(VkQueue queue, uint32_t count,
   return injected != VK_SUCCESS ? injected : base_->QueueSubmit(queue, count, submits, fence);
 }
 
-VkResult FaultInjectingCalls::WaitForFences(VkDevice device, uint32_t count,
-                                            const VkFence* fences, VkBool32 wait_all,
-                                            uint64_t timeout_ns) {
+VkResult FaultInjectingCalls::WaitForFences(VkDevice device, uint32_t count, const VkFence* fences,
+                                            VkBool32 wait_all, uint64_t timeout_ns) {
   VkResult injected = Take(VulkanCall::kWaitForFences);
   return injected != VK_SUCCESS ? injected
                                 : base_->WaitForFences(device, count, fences, wait_all, timeout_ns);

@@ -27,8 +27,7 @@ absl::StatusOr<std::shared_ptr<DeviceInstance>> OpenInstance(const core::DeviceO
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
-    uint32_t pool_index, uint32_t physical_index, const ServerOptions& server_options,
-    Metrics& m) {
+    uint32_t pool_index, uint32_t physical_index, const ServerOptions& server_options, Metrics& m) {
   KD_ASSIGN_OR_RETURN(std::vector<core::PhysicalDeviceInfo> all, core::Device::List());
   if (physical_index >= all.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -261,7 +260,7 @@ void DevicePool::Recovery() {
         std::min(next_attempt, retired ? absl::Now() + absl::Seconds(1) : absl::InfiniteFuture());
     {
       absl::MutexLock lock(&mu_);
-      auto woken = [this] { return stopping_ || lost_; };
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || lost_; };
       mu_.AwaitWithDeadline(absl::Condition(&woken), wake);
       if (stopping_) return;
       if (lost_) {

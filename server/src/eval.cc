@@ -32,12 +32,6 @@ uint64_t CollectDownloads(const Downloads& downloads, EvalResult& result) {
   return bytes;
 }
 
-template <typename... F>
-struct Overloaded : F... {
-  using F::operator()...;
-};
-template <typename... F>
-Overloaded(F...) -> Overloaded<F...>;
 
 }  // namespace
 
@@ -52,19 +46,23 @@ struct Session::Prepared {
 
 absl::Status Session::CommandLocked(const SessionCommand& command) {
   // (server:: names the command types, which the member functions of the same names hide.)
-  return std::visit(
-      Overloaded{
-          [&](const TensorRequest& c) { return CreateTensorLocked(c); },
-          [&](const server::DestroyTensor& c) { return DestroyTensorLocked(c.handle); },
-          [&](const AlgorithmRequest& c) { return CreateAlgorithmLocked(c); },
-          [&](const server::RebuildAlgorithm& c) { return RebuildAlgorithmLocked(c.algorithm); },
-          [&](const PushConstantsRequest& c) { return SetPushConstantsLocked(c); },
-          [&](const server::DestroyAlgorithm& c) { return DestroyAlgorithmLocked(c.handle); },
-          [&](const SequenceRequest& c) { return CreateSequenceLocked(c); },
-          [&](const RecordRequest& c) { return RecordLocked(c); },
-          [&](const server::DestroySequence& c) { return DestroySequenceLocked(c.handle); },
-      },
-      command);
+  if (const auto* c = std::get_if<TensorRequest>(&command)) return CreateTensorLocked(*c);
+  if (const auto* c = std::get_if<server::DestroyTensor>(&command)) {
+    return DestroyTensorLocked(c->handle);
+  }
+  if (const auto* c = std::get_if<AlgorithmRequest>(&command)) return CreateAlgorithmLocked(*c);
+  if (const auto* c = std::get_if<server::RebuildAlgorithm>(&command)) {
+    return RebuildAlgorithmLocked(c->algorithm);
+  }
+  if (const auto* c = std::get_if<PushConstantsRequest>(&command)) {
+    return SetPushConstantsLocked(*c);
+  }
+  if (const auto* c = std::get_if<server::DestroyAlgorithm>(&command)) {
+    return DestroyAlgorithmLocked(c->handle);
+  }
+  if (const auto* c = std::get_if<SequenceRequest>(&command)) return CreateSequenceLocked(*c);
+  if (const auto* c = std::get_if<RecordRequest>(&command)) return RecordLocked(*c);
+  return DestroySequenceLocked(std::get<server::DestroySequence>(command).handle);
 }
 
 absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const EvalPlan& plan) {

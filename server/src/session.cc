@@ -34,24 +34,6 @@ bool FailedSpirvValidation(const absl::Status& status) {
           absl::StrContains(status.message(), "not SPIR-V"));
 }
 
-// The checks that core::Sequence::Record makes of an operation (its tensors' rules and a
-// dispatch's push-constant size, op_semantics.h), made before any action of a Record call is
-// applied, so that a bad action records nothing.
-absl::Status ValidateOp(const core::Op& op) {
-  std::vector<core::TensorFacts> facts;
-  facts.reserve(op.tensors.size());
-  for (const auto& t : op.tensors) {
-    facts.push_back({t.get(), t->element_type(), t->element_size(), t->count(), t->memory_type()});
-  }
-  KD_RETURN_IF_ERROR(core::ValidateOpTensors(op.kind, facts));
-  if (op.kind == core::OpKind::kDispatch && op.push_constants.has_value()) {
-    return Annotate(
-        core::CheckPushConstantSize(op.push_constants->size(), op.algorithm->push_constant_size()),
-        absl::StrCat(core::OpName(op.kind), ": "));
-  }
-  return absl::OkStatus();
-}
-
 // A failed operation's error with the session's names for what core numbers by position:
 // "... (its tensors 0, 1 are tensors 5, 5 of this session)".
 absl::Status NameOperands(const absl::Status& status, const HandleOp& op) {
@@ -418,7 +400,9 @@ absl::Status Session::RecordLocked(const RecordRequest& request) {
     if (request.actions[i].kind != SequenceAction::Kind::kRecord) continue;
     absl::StatusOr<core::Op> op = OpLocked(request.actions[i].op);
     if (!op.ok()) return Annotate(op.status(), absl::StrCat(what, "action ", i, ": "));
-    if (absl::Status valid = ValidateOp(*op); !valid.ok()) return action_error(i, valid);
+    if (absl::Status valid = core::ValidateOp(*op, *facts_.instance->device); !valid.ok()) {
+      return action_error(i, valid);
+    }
     ops[i] = *std::move(op);
   }
   core::Sequence& sequence = *entry->sequence;

@@ -19,7 +19,7 @@ namespace komputed::server {
 
 // An operation named by the session's handles (komputed/core/op_semantics.h): the same type as
 // the wire converter's v1::wire::HandleOp, which FromWire produces.
-using HandleOp = core::OpDesc<uint64_t, uint64_t>;
+using HandleOp = core::HandleOp;
 
 // A tensor to create: `count` elements of `type` (of `element_size` bytes; 0: the type's size,
 // required above 0 for kBytes), initialised from `data` (count * element size bytes) or, when

@@ -23,7 +23,6 @@ using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-
 // The physical device Device::Create picks by default.
 uint32_t DefaultIndex(const std::shared_ptr<Device>& device) { return device->info().index; }
 

@@ -95,8 +95,7 @@ TEST(Flags, HelpDocumentsEveryFlag) {
   const std::string help = out + err;
   for (const char* flag :
        {"listen", "metrics_listen", "devices", "session_idle_timeout", "eval_timeout",
-        "eval_inline_wait", "eval_spin", "drain_timeout", "max_message_bytes",
-                           "log_level"}) {
+        "eval_inline_wait", "eval_spin", "drain_timeout", "max_message_bytes", "log_level"}) {
     // absl writes "--name (help text); default: value;".
     const std::string entry = absl::StrCat("--", flag, " (");
     const size_t at = help.find(entry);

@@ -5,7 +5,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "komputed/core/vulkan_calls.h"
 #include "test_util.h"

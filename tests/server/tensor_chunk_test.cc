@@ -1,5 +1,5 @@
-// v1::wire::ParseTensorChunk: a WriteTensor message as it arrives (a serialized TensorChunk in one or more
-// slices) into its fields and the pieces of the message that hold its data.
+// v1::wire::ParseTensorChunk: a WriteTensor message as it arrives (a serialized TensorChunk in one
+// or more slices) into its fields and the pieces of the message that hold its data.
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/slice.h>
 

@@ -189,7 +189,7 @@ absl::Status BulkTransfer::InLanes(uint64_t bytes, Move move) {
 }
 
 grpc::GenericStub& BulkTransfer::LaneStub(uint64_t lane) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (lane_stubs_.size() <= lane) lane_stubs_.resize(lane + 1);
   if (lane == 0 && lane_stubs_[0] == nullptr) {
     lane_stubs_[0] = std::make_unique<grpc::GenericStub>(channel_);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/status/status.h"
 
 namespace kp::internal::remote {
@@ -42,7 +43,7 @@ class BulkTransfer {
   const std::shared_ptr<grpc::Channel> channel_;
   const std::string session_id_;
   const uint32_t lanes_;
-  std::mutex mu_;
+  absl::Mutex mu_;
   std::vector<std::unique_ptr<grpc::GenericStub>> lane_stubs_
       ABSL_GUARDED_BY(mu_);  // [0]: channel_
 };

@@ -14,7 +14,7 @@
 namespace komputed::v1::wire {
 
 // An operation as the wire carries it: tensors and the algorithm named by their handles.
-using HandleOp = core::OpDesc<uint64_t, uint64_t>;
+using HandleOp = core::HandleOp;
 
 ElementType ToWire(core::ElementType type);
 MemoryType ToWire(core::MemoryType type);

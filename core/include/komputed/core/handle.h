@@ -29,7 +29,8 @@ class DeviceHandle {
   ~DeviceHandle() { Reset(); }
 
   void Reset() {
-    if (handle_ != VK_NULL_HANDLE) kDestroy(device_, std::exchange(handle_, VK_NULL_HANDLE), nullptr);
+    if (handle_ != VK_NULL_HANDLE)
+      kDestroy(device_, std::exchange(handle_, VK_NULL_HANDLE), nullptr);
   }
   H get() const { return handle_; }
   explicit operator bool() const { return handle_ != VK_NULL_HANDLE; }

@@ -62,6 +62,10 @@ struct OpDesc {
   BarrierMasks barrier;                                // kBarrier only
 };
 
+// An operation whose tensors and algorithm are named by handles (as the wire and the daemon's
+// sessions name them).
+using HandleOp = OpDesc<uint64_t, uint64_t>;
+
 // The one validation of an operation's tensors, before anything is recorded: enough tensors, and
 // for a copy, destinations of the source's element type and count that are not the source itself.
 // INVALID_ARGUMENT naming the operation, the tensor (by its index) and the values at fault.

@@ -23,6 +23,11 @@ namespace komputed::core {
 // (op_semantics.h) over core objects. It holds its objects, so they outlive the recording.
 using Op = OpDesc<std::shared_ptr<Tensor>, std::shared_ptr<Algorithm>>;
 
+// What Sequence::Record checks of an operation before recording it: its objects are present and
+// on `device`, then the operation's rules (op_semantics.h). For callers that check a batch of
+// operations before recording any.
+absl::Status ValidateOp(const Op& op, const Device& device);
+
 // The operations spelled by kind, as a caller writes them: Record(op::SyncToDevice{{a, b}}).
 namespace op {
 struct SyncToDevice {
@@ -123,8 +128,8 @@ class Sequence {
   QueryPoolHandle query_pool_;
   SemaphoreHandle timeline_;
   uint64_t timeline_value_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<Op> all_ops_ ABSL_GUARDED_BY(mu_);       // since the last Clear
-  std::vector<Op> cb_ops_ ABSL_GUARDED_BY(mu_);        // in the command buffer
+  std::vector<Op> all_ops_ ABSL_GUARDED_BY(mu_);  // since the last Clear
+  std::vector<Op> cb_ops_ ABSL_GUARDED_BY(mu_);   // in the command buffer
   struct Recorded {
     const Algorithm* algorithm;
     std::shared_ptr<const void> pipeline;  // keeps the recorded pipeline alive

@@ -2,10 +2,9 @@
 
 #include <vulkan/vulkan_core.h>
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace komputed::core {
 
@@ -38,8 +37,8 @@ absl::Status VkStatus(VkResult result, absl::string_view what);
   lhs = std::move(tmp).value()
 
 // Returns the status of a failed Vulkan call.
-#define KD_VK_RETURN_IF_ERROR(call, what)                                        \
-  do {                                                                           \
-    VkResult kd_vk_result_ = (call);                                             \
+#define KD_VK_RETURN_IF_ERROR(call, what)                                                    \
+  do {                                                                                       \
+    VkResult kd_vk_result_ = (call);                                                         \
     if (kd_vk_result_ != VK_SUCCESS) return ::komputed::core::VkStatus(kd_vk_result_, what); \
   } while (0)

@@ -4,15 +4,14 @@
 
 #include <cstdint>
 #include <memory>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "komputed/core/device.h"
 #include "komputed/core/handle.h"
 #include "komputed/core/types.h"
 
 namespace komputed::core {
-
 
 // One buffer and the memory bound to it, mapped when host-visible. Move-only.
 class Buffer {

@@ -45,8 +45,8 @@ class FaultInjectingCalls : public VulkanCalls {
                           VkDeviceMemory* memory) override;
   VkResult QueueSubmit(VkQueue queue, uint32_t count, const VkSubmitInfo* submits,
                        VkFence fence) override;
-  VkResult WaitForFences(VkDevice device, uint32_t count, const VkFence* fences,
-                         VkBool32 wait_all, uint64_t timeout_ns) override;
+  VkResult WaitForFences(VkDevice device, uint32_t count, const VkFence* fences, VkBool32 wait_all,
+                         uint64_t timeout_ns) override;
 
  private:
   struct Plan {
