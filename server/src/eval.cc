@@ -32,7 +32,6 @@ uint64_t CollectDownloads(const Downloads& downloads, EvalResult& result) {
   return bytes;
 }
 
-
 }  // namespace
 
 // What an eval hands to the waiter: the sequence it submitted (null when none) and the tensors
