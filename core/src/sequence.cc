@@ -41,7 +41,7 @@ absl::Status ValidateOp(const Op& op, const Device& device) {
       return absl::FailedPreconditionError(
           absl::StrCat(name, ": tensor ", i, " belongs to another device"));
     }
-    facts.push_back({t, t->element_type(), t->element_size(), t->count(), t->memory_type()});
+    facts.push_back(t->facts());
   }
   KD_RETURN_IF_ERROR(ValidateOpTensors(op.kind, facts));
   if (op.kind != OpKind::kDispatch) return absl::OkStatus();
@@ -66,9 +66,8 @@ namespace {
 
 std::vector<TensorFacts> FactsOf(const std::vector<std::shared_ptr<Tensor>>& tensors) {
   std::vector<TensorFacts> facts;
-  for (const auto& t : tensors) {
-    facts.push_back({t.get(), t->element_type(), t->element_size(), t->count(), t->memory_type()});
-  }
+  facts.reserve(tensors.size());
+  for (const auto& t : tensors) facts.push_back(t->facts());
   return facts;
 }
 

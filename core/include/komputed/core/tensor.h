@@ -9,6 +9,7 @@
 #include "absl/strings/string_view.h"
 #include "komputed/core/device.h"
 #include "komputed/core/handle.h"
+#include "komputed/core/op_semantics.h"
 #include "komputed/core/types.h"
 
 namespace komputed::core {
@@ -53,6 +54,8 @@ class Tensor {
 
   ElementType element_type() const { return type_; }
   MemoryType memory_type() const { return memory_; }
+  // What the operation rules (op_semantics.h) need to know of this tensor.
+  TensorFacts facts() const { return {this, type_, element_size_, count_, memory_}; }
   uint64_t count() const { return count_; }
   uint32_t element_size() const { return element_size_; }
   uint64_t byte_size() const { return count_ * element_size_; }
