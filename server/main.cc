@@ -5,7 +5,7 @@
 // stdout carries two lines that scripts and tests read, in this order:
 //   komputed listening on HOST:PORT
 //   komputed metrics on HOST:PORT        (absent with --metrics_listen="")
-// Logs go to stderr.
+// Logs go to stderr. SIGHUP reads the tenants file again.
 #include <grpc/grpc.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -57,6 +57,39 @@ ABSL_FLAG(absl::Duration, device_recovery_interval, absl::Seconds(5),
 ABSL_FLAG(int, max_message_bytes, 64 << 20,
           "largest gRPC message received or sent, in bytes (at least 4096); larger tensor data "
           "moves in chunks (WriteTensor, ReadTensor)");
+ABSL_FLAG(std::string, tenants_file, "",
+          "YAML file of the tenants allowed to call (name, token_sha256, certificate_names, "
+          "admin, quota); read again on SIGHUP and when it changes; empty: no tenants (callers "
+          "need no credentials, which only a loopback or Unix-socket --listen allows without "
+          "--insecure)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain to serve TLS with (with --tls_key); re-read when it changes");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA certificates: require client certificates signed by them (mutual TLS); a "
+          "certificate's subject CN or a SAN names its tenant");
+ABSL_FLAG(bool, insecure, false,
+          "allow a --listen address that other hosts can reach without --tenants_file or "
+          "--tls_client_ca (anyone who reaches the port can use the devices)");
+ABSL_FLAG(uint64_t, default_quota_device_memory_bytes, 0,
+          "tensor memory a tenant may hold on the devices, staging copies included (tenants "
+          "without their own quota; 0: no limit)");
+ABSL_FLAG(uint64_t, default_quota_host_memory_bytes, 0,
+          "host-visible (pinned) tensor memory a tenant may hold (0: no limit)");
+ABSL_FLAG(uint64_t, default_quota_sessions, 0, "sessions a tenant may have open (0: no limit)");
+ABSL_FLAG(uint64_t, default_quota_objects_per_session, 0,
+          "tensors, algorithms and sequences in one session (0: no limit)");
+ABSL_FLAG(uint64_t, default_quota_inflight_submissions, 0,
+          "evaluations a tenant may have submitted and not completed (0: no limit)");
+ABSL_FLAG(uint64_t, default_quota_ops_per_sequence, 0,
+          "operations recorded in one sequence (0: no limit)");
+ABSL_FLAG(uint64_t, default_quota_tensor_bytes, 0, "bytes of the largest tensor (0: no limit)");
+ABSL_FLAG(uint64_t, default_quota_dispatch_invocations, 0,
+          "invocations of one dispatch: workgroups times local size (0: no limit)");
+ABSL_FLAG(uint64_t, default_quota_source_bytes, 0,
+          "bytes of one algorithm's GLSL or SPIR-V (0: no limit)");
+ABSL_FLAG(uint64_t, default_quota_client_name_bytes, 0,
+          "bytes of OpenSession's client_name (0: no limit)");
 ABSL_FLAG(std::string, log_level, "info",
           "log level: trace, debug, info, warning, error, critical or off");
 
@@ -109,12 +142,29 @@ int main(int argc, char** argv) {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.device_recovery_interval = absl::GetFlag(FLAGS_device_recovery_interval);
+  options.tenants_file = absl::GetFlag(FLAGS_tenants_file);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  options.insecure = absl::GetFlag(FLAGS_insecure);
+  komputed::server::Quota& quota = options.default_quota;
+  quota.device_memory_bytes = absl::GetFlag(FLAGS_default_quota_device_memory_bytes);
+  quota.host_memory_bytes = absl::GetFlag(FLAGS_default_quota_host_memory_bytes);
+  quota.sessions = absl::GetFlag(FLAGS_default_quota_sessions);
+  quota.objects_per_session = absl::GetFlag(FLAGS_default_quota_objects_per_session);
+  quota.inflight_submissions = absl::GetFlag(FLAGS_default_quota_inflight_submissions);
+  quota.ops_per_sequence = absl::GetFlag(FLAGS_default_quota_ops_per_sequence);
+  quota.tensor_bytes = absl::GetFlag(FLAGS_default_quota_tensor_bytes);
+  quota.dispatch_invocations = absl::GetFlag(FLAGS_default_quota_dispatch_invocations);
+  quota.source_bytes = absl::GetFlag(FLAGS_default_quota_source_bytes);
+  quota.client_name_bytes = absl::GetFlag(FLAGS_default_quota_client_name_bytes);
 
   // Every thread started from here on inherits the blocked signals; main takes them with sigwait.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   // One reference to gRPC's global state for the life of the process. Without it, destroying
@@ -136,7 +186,10 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  while (sigwait(&stop_signals, &signal_number) == 0 && signal_number == SIGHUP) {
+    spdlog::info("komputed: SIGHUP received: reading the tenants file again");
+    (void)(*server)->ReloadTenants();  // logs the outcome; the tenants in force stay on error
+  }
   spdlog::info("komputed: {} received", signal_number == SIGINT ? "SIGINT" : "SIGTERM");
   (*server)->Drain(options.drain_timeout);
   server->reset();  // frees the sessions and devices before exit

@@ -139,6 +139,17 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
     on_done(std::move(result));
     if (gate != nullptr) gate->Exit();
   };
+  // The eval's place in its tenant's inflight_submissions quota, taken before anything is
+  // applied and held until the submission has completed or its wait has timed out.
+  std::shared_ptr<Charge> submission;
+  if (plan.sequence != 0 && facts_.account != nullptr) {
+    absl::StatusOr<Charge> charge = facts_.account->Take(Counted::kSubmissions, 1);
+    if (!charge.ok()) {
+      done(charge.status());
+      return;
+    }
+    submission = std::make_shared<Charge>(*std::move(charge));
+  }
   absl::StatusOr<Prepared> prepared;
   {
     absl::MutexLock lock(&mu_);
@@ -165,7 +176,7 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
   DeviceInstance* const instance = facts_.instance.get();
   prometheus::Counter* const downloaded = downloads_;
   // What runs once the submission has completed (or failed, or run past the deadline).
-  auto finish = [entry, handle, timeout, submitted, device, instance, downloaded,
+  auto finish = [entry, handle, timeout, submitted, device, instance, downloaded, submission,
                  downloads = std::move(prepared->downloads),
                  done = std::move(done)](absl::Status status) mutable {
     uint64_t gpu_ns = 0;
@@ -189,6 +200,7 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
     }
     if (submitted) device->Completed(entry->sequence->queue(), gpu_ns);
     entry->awaited.store(false);
+    if (submission != nullptr) submission->Release();  // (one that timed out is let go too)
     if (status.ok()) {
       done(std::move(result));
     } else {

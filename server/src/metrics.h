@@ -34,6 +34,8 @@ inline const prometheus::Histogram::BucketBoundaries kRpcDurationBuckets = {
 //   reason     idle (no call for the idle timeout), drain (open when the daemon stopped)
 //   direction  upload (client → daemon), download (daemon → client)
 //   result     ok, error
+//   tenant     a tenant's name (from the tenants file, a client certificate, or "default")
+//   quota      a quota's name (tenants.h QuotaFields)
 #define KOMPUTED_METRICS(COUNTER, GAUGE, HISTOGRAM)                                               \
   COUNTER(rpcs_total, "komputed_rpcs_total", "RPCs finished, by method and gRPC status code.",    \
           "method", "code")                                                                       \
@@ -78,7 +80,21 @@ inline const prometheus::Histogram::BucketBoundaries kRpcDurationBuckets = {
   COUNTER(device_losses_total, "komputed_device_losses_total",                                    \
           "Devices lost (VK_ERROR_DEVICE_LOST).", "device")                                       \
   COUNTER(device_recoveries_total, "komputed_device_recoveries_total",                            \
-          "Lost devices opened again (new sessions use the new opening).", "device")
+          "Lost devices opened again (new sessions use the new opening).", "device")              \
+  COUNTER(auth_failures_total, "komputed_auth_failures_total",                                    \
+          "Calls refused as UNAUTHENTICATED, by reason: no_credentials, malformed, "              \
+          "unknown_token, unknown_certificate.",                                                  \
+          "reason")                                                                               \
+  COUNTER(quota_refusals_total, "komputed_quota_refusals_total",                                  \
+          "Requests refused as RESOURCE_EXHAUSTED by a tenant's quota, by quota name.", "quota")  \
+  GAUGE(tenant_sessions_open, "komputed_tenant_sessions_open", "Sessions open now, by tenant.",   \
+        "tenant")                                                                                 \
+  GAUGE(tenant_memory_used_bytes, "komputed_tenant_memory_used_bytes",                            \
+        "Tensor memory a tenant holds until the device has released it, in bytes, by kind: "      \
+        "device (all of it, staging included) and host (host-visible).",                          \
+        "tenant", "kind")                                                                         \
+  GAUGE(tenant_submissions_in_flight, "komputed_tenant_submissions_in_flight",                    \
+        "Evaluations a tenant has submitted that have not completed yet.", "tenant")
 
 // The label names of a table entry, as an array whose size is the number of labels.
 template <typename... Names>

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "komputed/core/status.h"
 #include "rpc_metrics.h"
+#include "tls.h"
 
 namespace komputed::server {
 namespace {
@@ -63,12 +64,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.device_recovery_interval < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the device recovery interval must not be negative");
   }
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                      ServerCredentialsFor(options));
   auto server = std::unique_ptr<Server>(new Server(std::move(options)));
   Server* const s = server.get();
   const ServerOptions& o = s->options_;
 
   s->metrics_ = std::make_unique<Metrics>();
   s->gate_ = std::make_unique<WorkGate>();
+  KD_ASSIGN_OR_RETURN(s->auth_, Authenticator::Create(o, s->metrics_.get()));
   s->health_ = std::make_unique<HealthService>(std::vector<std::string>{
       v1::Devices::service_full_name(), v1::Sessions::service_full_name(),
       v1::Tensors::service_full_name(), v1::Algorithms::service_full_name(),
@@ -79,7 +83,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   s->sessions_ =
       std::make_unique<SessionManager>(s->pool_.get(), o, s->metrics_.get(), s->gate_.get());
 
-  ServiceContext context{s->pool_.get(), s->sessions_.get(), &o};
+  ServiceContext context{s->pool_.get(), s->sessions_.get(), s->auth_.get(), &o};
   s->devices_service_ = std::make_unique<DevicesService>(context);
   s->sessions_service_ = std::make_unique<SessionsService>(context);
   s->tensors_service_ = std::make_unique<TensorsService>(context);
@@ -94,7 +98,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   // The health service is komputed's own (HealthService); gRPC's default one stays off.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(o.listen, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(o.max_message_bytes);
   builder.SetMaxSendMessageSize(o.max_message_bytes);
   builder.RegisterService(s->devices_service_.get());
@@ -112,7 +116,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
         absl::StrCat("cannot listen on ", o.listen, " (address in use, or not a host:port?)"));
   }
   s->UpdateHealth();
-  spdlog::info("komputed serving {} device(s) on {}{}", s->pool_->size(), s->address(),
+  spdlog::info("komputed serving {} device(s) on {} ({}, {}){}", s->pool_->size(), s->address(),
+               o.tls_cert.empty()        ? "plain text"
+               : o.tls_client_ca.empty() ? "TLS"
+                                         : "mutual TLS",
+               !o.tenants_file.empty()   ? absl::StrCat(s->auth_->registry()->Names().size(),
+                                                        " tenant(s) from ", o.tenants_file)
+               : o.tls_client_ca.empty() ? std::string("no authentication")
+                                         : std::string("tenants named by client certificates"),
                s->metrics_endpoint_ == nullptr
                    ? ", metrics not served"
                    : absl::StrCat(", metrics on http://", s->metrics_address(), "/metrics"));

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "auth.h"
 #include "device_pool.h"
 #include "health.h"
 #include "metrics.h"
@@ -53,6 +54,11 @@ class Server {
   void Drain(absl::Duration timeout);
   bool draining() const { return draining_.load(); }
 
+  // Reads the tenants file again (SIGHUP); on error the tenants in force stay and the error is
+  // returned (and logged). OK without a tenants file.
+  absl::Status ReloadTenants() { return auth_->Reload(); }
+  const Authenticator& authenticator() const { return *auth_; }
+
   // Stops taking calls, lets calls in progress finish for up to `grace` (then cancels them and
   // waits for their submissions to complete), and closes every session.
   void Shutdown(absl::Duration grace = absl::Seconds(2));
@@ -73,6 +79,7 @@ class Server {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<WorkGate> gate_;
   std::unique_ptr<HealthService> health_;
+  std::unique_ptr<Authenticator> auth_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> stopped_{false};  // set by Shutdown: health no longer follows the devices
   absl::Mutex mu_;

@@ -7,6 +7,7 @@
 
 #include "absl/time/time.h"
 #include "komputed/core/vulkan_calls.h"
+#include "tenants.h"
 
 namespace komputed::server {
 
@@ -42,6 +43,21 @@ struct ServerOptions {
   // A lost device is opened again this long after the loss; while that fails, again after twice
   // as long each time (up to 64 times this); zero: it stays lost until the daemon restarts.
   absl::Duration device_recovery_interval = absl::Seconds(5);
+  // Security (auth.h). The tenants file (tenants.h); empty: no tenants (one implicit tenant).
+  std::string tenants_file;
+  // How often the tenants file is checked for changes (it is also re-read on Reload/SIGHUP).
+  absl::Duration tenants_poll_interval = absl::Seconds(2);
+  // TLS: the server's certificate chain and private key (PEM files); both or neither.
+  std::string tls_cert;
+  std::string tls_key;
+  // Mutual TLS: the CA (PEM) that client certificates must be signed by; requires tls_cert.
+  std::string tls_client_ca;
+  // How often the TLS files are checked for changes (certificate rotation), in seconds.
+  unsigned int tls_refresh_seconds = 10;
+  // Listening off loopback without tenants or client certificates is refused unless this is set.
+  bool insecure = false;
+  // The quotas of tenants that do not set their own (and of the implicit tenant); 0: no limit.
+  Quota default_quota;
   // The Vulkan calls that can fail (tests inject faults); null: the real ones.
   std::shared_ptr<core::VulkanCalls> vulkan_calls;
 };

@@ -35,12 +35,14 @@ grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, absl::stri
   return reactor;
 }
 
-// Looks the session up and replies with what `fn(session)` returns.
+// Authenticates the caller, looks its session up and replies with what `fn(session)` returns.
 template <typename Fn>
 grpc::ServerUnaryReactor* InSession(grpc::CallbackServerContext* context, absl::string_view method,
-                                    SessionManager& sessions, const std::string& session_id,
+                                    const ServiceContext& ctx, const std::string& session_id,
                                     Fn&& fn) {
-  absl::StatusOr<std::shared_ptr<Session>> session = sessions.Get(session_id);
+  absl::StatusOr<Caller> caller = ctx.auth->Authenticate(*context);
+  if (!caller.ok()) return Reply(context, method, "", caller.status());
+  absl::StatusOr<std::shared_ptr<Session>> session = ctx.sessions->Get(session_id, *caller);
   if (!session.ok()) return Reply(context, method, session_id, session.status());
   return Reply(context, method, session_id, fn(**session));
 }
@@ -55,8 +57,14 @@ absl::Time Deadline(const grpc::CallbackServerContext& context) {
 // the received message (TensorWrite::Parse).
 class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  WriteTensorReactor(SessionManager* sessions, grpc::ByteBuffer* response)
+  WriteTensorReactor(SessionManager* sessions, absl::StatusOr<Caller> caller,
+                     grpc::ByteBuffer* response)
       : sessions_(sessions), response_(response) {
+    if (!caller.ok()) {
+      Finish(ToGrpcStatus(caller.status()));
+      return;
+    }
+    caller_ = *std::move(caller);
     StartRead(&raw_);
   }
 
@@ -86,7 +94,7 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
       status = absl::InvalidArgumentError(absl::StrCat("WriteTensor: ", status.message()));
     if (status.ok() && write_ == nullptr) {
       session_id_ = chunk_.fields.session_id();
-      absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Get(session_id_);
+      absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Get(session_id_, caller_);
       if (session.ok()) {
         absl::StatusOr<std::unique_ptr<TensorWrite>> write =
             TensorWrite::Begin(*std::move(session), chunk_);
@@ -119,6 +127,7 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
 
   SessionManager* const sessions_;
   grpc::ByteBuffer* const response_;
+  Caller caller_;
   std::string session_id_;  // named by the first chunk
   grpc::ByteBuffer raw_;
   TensorWrite::Chunk chunk_;
@@ -129,8 +138,12 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
 // tensor's data (TensorRead::Next).
 class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  ReadTensorReactor(SessionManager* sessions, const grpc::ByteBuffer& raw,
-                    uint64_t max_chunk_bytes) {
+  ReadTensorReactor(SessionManager* sessions, const absl::StatusOr<Caller>& caller,
+                    const grpc::ByteBuffer& raw, uint64_t max_chunk_bytes) {
+    if (!caller.ok()) {
+      Finish(ToGrpcStatus(caller.status()));
+      return;
+    }
     v1::ReadTensorRequest request;
     grpc::ByteBuffer copy(raw);  // shares the slices; Deserialize consumes its argument
     if (!grpc::SerializationTraits<v1::ReadTensorRequest>::Deserialize(&copy, &request).ok()) {
@@ -138,7 +151,7 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
                           "ReadTensor: the request is not a komputed.v1.ReadTensorRequest"));
       return;
     }
-    absl::StatusOr<std::shared_ptr<Session>> session = sessions->Get(request.session_id());
+    absl::StatusOr<std::shared_ptr<Session>> session = sessions->Get(request.session_id(), *caller);
     if (!session.ok()) {
       LogFailure("ReadTensor", request.session_id(), "", session.status());
       Finish(ToGrpcStatus(session.status()));
@@ -191,7 +204,18 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
 // the first request until OnDone.
 class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent> {
  public:
-  explicit ExecuteReactor(SessionManager* sessions) : sessions_(sessions) { StartRead(&request_); }
+  ExecuteReactor(SessionManager* sessions, absl::StatusOr<Caller> caller) : sessions_(sessions) {
+    if (!caller.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        finished_ = true;  // nothing was read or submitted: the stream ends here
+      }
+      Finish(ToGrpcStatus(caller.status()));
+      return;
+    }
+    caller_ = *std::move(caller);
+    StartRead(&request_);
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -271,7 +295,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   // again or leave session_id empty. Reads are sequential, so only one thread is here.
   absl::StatusOr<std::shared_ptr<Session>> Bind(const std::string& id) {
     if (session_ == nullptr) {
-      absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Get(id);
+      absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Get(id, caller_);
       if (!session.ok()) return session.status();
       session_ = *session;  // in use (never reaped) until the stream is done
       return session;
@@ -281,7 +305,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
                                                      session_->id(), "; the request names session ",
                                                      id));
     }
-    return sessions_->Get(session_->id());  // NOT_FOUND once the session was closed
+    return sessions_->Get(session_->id(), caller_);  // NOT_FOUND once the session was closed
   }
 
   // Called once per submitted eval, on the waiter's thread or inline. Once pending_ drops, another
@@ -338,6 +362,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   }
 
   SessionManager* const sessions_;
+  Caller caller_;
   v1::ExecuteRequest request_;        // the read in progress
   std::shared_ptr<Session> session_;  // set by the first request that names a session
 
@@ -371,8 +396,11 @@ grpc::ServerUnaryReactor* DevicesService::ListDevices(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* SessionsService::OpenSession(grpc::CallbackServerContext* context,
                                                        const v1::OpenSessionRequest* request,
                                                        v1::OpenSessionResponse* response) {
-  absl::StatusOr<std::shared_ptr<Session>> session =
-      ctx_.sessions->Open(wire::FromWire(*request, context->peer()));
+  absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
+  if (!caller.ok()) return Reply(context, "OpenSession", "", caller.status());
+  OpenRequest open = wire::FromWire(*request, context->peer());
+  open.caller = *std::move(caller);
+  absl::StatusOr<std::shared_ptr<Session>> session = ctx_.sessions->Open(std::move(open));
   if (!session.ok()) return Reply(context, "OpenSession", "", session.status());
   response->set_session_id((*session)->id());
   wire::ToWire((*session)->device(), response->mutable_device());
@@ -386,22 +414,30 @@ grpc::ServerUnaryReactor* SessionsService::OpenSession(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* SessionsService::CloseSession(grpc::CallbackServerContext* context,
                                                         const v1::CloseSessionRequest* request,
                                                         v1::CloseSessionResponse*) {
+  absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
+  if (!caller.ok()) return Reply(context, "CloseSession", "", caller.status());
   return Reply(context, "CloseSession", request->session_id(),
-               ctx_.sessions->Close(request->session_id()));
+               ctx_.sessions->Close(request->session_id(), *caller));
 }
 
 grpc::ServerUnaryReactor* SessionsService::KeepAlive(grpc::CallbackServerContext* context,
                                                      const v1::KeepAliveRequest* request,
                                                      v1::KeepAliveResponse*) {
-  return Reply(context, "KeepAlive", request->session_id(),
-               ctx_.sessions->Get(request->session_id()).status());
+  return InSession(context, "KeepAlive", ctx_, request->session_id(),
+                   [](Session&) { return absl::OkStatus(); });
 }
 
 grpc::ServerUnaryReactor* SessionsService::ListSessions(grpc::CallbackServerContext* context,
-                                                        const v1::ListSessionsRequest*,
+                                                        const v1::ListSessionsRequest* request,
                                                         v1::ListSessionsResponse* response) {
-  for (const auto& session : ctx_.sessions->List()) {
-    wire::ToWire(session->Describe(), response->add_sessions());
+  absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
+  if (!caller.ok()) return Reply(context, "ListSessions", "", caller.status());
+  for (const auto& session : ctx_.sessions->List(*caller)) {
+    v1::SessionInfo* info = response->add_sessions();
+    wire::ToWire(session->Describe(), info);
+    // An admin sees other tenants' sessions, but not the ids that would let it act in them,
+    // unless it asks.
+    if (session->tenant() != caller->tenant() && !request->include_ids()) info->clear_session_id();
   }
   return Reply(context, "ListSessions", "", absl::OkStatus());
 }
@@ -409,6 +445,8 @@ grpc::ServerUnaryReactor* SessionsService::ListSessions(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* SessionsService::Ping(grpc::CallbackServerContext* context,
                                                 const v1::PingRequest* request,
                                                 v1::PingResponse* response) {
+  absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
+  if (!caller.ok()) return Reply(context, "Ping", "", caller.status());
   response->set_payload(request->payload());
   return Reply(context, "Ping", "", absl::OkStatus());
 }
@@ -419,7 +457,7 @@ grpc::ServerUnaryReactor* SessionsService::Ping(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* TensorsService::CreateTensor(grpc::CallbackServerContext* context,
                                                        const v1::CreateTensorRequest* request,
                                                        v1::CreateTensorResponse*) {
-  return InSession(context, "CreateTensor", *ctx_.sessions, request->session_id(),
+  return InSession(context, "CreateTensor", ctx_, request->session_id(),
                    [&](Session& s) -> absl::Status {
                      absl::StatusOr<TensorRequest> tensor = wire::FromWire(*request);
                      if (!tensor.ok()) return tensor.status();
@@ -430,21 +468,22 @@ grpc::ServerUnaryReactor* TensorsService::CreateTensor(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* TensorsService::DestroyTensor(grpc::CallbackServerContext* context,
                                                         const v1::DestroyTensorRequest* request,
                                                         v1::DestroyTensorResponse*) {
-  return InSession(context, "DestroyTensor", *ctx_.sessions, request->session_id(),
+  return InSession(context, "DestroyTensor", ctx_, request->session_id(),
                    [&](Session& s) { return s.DestroyTensor(request->handle()); });
 }
 
-grpc::ServerReadReactor<grpc::ByteBuffer>* TensorsService::WriteTensor(grpc::CallbackServerContext*,
-                                                                       grpc::ByteBuffer* response) {
-  return new WriteTensorReactor(ctx_.sessions, response);
+grpc::ServerReadReactor<grpc::ByteBuffer>* TensorsService::WriteTensor(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  return new WriteTensorReactor(ctx_.sessions, ctx_.auth->Authenticate(*context), response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* TensorsService::ReadTensor(
-    grpc::CallbackServerContext*, const grpc::ByteBuffer* request) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   const uint64_t max_message = static_cast<uint64_t>(ctx_.options->max_message_bytes);
   const uint64_t max_chunk =
       max_message > 2 * kChunkOverhead ? max_message - kChunkOverhead : kChunkOverhead;
-  return new ReadTensorReactor(ctx_.sessions, *request, max_chunk);
+  return new ReadTensorReactor(ctx_.sessions, ctx_.auth->Authenticate(*context), *request,
+                               max_chunk);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -453,28 +492,28 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TensorsService::ReadTensor(
 grpc::ServerUnaryReactor* AlgorithmsService::CreateAlgorithm(
     grpc::CallbackServerContext* context, const v1::CreateAlgorithmRequest* request,
     v1::CreateAlgorithmResponse*) {
-  return InSession(context, "CreateAlgorithm", *ctx_.sessions, request->session_id(),
+  return InSession(context, "CreateAlgorithm", ctx_, request->session_id(),
                    [&](Session& s) { return s.CreateAlgorithm(wire::FromWire(*request)); });
 }
 
 grpc::ServerUnaryReactor* AlgorithmsService::RebuildAlgorithm(
     grpc::CallbackServerContext* context, const v1::CreateAlgorithmRequest* request,
     v1::CreateAlgorithmResponse*) {
-  return InSession(context, "RebuildAlgorithm", *ctx_.sessions, request->session_id(),
+  return InSession(context, "RebuildAlgorithm", ctx_, request->session_id(),
                    [&](Session& s) { return s.RebuildAlgorithm(wire::FromWire(*request)); });
 }
 
 grpc::ServerUnaryReactor* AlgorithmsService::SetPushConstants(
     grpc::CallbackServerContext* context, const v1::SetPushConstantsRequest* request,
     v1::SetPushConstantsResponse*) {
-  return InSession(context, "SetPushConstants", *ctx_.sessions, request->session_id(),
+  return InSession(context, "SetPushConstants", ctx_, request->session_id(),
                    [&](Session& s) { return s.SetPushConstants(wire::FromWire(*request)); });
 }
 
 grpc::ServerUnaryReactor* AlgorithmsService::DestroyAlgorithm(
     grpc::CallbackServerContext* context, const v1::DestroyAlgorithmRequest* request,
     v1::DestroyAlgorithmResponse*) {
-  return InSession(context, "DestroyAlgorithm", *ctx_.sessions, request->session_id(),
+  return InSession(context, "DestroyAlgorithm", ctx_, request->session_id(),
                    [&](Session& s) { return s.DestroyAlgorithm(request->handle()); });
 }
 
@@ -484,25 +523,27 @@ grpc::ServerUnaryReactor* AlgorithmsService::DestroyAlgorithm(
 grpc::ServerUnaryReactor* SequencesService::CreateSequence(grpc::CallbackServerContext* context,
                                                            const v1::CreateSequenceRequest* request,
                                                            v1::CreateSequenceResponse*) {
-  return InSession(context, "CreateSequence", *ctx_.sessions, request->session_id(),
+  return InSession(context, "CreateSequence", ctx_, request->session_id(),
                    [&](Session& s) { return s.CreateSequence(wire::FromWire(*request)); });
 }
 
 grpc::ServerUnaryReactor* SequencesService::Record(grpc::CallbackServerContext* context,
                                                    const v1::RecordRequest* request,
                                                    v1::RecordResponse*) {
-  return InSession(context, "Record", *ctx_.sessions, request->session_id(),
-                   [&](Session& s) -> absl::Status {
-                     absl::StatusOr<RecordRequest> record = wire::FromWire(*request);
-                     if (!record.ok()) return record.status();
-                     return s.Record(*record);
-                   });
+  return InSession(context, "Record", ctx_, request->session_id(), [&](Session& s) -> absl::Status {
+    absl::StatusOr<RecordRequest> record = wire::FromWire(*request);
+    if (!record.ok()) return record.status();
+    return s.Record(*record);
+  });
 }
 
 grpc::ServerUnaryReactor* SequencesService::Eval(grpc::CallbackServerContext* context,
                                                  const v1::EvalRequest* request,
                                                  v1::EvalResponse* response) {
-  absl::StatusOr<std::shared_ptr<Session>> found = ctx_.sessions->Get(request->session_id());
+  absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
+  if (!caller.ok()) return Reply(context, "Eval", "", caller.status());
+  absl::StatusOr<std::shared_ptr<Session>> found =
+      ctx_.sessions->Get(request->session_id(), *caller);
   if (!found.ok()) return Reply(context, "Eval", request->session_id(), found.status());
   std::shared_ptr<Session> session = *std::move(found);  // alive until Eval has returned
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -524,25 +565,24 @@ grpc::ServerUnaryReactor* SequencesService::Eval(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* SequencesService::DestroySequence(
     grpc::CallbackServerContext* context, const v1::DestroySequenceRequest* request,
     v1::DestroySequenceResponse*) {
-  return InSession(context, "DestroySequence", *ctx_.sessions, request->session_id(),
+  return InSession(context, "DestroySequence", ctx_, request->session_id(),
                    [&](Session& s) { return s.DestroySequence(request->handle()); });
 }
 
 grpc::ServerUnaryReactor* SequencesService::GetTimestamps(grpc::CallbackServerContext* context,
                                                           const v1::GetTimestampsRequest* request,
                                                           v1::GetTimestampsResponse* response) {
-  return InSession(
-      context, "GetTimestamps", *ctx_.sessions, request->session_id(), [&](Session& s) {
-        absl::StatusOr<std::vector<uint64_t>> timestamps = s.GetTimestamps(request->handle());
-        if (!timestamps.ok()) return timestamps.status();
-        for (uint64_t t : *timestamps) response->add_timestamps_ns(t);
-        return absl::OkStatus();
-      });
+  return InSession(context, "GetTimestamps", ctx_, request->session_id(), [&](Session& s) {
+    absl::StatusOr<std::vector<uint64_t>> timestamps = s.GetTimestamps(request->handle());
+    if (!timestamps.ok()) return timestamps.status();
+    for (uint64_t t : *timestamps) response->add_timestamps_ns(t);
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent>* SequencesService::Execute(
-    grpc::CallbackServerContext*) {
-  return new ExecuteReactor(ctx_.sessions);
+    grpc::CallbackServerContext* context) {
+  return new ExecuteReactor(ctx_.sessions, ctx_.auth->Authenticate(*context));
 }
 
 }  // namespace komputed::server

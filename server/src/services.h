@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "auth.h"
 #include "device_pool.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "server_options.h"
@@ -13,6 +14,7 @@ namespace komputed::server {
 struct ServiceContext {
   DevicePool* pool = nullptr;
   SessionManager* sessions = nullptr;
+  const Authenticator* auth = nullptr;
   const ServerOptions* options = nullptr;  // the daemon's (max_message_bytes, idle timeout)
 };
 

@@ -1,6 +1,8 @@
 #include "session.h"
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -50,9 +52,21 @@ absl::Status NameOperands(const absl::Status& status, const HandleOp& op) {
   return absl::Status(status.code(), absl::StrCat(status.message(), names));
 }
 
+// A tensor with its tenant's memory charges: they are given back when the last user of the tensor
+// (the session's table, an algorithm, a recording, a submission in flight) lets it go, which is
+// when its Vulkan memory is freed.
+struct ChargedTensor {
+  Charge device_memory;
+  Charge host_memory;
+  std::shared_ptr<core::Tensor> tensor;  // destroyed first (declared last)
+};
+
+const std::string kNoTenant;
+
 }  // namespace
 
-Session::Session(SessionFacts facts, const ServerOptions& options, Metrics* metrics, WorkGate* gate)
+Session::Session(SessionFacts facts, const ServerOptions& options, Metrics* metrics, WorkGate* gate,
+                 Charge session_charge)
     : facts_(std::move(facts)),
       options_(options),
       metrics_(metrics),
@@ -60,7 +74,12 @@ Session::Session(SessionFacts facts, const ServerOptions& options, Metrics* metr
       uploads_(&metrics_->bytes_transferred_total("upload")),
       downloads_(&metrics_->bytes_transferred_total("download")),
       created_(absl::Now()),
-      last_activity_ns_(absl::ToUnixNanos(created_)) {}
+      last_activity_ns_(absl::ToUnixNanos(created_)),
+      session_charge_(std::move(session_charge)) {}
+
+const std::string& Session::tenant() const {
+  return facts_.account != nullptr ? facts_.account->tenant() : kNoTenant;
+}
 
 Session::~Session() { Close(); }
 
@@ -89,10 +108,12 @@ void Session::Close() {
   absl::flat_hash_map<uint64_t, std::shared_ptr<core::Tensor>> tensors;
   absl::flat_hash_map<uint64_t, std::shared_ptr<core::Algorithm>> algorithms;
   absl::flat_hash_map<uint64_t, std::shared_ptr<SequenceEntry>> sequences;
+  Charge session_charge;
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
+    session_charge = std::move(session_charge_);
     tensors = tensors_.TakeAll();
     algorithms = algorithms_.TakeAll();
     sequences = sequences_.TakeAll();
@@ -107,6 +128,7 @@ SessionSummary Session::Describe() const {
   const absl::Time now = absl::Now();
   SessionSummary summary;
   summary.id = facts_.id;
+  summary.tenant = tenant();
   summary.client_name = facts_.client_name;
   summary.peer = facts_.peer;
   summary.device_index = facts_.device->index();
@@ -186,8 +208,16 @@ absl::Status Session::CreateTensor(const TensorRequest& request) {
   return CreateTensorLocked(request);
 }
 
+absl::Status Session::CheckNewObjectLocked() const {
+  if (facts_.account == nullptr) return absl::OkStatus();
+  return facts_.account->CheckCount(&Quota::objects_per_session,
+                                    tensors_.size() + algorithms_.size() + sequences_.size(), 1,
+                                    "tensors, algorithms and sequences of this session");
+}
+
 absl::Status Session::CreateTensorLocked(const TensorRequest& request) {
   KD_RETURN_IF_ERROR(tensors_.CheckNew(request.handle));
+  KD_RETURN_IF_ERROR(CheckNewObjectLocked());
   const std::string what = absl::StrCat("tensor ", request.handle, ": ");
   absl::StatusOr<uint32_t> element_size =
       core::CheckTensorShape(request.type, request.memory, request.count, request.element_size);
@@ -200,6 +230,19 @@ absl::Status Session::CreateTensorLocked(const TensorRequest& request) {
                      core::ElementTypeName(request.type), " elements of ", *element_size,
                      " bytes need ", bytes, " bytes (or no data: zero-filled)"));
   }
+  auto charged = std::make_shared<ChargedTensor>();
+  if (TenantAccount* account = facts_.account.get()) {
+    KD_RETURN_IF_ERROR(
+        account->CheckSize(&Quota::tensor_bytes, bytes, absl::StrCat(what, bytes, " bytes")));
+    absl::StatusOr<Charge> device_memory =
+        account->Take(Counted::kDeviceMemory, core::HasStaging(request.memory) ? 2 * bytes : bytes);
+    if (!device_memory.ok()) return Annotate(device_memory.status(), what);
+    charged->device_memory = *std::move(device_memory);
+    absl::StatusOr<Charge> host_memory =
+        account->Take(Counted::kHostMemory, core::HasHostData(request.memory) ? bytes : 0);
+    if (!host_memory.ok()) return Annotate(host_memory.status(), what);
+    charged->host_memory = *std::move(host_memory);
+  }
   auto tensor =
       core::Tensor::Create(facts_.instance->device, request.type, request.count, *element_size,
                            request.memory, request.data.empty() ? nullptr : request.data.data());
@@ -209,7 +252,9 @@ absl::Status Session::CreateTensorLocked(const TensorRequest& request) {
   }
   CountUpload(request.data.size());
   AddMemory(MemoryCost(**tensor));
-  tensors_.Insert(request.handle, *std::move(tensor));
+  charged->tensor = *std::move(tensor);
+  core::Tensor* const raw = charged->tensor.get();
+  tensors_.Insert(request.handle, std::shared_ptr<core::Tensor>(std::move(charged), raw));
   return absl::OkStatus();
 }
 
@@ -281,10 +326,43 @@ absl::Status Session::CreateAlgorithm(const AlgorithmRequest& request) {
   return CreateAlgorithmLocked(request);
 }
 
+absl::Status Session::CheckDispatchQuota(const core::AlgorithmSpec& spec) const {
+  if (facts_.account == nullptr) return absl::OkStatus();
+  const std::array<uint64_t, 3> local =
+      core::ShaderLocalSize(spec.spirv, spec.spec_constants, spec.spec_constant_size);
+  // Each factor is below 2^32: the products of two fit, the product of six is saturated.
+  const uint64_t groups = static_cast<uint64_t>(spec.workgroup.x) * spec.workgroup.y;
+  const uint64_t per_group = local[0] * local[1];
+  auto times = [](uint64_t a, uint64_t b) {
+    return b != 0 && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+  };
+  const uint64_t invocations = times(times(groups, spec.workgroup.z), times(per_group, local[2]));
+  return facts_.account->CheckSize(
+      &Quota::dispatch_invocations, invocations,
+      absl::StrCat("a dispatch of ", spec.workgroup.x, "x", spec.workgroup.y, "x", spec.workgroup.z,
+                   " workgroups of ", local[0], "x", local[1], "x", local[2], " invocations (",
+                   invocations, ")"));
+}
+
+absl::StatusOr<core::AlgorithmSpec> Session::QuotaCheckedSpecLocked(
+    const AlgorithmRequest& request) const {
+  if (facts_.account != nullptr) {
+    // Before anything is compiled.
+    KD_RETURN_IF_ERROR(facts_.account->CheckSize(
+        &Quota::source_bytes, request.shader.size(),
+        absl::StrCat(request.shader_kind == AlgorithmRequest::Shader::kGlsl ? "GLSL" : "SPIR-V",
+                     " of ", request.shader.size(), " bytes")));
+  }
+  KD_ASSIGN_OR_RETURN(core::AlgorithmSpec spec, SpecLocked(request));
+  KD_RETURN_IF_ERROR(CheckDispatchQuota(spec));
+  return spec;
+}
+
 absl::Status Session::CreateAlgorithmLocked(const AlgorithmRequest& request) {
   KD_RETURN_IF_ERROR(algorithms_.CheckNew(request.handle));
+  KD_RETURN_IF_ERROR(CheckNewObjectLocked());
   const std::string what = absl::StrCat("algorithm ", request.handle, ": ");
-  auto spec = SpecLocked(request);
+  auto spec = QuotaCheckedSpecLocked(request);
   if (!spec.ok()) return Annotate(spec.status(), what);
   auto algorithm = core::Algorithm::Create(facts_.instance->device, *std::move(spec));
   CountValidation(algorithm.status());
@@ -303,7 +381,7 @@ absl::Status Session::RebuildAlgorithm(const AlgorithmRequest& request) {
 absl::Status Session::RebuildAlgorithmLocked(const AlgorithmRequest& request) {
   KD_ASSIGN_OR_RETURN(std::shared_ptr<core::Algorithm> algorithm, algorithms_.Find(request.handle));
   const std::string what = absl::StrCat("algorithm ", request.handle, ": ");
-  auto spec = SpecLocked(request);
+  auto spec = QuotaCheckedSpecLocked(request);
   if (!spec.ok()) return Annotate(spec.status(), what);
   absl::Status rebuilt = algorithm->Rebuild(*std::move(spec));
   CountValidation(rebuilt);
@@ -347,6 +425,7 @@ absl::Status Session::CreateSequence(const SequenceRequest& request) {
 
 absl::Status Session::CreateSequenceLocked(const SequenceRequest& request) {
   KD_RETURN_IF_ERROR(sequences_.CheckNew(request.handle));
+  KD_RETURN_IF_ERROR(CheckNewObjectLocked());
   const std::string what = absl::StrCat("sequence ", request.handle, ": ");
   if (request.queue >= queue_count()) {
     return absl::InvalidArgumentError(absl::StrCat(what, "queue ", request.queue,
@@ -395,6 +474,18 @@ absl::Status Session::RecordLocked(const RecordRequest& request) {
   };
   // Every operation is resolved and checked before any action is applied, so that a bad one
   // changes nothing.
+  // The operations the sequence will hold after each action, against ops_per_sequence.
+  uint64_t recorded = entry->ops, most = entry->ops;
+  for (const SequenceAction& action : request.actions) {
+    if (action.kind == SequenceAction::Kind::kRecord) most = std::max(most, ++recorded);
+    if (action.kind == SequenceAction::Kind::kClear) recorded = 0;
+  }
+  if (facts_.account != nullptr && most > entry->ops) {
+    KD_RETURN_IF_ERROR(
+        Annotate(facts_.account->CheckCount(&Quota::ops_per_sequence, entry->ops, most - entry->ops,
+                                            "operations recorded in the sequence"),
+                 what));
+  }
   std::vector<core::Op> ops(request.actions.size());
   for (size_t i = 0; i < request.actions.size(); ++i) {
     if (request.actions[i].kind != SequenceAction::Kind::kRecord) continue;
@@ -411,9 +502,11 @@ absl::Status Session::RecordLocked(const RecordRequest& request) {
     switch (request.actions[i].kind) {
       case SequenceAction::Kind::kRecord:
         s = sequence.Record(std::move(ops[i]));
+        if (s.ok()) ++entry->ops;
         break;
       case SequenceAction::Kind::kClear:
         s = sequence.Clear();
+        if (s.ok()) entry->ops = 0;
         break;
       case SequenceAction::Kind::kRerecord:
         s = sequence.Rerecord();

@@ -20,6 +20,7 @@
 #include "komputed/core/sequence.h"
 #include "komputed/core/tensor.h"
 #include "metrics.h"
+#include "quota.h"
 #include "server_options.h"
 #include "session_requests.h"
 #include "work_gate.h"
@@ -36,6 +37,8 @@ struct SessionFacts {
   std::vector<uint32_t> queues;  // session queue i → device queue queues[i]
   std::string client_name;
   std::string peer;
+  // The tenant that owns the session, whose quotas bound it; null: no quotas (tests).
+  std::shared_ptr<TenantAccount> account;
 };
 
 // One client's session on one device: its handle tables (tensors, algorithms, sequences, named
@@ -53,13 +56,17 @@ struct SessionFacts {
 // commands of an eval before the failing one stay applied).
 class Session {
  public:
-  Session(SessionFacts facts, const ServerOptions& options, Metrics* metrics, WorkGate* gate);
+  // `session_charge`: the session's place in its tenant's sessions quota, given back by Close().
+  Session(SessionFacts facts, const ServerOptions& options, Metrics* metrics, WorkGate* gate,
+          Charge session_charge = {});
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
   const std::string& id() const { return facts_.id; }
   const std::string& client_name() const { return facts_.client_name; }
+  // The owning tenant's name ("" without an account).
+  const std::string& tenant() const;
   PooledDevice& device() const { return *facts_.device; }
   uint32_t queue_count() const { return static_cast<uint32_t>(facts_.queues.size()); }
   absl::Time created() const { return created_; }
@@ -120,6 +127,7 @@ class Session {
   struct SequenceEntry {
     std::shared_ptr<core::Sequence> sequence;
     std::atomic<bool> awaited{false};
+    uint64_t ops = 0;  // operations recorded since the last clear (guarded by the session's mu_)
   };
   struct Prepared;  // what an eval hands to the waiter (eval.cc)
 
@@ -158,6 +166,14 @@ class Session {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void AddMemory(int64_t bytes);
+  // RESOURCE_EXHAUSTED when one more object would pass the objects_per_session quota.
+  absl::Status CheckNewObjectLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when the algorithm's dispatch (workgroups × local size) is over the
+  // dispatch_invocations quota.
+  absl::Status CheckDispatchQuota(const core::AlgorithmSpec& spec) const;
+  // SpecLocked within the source_bytes (checked before compiling) and dispatch quotas.
+  absl::StatusOr<core::AlgorithmSpec> QuotaCheckedSpecLocked(const AlgorithmRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts an algorithm build by whether its SPIR-V passed validation.
   void CountValidation(const absl::Status& build) const;
 
@@ -174,6 +190,7 @@ class Session {
 
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  Charge session_charge_ ABSL_GUARDED_BY(mu_);
   HandleTable<std::shared_ptr<core::Tensor>> tensors_ ABSL_GUARDED_BY(mu_){"tensor"};
   HandleTable<std::shared_ptr<core::Algorithm>> algorithms_ ABSL_GUARDED_BY(mu_){"algorithm"};
   HandleTable<std::shared_ptr<SequenceEntry>> sequences_ ABSL_GUARDED_BY(mu_){"sequence"};

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "komputed/core/status.h"
+#include "status.h"
 
 namespace komputed::server {
 namespace {
@@ -38,6 +39,16 @@ std::string NewSessionId() {
 }
 
 std::string Seconds(absl::Duration d) { return absl::StrFormat("%.1fs", absl::ToDoubleSeconds(d)); }
+
+absl::Status NotFound(absl::string_view id, absl::Duration idle_timeout) {
+  return absl::NotFoundError(absl::StrCat("session ", id,
+                                          " not found (it was closed, or idle for longer than ",
+                                          Seconds(idle_timeout), ", or the daemon restarted)"));
+}
+
+bool Owns(const Caller& caller, const Session& session) {
+  return session.tenant() == caller.tenant();
+}
 
 }  // namespace
 
@@ -67,13 +78,18 @@ void SessionManager::Shutdown() {
   for (auto& [id, session] : sessions) {
     const uint64_t held = session->memory_bytes();
     Free(*session, "drain");
-    spdlog::info("session {} reaped: the daemon is stopping (it held {} bytes, age {})", id, held,
-                 Seconds(absl::Now() - session->created()));
+    spdlog::info(
+        "session {} of tenant {} reaped: the daemon is stopping (it held {} bytes, age {})",
+        SessionLogName(id), session->tenant(), held, Seconds(absl::Now() - session->created()));
   }
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(OpenRequest request) {
   if (gate_ != nullptr && gate_->closed()) return WorkGate::Refusal("sessions");
+  TenantAccount& account = *request.caller.account;
+  KD_RETURN_IF_ERROR(
+      account.CheckSize(&Quota::client_name_bytes, request.client_name.size(),
+                        absl::StrCat("a client_name of ", request.client_name.size(), " bytes")));
   KD_ASSIGN_OR_RETURN(PooledDevice * device, pool_->Get(request.device_index));
   std::shared_ptr<DeviceInstance> instance = device->instance();
   if (instance->device->lost()) {
@@ -83,6 +99,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(OpenRequest reques
                      "later or use another device"));
   }
   KD_ASSIGN_OR_RETURN(std::vector<uint32_t> queues, device->ResolveQueues(request.queue_families));
+  KD_ASSIGN_OR_RETURN(Charge charge, account.Take(Counted::kSessions, 1));
   SessionFacts facts;
   facts.id = NewSessionId();
   facts.device = device;
@@ -90,7 +107,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(OpenRequest reques
   facts.queues = std::move(queues);
   facts.client_name = request.client_name;
   facts.peer = request.peer;
-  auto session = std::make_shared<Session>(std::move(facts), options_, metrics_, gate_);
+  facts.account = request.caller.account;
+  auto session =
+      std::make_shared<Session>(std::move(facts), options_, metrics_, gate_, std::move(charge));
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the daemon is shutting down");
@@ -99,23 +118,23 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(OpenRequest reques
   device->AddSessions(1);
   metrics_->sessions_open().Increment();
   metrics_->sessions_opened_total().Increment();
-  spdlog::info("session {} opened on device {} with {} queue(s) by {} ({})", session->id(),
-               device->index(), session->queue_count(),
-               request.client_name.empty() ? "an unnamed client" : request.client_name,
-               request.peer);
+  spdlog::info(
+      "session {} opened on device {} with {} queue(s) for tenant {} by {} ({})",
+      SessionLogName(session->id()), device->index(), session->queue_count(), session->tenant(),
+      request.client_name.empty() ? "an unnamed client" : request.client_name, request.peer);
   return session;
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SessionManager::Get(absl::string_view id) {
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::Get(absl::string_view id,
+                                                             const Caller& caller) {
   if (id.empty()) return absl::InvalidArgumentError("no session_id given");
   std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
-    if (it == sessions_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("session ", id, " not found (it was closed, or idle for longer than ",
-                       Seconds(options_.session_idle_timeout), ", or the daemon restarted)"));
+    // Another tenant's session does not exist for the caller: the same answer as an unknown id.
+    if (it == sessions_.end() || !Owns(caller, *it->second)) {
+      return NotFound(id, options_.session_idle_timeout);
     }
     session = it->second;
     session->BeginUse();  // under mu_: the reaper cannot take it from here on
@@ -125,30 +144,35 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Get(absl::string_view i
   return std::shared_ptr<Session>(raw, [keep = std::move(session)](Session* s) { s->EndUse(); });
 }
 
-absl::Status SessionManager::Close(absl::string_view id) {
+absl::Status SessionManager::Close(absl::string_view id, const Caller& caller) {
   if (id.empty()) return absl::InvalidArgumentError("no session_id given");
   std::shared_ptr<Session> session;
   {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
-    if (it == sessions_.end()) {
-      return absl::NotFoundError(absl::StrCat("session ", id, " not found"));
+    if (it == sessions_.end() || (!caller.admin && !Owns(caller, *it->second))) {
+      return NotFound(id, options_.session_idle_timeout);
     }
     session = std::move(it->second);
     sessions_.erase(it);
   }
   const uint64_t held = session->memory_bytes();
   Free(*session, /*reason=*/nullptr);
-  spdlog::info("session {} closed by its client after {} (it held {} bytes)", session->id(),
+  const bool own = Owns(caller, *session);
+  spdlog::info("session {} of tenant {} closed by {} after {} (it held {} bytes)",
+               SessionLogName(session->id()), session->tenant(),
+               own ? std::string("its client") : absl::StrCat("admin ", caller.tenant()),
                Seconds(absl::Now() - session->created()), held);
   return absl::OkStatus();
 }
 
-std::vector<std::shared_ptr<Session>> SessionManager::List() const {
+std::vector<std::shared_ptr<Session>> SessionManager::List(const Caller& caller) const {
   absl::MutexLock lock(&mu_);
   std::vector<std::shared_ptr<Session>> all;
   all.reserve(sessions_.size());
-  for (const auto& [id, session] : sessions_) all.push_back(session);
+  for (const auto& [id, session] : sessions_) {
+    if (caller.admin || Owns(caller, *session)) all.push_back(session);
+  }
   std::sort(all.begin(), all.end(),
             [](const auto& a, const auto& b) { return a->created() < b->created(); });
   return all;
@@ -179,8 +203,9 @@ absl::Time SessionManager::ReapOnce() {
   for (const auto& session : idle) {
     const absl::Duration idle_for = now - session->last_activity();
     Free(*session, "idle");
-    spdlog::info("session {} reaped: no call for {} (idle timeout {})", session->id(),
-                 Seconds(idle_for), Seconds(options_.session_idle_timeout));
+    spdlog::info("session {} of tenant {} reaped: no call for {} (idle timeout {})",
+                 SessionLogName(session->id()), session->tenant(), Seconds(idle_for),
+                 Seconds(options_.session_idle_timeout));
   }
   return std::max(next, absl::Now() + kMinReapInterval);
 }

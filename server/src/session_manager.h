@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "auth.h"
 #include "device_pool.h"
 #include "metrics.h"
 #include "server_options.h"
@@ -27,6 +28,7 @@ struct OpenRequest {
   std::vector<uint32_t> queue_families;
   std::string client_name;
   std::string peer;  // where the call came from, for logs and ListSessions
+  Caller caller;     // the tenant that opens it, and owns it from then on
 };
 
 // The open sessions, by id, and the reaper thread that closes idle ones (after the options'
@@ -42,15 +44,19 @@ class SessionManager {
   SessionManager& operator=(const SessionManager&) = delete;
 
   // INVALID_ARGUMENT for a device index or queue request the daemon cannot serve; UNAVAILABLE
-  // while the daemon drains or stops.
+  // while the daemon drains or stops; RESOURCE_EXHAUSTED past the tenant's sessions or
+  // client_name_bytes quota.
   absl::StatusOr<std::shared_ptr<Session>> Open(OpenRequest request);
-  // The session, in use (so not reaped) until the returned pointer and all its copies are gone;
-  // then it is touched: the idle time counts from the end of the last call or stream. A call
-  // holds it for its whole length. INVALID_ARGUMENT for an empty id, NOT_FOUND for an unknown one.
-  absl::StatusOr<std::shared_ptr<Session>> Get(absl::string_view id);
-  // Frees everything the session holds. NOT_FOUND for an unknown id.
-  absl::Status Close(absl::string_view id);
-  std::vector<std::shared_ptr<Session>> List() const;
+  // The caller's session, in use (so not reaped) until the returned pointer and all its copies
+  // are gone; then it is touched: the idle time counts from the end of the last call or stream.
+  // A call holds it for its whole length. INVALID_ARGUMENT for an empty id; NOT_FOUND for an
+  // unknown id and, with the same message, for another tenant's session.
+  absl::StatusOr<std::shared_ptr<Session>> Get(absl::string_view id, const Caller& caller);
+  // Frees everything the session holds. NOT_FOUND for an unknown id, or for another tenant's
+  // session unless the caller is an admin.
+  absl::Status Close(absl::string_view id, const Caller& caller);
+  // The caller's sessions, or every session for an admin, oldest first.
+  std::vector<std::shared_ptr<Session>> List(const Caller& caller) const;
   // Closes every session (counted as reaped for "drain") and stops the reaper (idempotent).
   void Shutdown();
 

@@ -94,6 +94,7 @@ using SessionCommand = std::variant<TensorRequest, DestroyTensor, AlgorithmReque
 // What ListSessions reports about a session.
 struct SessionSummary {
   std::string id;
+  std::string tenant;
   std::string client_name;
   std::string peer;
   uint32_t device_index = 0;

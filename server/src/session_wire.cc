@@ -241,6 +241,7 @@ void ToWire(const SessionSummary& summary, v1::SessionInfo* info) {
   info->set_tensors(summary.tensors);
   info->set_algorithms(summary.algorithms);
   info->set_sequences(summary.sequences);
+  info->set_tenant(summary.tenant);
 }
 
 void ToWire(const PooledDevice& device, v1::DeviceInfo* out) {

@@ -35,6 +35,8 @@ spdlog::level::level_enum LogLevelFor(const absl::Status& status) {
   }
 }
 
+std::string SessionLogName(absl::string_view id) { return std::string(id.substr(0, 8)); }
+
 void LogFailure(absl::string_view method, absl::string_view session_id, absl::string_view peer,
                 const absl::Status& status) {
   const spdlog::level::level_enum level = LogLevelFor(status);
@@ -43,7 +45,7 @@ void LogFailure(absl::string_view method, absl::string_view session_id, absl::st
   const std::string message(status.message());
   if (!session_id.empty()) {
     spdlog::log(level, "{} failed in session {}: {}: {}", std::string(method),
-                std::string(session_id), code, message);
+                SessionLogName(session_id), code, message);
   } else {
     spdlog::log(level, "{} failed ({}): {}: {}", std::string(method),
                 peer.empty() ? std::string("no session") : std::string(peer), code, message);

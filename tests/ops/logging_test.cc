@@ -34,6 +34,9 @@ grpc::Status DestroyTensor(Client& client, const std::string& session, uint64_t 
   return client.tensors->DestroyTensor(&ctx, req, &resp);
 }
 
+// How the log names a session: the first 8 hex digits of its id.
+std::string Logged(const std::string& session) { return session.substr(0, 8); }
+
 TEST(Logging, SessionsAndClientErrorsAtDebug) {
   DaemonProcess daemon({"--log_level=debug"});
   ASSERT_TRUE(daemon.started());
@@ -42,19 +45,24 @@ TEST(Logging, SessionsAndClientErrorsAtDebug) {
   ASSERT_THAT(client.Open(&session, "logging-test"), IsOk());
   EXPECT_THAT(DestroyTensor(client, session, 42), HasCode(grpc::StatusCode::NOT_FOUND));
   ASSERT_THAT(client.Close(session), IsOk());
-  ASSERT_TRUE(daemon.WaitForLog(absl::StrCat("session ", session, " closed"), absl::Seconds(10)));
+  ASSERT_TRUE(daemon.WaitForLog(
+      absl::StrCat("session ", Logged(session), " of tenant default closed"), absl::Seconds(10)));
 
   const std::string log = daemon.Log();
-  const auto opened = LinesWith(log, absl::StrCat("session ", session, " opened"));
+  const auto opened = LinesWith(log, absl::StrCat("session ", Logged(session), " opened"));
   ASSERT_EQ(opened.size(), 1u) << log;
   EXPECT_THAT(opened[0], testing::HasSubstr("[info]"));
   EXPECT_THAT(opened[0], testing::HasSubstr("logging-test"));
+  EXPECT_THAT(opened[0], testing::HasSubstr("for tenant default"));
+  // The whole id, which lets its tenant use the session, is not written to the log.
+  EXPECT_THAT(log, testing::Not(testing::HasSubstr(session)));
   const auto failed = LinesWith(log, "DestroyTensor failed");
   ASSERT_EQ(failed.size(), 1u) << log;
   EXPECT_THAT(failed[0], testing::HasSubstr("[debug]"));
-  EXPECT_THAT(failed[0], testing::HasSubstr(absl::StrCat("in session ", session)));
+  EXPECT_THAT(failed[0], testing::HasSubstr(absl::StrCat("in session ", Logged(session), ":")));
   EXPECT_THAT(failed[0], testing::HasSubstr("NOT_FOUND: tensor 42 not found"));
-  const auto closed = LinesWith(log, absl::StrCat("session ", session, " closed by its client"));
+  const auto closed = LinesWith(
+      log, absl::StrCat("session ", Logged(session), " of tenant default closed by its client"));
   ASSERT_EQ(closed.size(), 1u) << log;
   EXPECT_THAT(closed[0], testing::HasSubstr("[info]"));
 }
@@ -67,11 +75,12 @@ TEST(Logging, InfoLevelLeavesClientErrorsOut) {
   ASSERT_THAT(client.Open(&session), IsOk());
   EXPECT_THAT(DestroyTensor(client, session, 42), HasCode(grpc::StatusCode::NOT_FOUND));
   ASSERT_THAT(client.Close(session), IsOk());
-  ASSERT_TRUE(daemon.WaitForLog(absl::StrCat("session ", session, " closed"), absl::Seconds(10)));
+  ASSERT_TRUE(daemon.WaitForLog(
+      absl::StrCat("session ", Logged(session), " of tenant default closed"), absl::Seconds(10)));
   const std::string log = daemon.Log();
   EXPECT_THAT(LinesWith(log, "DestroyTensor failed"), testing::IsEmpty()) << log;
   EXPECT_THAT(LinesWith(log, "[debug]"), testing::IsEmpty()) << log;
-  EXPECT_EQ(LinesWith(log, absl::StrCat("session ", session, " opened")).size(), 1u) << log;
+  EXPECT_EQ(LinesWith(log, absl::StrCat("session ", Logged(session), " opened")).size(), 1u) << log;
 }
 
 TEST(Logging, IdleSessionIsReapedLoggedAndCounted) {
@@ -81,7 +90,8 @@ TEST(Logging, IdleSessionIsReapedLoggedAndCounted) {
   std::string session;
   ASSERT_THAT(client.Open(&session), IsOk());
   ASSERT_THAT(client.CreateTensor(FloatTensor(session, 1, std::vector<float>(8, 1.0f))), IsOk());
-  ASSERT_TRUE(daemon.WaitForLog(absl::StrCat("session ", session, " reaped"), absl::Seconds(10)))
+  ASSERT_TRUE(daemon.WaitForLog(
+      absl::StrCat("session ", Logged(session), " of tenant default reaped"), absl::Seconds(10)))
       << daemon.Log();
   const Samples s = Samples::From(daemon);
   EXPECT_EQ(s.Get("komputed_sessions_reaped_total", {{"reason", "idle"}}), 1);

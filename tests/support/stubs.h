@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "komputed/v1/komputed.grpc.pb.h"
 
@@ -21,6 +22,12 @@ struct Stubs {
       args.SetMaxSendMessageSize(max_message_bytes);
     }
     channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    MakeStubs();
+  }
+  // Over a channel made elsewhere (with credentials or interceptors).
+  explicit Stubs(std::shared_ptr<grpc::Channel> over) : channel(std::move(over)) { MakeStubs(); }
+
+  void MakeStubs() {
     devices = v1::Devices::NewStub(channel);
     sessions = v1::Sessions::NewStub(channel);
     tensors = v1::Tensors::NewStub(channel);

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,6 +21,15 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlsl(absl::string_view source,
 // Validates SPIR-V for a Vulkan version (VK_API_VERSION_1_x) with SPIRV-Tools. INVALID_ARGUMENT
 // carries the validator's message.
 absl::Status ValidateSpirv(absl::Span<const uint32_t> spirv, uint32_t vulkan_api_version);
+
+// The local size (invocations per workgroup in x, y, z) of a compute shader: its WorkgroupSize
+// built-in constant when it has one (specialization constants taken from `spec_constants`, by
+// SpecId, at `spec_constant_size` bytes each), else its LocalSizeId or LocalSize execution mode;
+// {1, 1, 1} for a module that declares none. Reads any words without faulting (a malformed
+// module gives some size; validation rejects it).
+std::array<uint64_t, 3> ShaderLocalSize(absl::Span<const uint32_t> spirv,
+                                        absl::Span<const uint8_t> spec_constants,
+                                        uint32_t spec_constant_size);
 
 // The built-in element-wise multiply shader (c[i] = a[i] * b[i]) for an element type: kFloat32,
 // kInt32, kUInt32 or kFloat64; INVALID_ARGUMENT for others.
