@@ -4,29 +4,48 @@
     check_deploy.py SOURCE_DIR [--build-dir BUILD_DIR]
 
 Sections (each prints PASS, FAIL or SKIP lines, then one closing "N passed, N failed, N skipped"):
+  flags      the flags the daemon accepts: BUILD_DIR/server/komputed --helpfull where it is built,
+             else the ABSL_FLAG definitions under server/ and the authentication flags
+             (--tenants_file, --tls_cert, --tls_key, --tls_client_ca, --insecure and
+             --default_quota_<name> for each quota of server/src/tenants.cc QuotaFields()).
   kustomize  deploy/base and both overlays render with `kubectl kustomize` (kustomize v4 or later),
              with no warning.
   yamllint   every plain YAML file (helm's Chart.yaml, values.yaml, ci/*.yaml; deploy/**; docker/**)
              passes `yamllint -s -c tests/deploy/yamllint.yaml`. Helm templates are not YAML until
              rendered and are left out.
-  objects    the objects that each overlay renders: every container has native gRPC liveness and
-             readiness probes on the --listen port, resource requests and a memory limit, a strict
+  objects    the objects that each overlay renders: every container has liveness and readiness
+             probes on the --listen port (native gRPC; TCP when the port serves TLS, since the
+             kubelet's gRPC probe has no TLS), resource requests and a memory limit, a strict
              securityContext (runAsNonRoot, read-only root filesystem, no privilege escalation,
              capabilities drop ALL, RuntimeDefault seccomp); every object carries the labels
              app.kubernetes.io/name and app.kubernetes.io/instance; terminationGracePeriodSeconds
              is above the flag file's --drain_timeout; the Services select the pods and name their
-             ports; GPU scheduling is in the gpu overlay and nowhere in the cpu one. A self-test
-             breaks rendered copies (a probe removed, a limit removed, ...) and a copy of deploy/
-             (the readiness probe deleted from the file), and asserts that the check then fails.
+             ports; GPU scheduling is in the gpu overlay and nowhere in the cpu one. Access: every
+             flag of the flag file is one the daemon accepts (section flags); the daemon serves
+             TLS (--tls_cert with --tls_key) and authenticates (--tenants_file or
+             --tls_client_ca), without --insecure; each file flag names a key of a Secret that is
+             mounted read-only as a folder (no subPath, which the kubelet never updates); a
+             NetworkPolicy selects the pods, and each of its ingress rules names its peers and
+             only container ports. A self-test breaks rendered copies (a probe removed, a limit
+             removed, a Secret mounted through subPath, --insecure added, an unknown flag, the
+             NetworkPolicy removed, ...) and a copy of deploy/ (the readiness probe deleted from
+             the file), and asserts that the check then fails.
   helm       the chart without helm: one resource kind per template file, balanced template
              blocks, every .Values path defined in values.yaml, every values.yaml key commented,
              every include defined, the ci/*-values.yaml scenarios' keys defined, optional pieces
-             behind their *.enabled flag, strict security defaults, the same daemon settings as
-             deploy/base.
+             behind their *.enabled flag, strict security defaults (TLS and the NetworkPolicy on,
+             insecure off, a `fail` that names tls.existingSecret, auth.tenants.existingSecret,
+             tls.clientCA.enabled and insecure=true), the chart's quota names those of the daemon,
+             the same daemon settings as deploy/base.
   helm-render where Debian's Go and Sprig packages are installed: tests/deploy/helmrender renders
              each ci/*-values.yaml scenario as Helm would (text/template + Sprig) and the objects
-             pass the same checks as the overlays; a 78-character release name stays within 63;
-             values that break a rule fail (self-test).
+             pass the same checks as the overlays (--insecure and plaintext only where the scenario
+             sets insecure; the Secret, ServiceMonitor and NetworkPolicy exactly where asked for;
+             auth.defaultQuota as --default_quota_<name>); the defaults alone, and values short of
+             TLS or authentication, are refused with a message naming the value to set; the
+             defaults with the two Secrets give the TLS and tenants flags and mounts and the
+             NetworkPolicy; insecure=true alone renders --insecure; a 78-character release name
+             stays within 63; values that break a rule fail (self-test).
   docker     every RUN step calls only scripts/setup, cmake, apt-get, docker/runtime-packages.sh or
              a few base tools; COPY sources exist and cover the folders CMakeLists.txt adds; the
              final stage installs no -dev package, runs as uid 10001, exposes 50051 and 9464 and
@@ -248,7 +267,200 @@ def daemon_flags(obj, pod, container, configmaps):
     return flags, errors
 
 
-def check_objects(objs, variant):
+# Flags of the authentication contract (tenants, TLS, --insecure; --default_quota_<name> for each
+# quota of server/src/tenants.h), known before server/main.cc defines them.
+AUTH_FLAGS = ("tenants_file", "tls_cert", "tls_key", "tls_client_ca", "insecure")
+ABSL_BUILTIN_FLAGS = {"flagfile", "fromenv", "tryfromenv", "undefok", "help", "helpfull",
+                      "helpshort", "helppackage", "helpon", "helpmatch", "version",
+                      "only_check_args"}
+# Flags whose value is a file that the daemon reads from a mounted Secret.
+SECRET_FILE_FLAGS = ("tenants_file", "tls_cert", "tls_key", "tls_client_ca")
+ABSL_FLAG_RE = re.compile(r"ABSL_FLAG\(\s*(?:[^,()<>]|<[^<>]*>)+,\s*([A-Za-z0-9_]+)\s*,")
+
+
+def quota_names(src):
+    """The quota names, in order: tenants.cc's QuotaFields() where it lists them, else the fields
+    of tenants.h's struct Quota. Returns (names, where)."""
+    cc = os.path.join(src, "server", "src", "tenants.cc")
+    if os.path.isfile(cc):
+        m = re.search(r"QuotaFields\(\)\s*{(.*?)\n}", read(cc), re.S)
+        names = re.findall(r'{\s*"([a-z0-9_]+)"\s*,\s*&Quota::', m.group(1)) if m else []
+        if names:
+            return names, "server/src/tenants.cc QuotaFields()"
+    h = os.path.join(src, "server", "src", "tenants.h")
+    if os.path.isfile(h):
+        m = re.search(r"struct Quota\s*{(.*?)};", read(h), re.S)
+        if m:
+            return (re.findall(r"uint64_t\s+([a-z0-9_]+)\s*=", m.group(1)),
+                    "server/src/tenants.h struct Quota")
+    return [], "no server/src/tenants.h"
+
+
+def daemon_flag_names(src, build_dir):
+    """(flag names the daemon accepts, where they come from, errors). The built daemon's
+    --helpfull when BUILD_DIR/server/komputed exists (what would run), else the ABSL_FLAG
+    definitions under server/ plus the authentication contract's flags."""
+    daemon = os.path.join(build_dir, "server", "komputed") if build_dir else None
+    if daemon and os.path.isfile(daemon) and os.access(daemon, os.X_OK):
+        try:
+            p = subprocess.run([daemon, "--helpfull"], capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return None, f"{daemon} --helpfull", [f"{daemon} --helpfull: {e}"]
+        names = set(re.findall(r"(?m)^\s*--([A-Za-z0-9_]+) \(", p.stdout + p.stderr))
+        if "listen" not in names:
+            return None, f"{daemon} --helpfull", [
+                f"{daemon} --helpfull lists no --listen (exit {p.returncode}): "
+                f"{(p.stdout + p.stderr).strip()[:300]}"]
+        return names | ABSL_BUILTIN_FLAGS, f"{os.path.relpath(daemon, build_dir)} --helpfull", []
+    names = set()
+    for f in glob.glob(os.path.join(src, "server", "**", "*.cc"), recursive=True):
+        names |= set(ABSL_FLAG_RE.findall(read(f)))
+    if not names:
+        return None, "server/ sources", ["no ABSL_FLAG definition found under server/"]
+    quotas, _ = quota_names(src)
+    names |= set(AUTH_FLAGS) | {f"default_quota_{q}" for q in quotas}
+    return names | ABSL_BUILTIN_FLAGS, ("ABSL_FLAG definitions under server/ and the "
+                                         "authentication flags"), []
+
+
+# What the rendered objects must do about access. tls: the gRPC port serves TLS; insecure:
+# --insecure (no authentication) is allowed; network_policy: a NetworkPolicy guards the pods.
+SECURE = {"tls": True, "insecure": False, "network_policy": True}
+
+
+def labels_match(selector, labels):
+    return all(labels.get(k) == v for k, v in (selector or {}).items())
+
+
+def secret_file_errors(cname, flag, path, container, pod, secrets):
+    """A file flag's path must be a key of a Secret mounted read-only as a whole folder."""
+    errors = []
+    directory, key = os.path.dirname(path), os.path.basename(path)
+    mounts = [m for m in container.get("volumeMounts") or []
+              if m.get("mountPath", "").rstrip("/") in (directory, path)]
+    if not mounts:
+        return [f"{cname}: --{flag}={path}: no volume is mounted at {directory}"]
+    m = mounts[0]
+    vol = next((v for v in pod.get("volumes") or [] if v.get("name") == m.get("name")), None)
+    sec = (vol or {}).get("secret")
+    if sec is None:
+        return [f"{cname}: --{flag}={path}: the volume {m.get('name')} at {directory} is not a "
+                "Secret"]
+    if m.get("subPath") or m.get("subPathExpr") or m.get("mountPath", "").rstrip("/") == path:
+        errors.append(f"{cname}: --{flag}: the Secret {sec.get('secretName')} is mounted with "
+                      "subPath, which the kubelet never updates (a rotated key would not reach "
+                      "the daemon): mount the Secret as a folder")
+    if m.get("readOnly") is not True:
+        errors.append(f"{cname}: --{flag}: the Secret mount {m.get('mountPath')} is not readOnly")
+    secret_key = key
+    if sec.get("items"):
+        item = next((i for i in sec["items"] if i.get("path") == key), None)
+        if item is None:
+            errors.append(f"{cname}: --{flag}: the Secret volume's items put no file at {key}")
+        else:
+            secret_key = item.get("key")
+    obj = secrets.get(sec.get("secretName"))
+    if obj is not None and secret_key not in {**(obj.get("data") or {}),
+                                              **(obj.get("stringData") or {})}:
+        errors.append(f"{cname}: --{flag}: the rendered Secret {sec.get('secretName')} has no "
+                      f"key {secret_key}")
+    return errors
+
+
+def security_errors(objs, flags_of, known_flags, security):
+    """Authentication, TLS, Secret mounts, flags and NetworkPolicy of rendered objects.
+    flags_of: [(workload name, pod spec, pod labels, container name, container, flags)]."""
+    errors = []
+    secrets = {(o.get("metadata") or {}).get("name"): o for o in objs if o.get("kind") == "Secret"}
+    policies = [o for o in objs if o.get("kind") == "NetworkPolicy"]
+    for wname, pod, labels, cname, c, flags in flags_of:
+        if known_flags is not None:
+            for name in sorted(flags):
+                if name not in known_flags:
+                    errors.append(f"{cname}: --{name} is no flag of the daemon (it would refuse "
+                                  "to start)")
+        insecure = flags.get("insecure", "false") not in ("false", "0")
+        if insecure and not security["insecure"]:
+            errors.append(f"{cname}: --insecure is set (no authentication) where it was not asked "
+                          "for")
+        if not insecure and not (flags.get("tenants_file") or flags.get("tls_client_ca")):
+            errors.append(f"{cname}: listens on 0.0.0.0 with neither --tenants_file nor "
+                          "--tls_client_ca, and without --insecure: the daemon refuses to start")
+        if bool(flags.get("tls_cert")) != bool(flags.get("tls_key")):
+            errors.append(f"{cname}: --tls_cert and --tls_key go together")
+        if flags.get("tls_client_ca") and not flags.get("tls_cert"):
+            errors.append(f"{cname}: --tls_client_ca without --tls_cert")
+        if security["tls"] and not flags.get("tls_cert"):
+            errors.append(f"{cname}: no --tls_cert: the gRPC port serves plaintext")
+        for flag in SECRET_FILE_FLAGS:
+            if flags.get(flag):
+                errors += secret_file_errors(cname, flag, flags[flag], c, pod, secrets)
+        ports = set()
+        for p in c.get("ports") or []:
+            ports |= {p.get("name"), p.get("containerPort")}
+        selecting = [p for p in policies if labels_match(
+            ((p.get("spec") or {}).get("podSelector") or {}).get("matchLabels"), labels)]
+        if security["network_policy"] and not selecting:
+            errors.append(f"{wname}: no NetworkPolicy selects its pods")
+        for p in selecting:
+            pname = f"NetworkPolicy/{(p.get('metadata') or {}).get('name')}"
+            spec = p.get("spec") or {}
+            if "Ingress" not in (spec.get("policyTypes") or []):
+                errors.append(f"{pname}: policyTypes lacks Ingress")
+            for n, rule in enumerate(spec.get("ingress") or []):
+                if not rule.get("from"):
+                    errors.append(f"{pname}: ingress rule {n} has no 'from': open to every peer")
+                if not rule.get("ports"):
+                    errors.append(f"{pname}: ingress rule {n} has no 'ports': opens every port")
+                for port in rule.get("ports") or []:
+                    if port.get("port") not in ports:
+                        errors.append(f"{pname}: ingress rule {n} port {port.get('port')} is no "
+                                      f"container port of {cname}")
+    return errors
+
+
+def probe_errors(cname, c, grpc_port, tls):
+    """Native gRPC probes on the --listen port; with TLS there TCP probes on it (the kubelet's
+    gRPC probe speaks plaintext only, and would never pass)."""
+    errors = []
+    for probe in ("livenessProbe", "readinessProbe"):
+        p = c.get(probe)
+        if not p:
+            errors.append(f"{cname}: no {probe}")
+            continue
+        others = [k for k in ("httpGet", "tcpSocket", "exec", "grpc")
+                  if k in p and k != ("tcpSocket" if tls else "grpc")]
+        if tls:
+            if "grpc" in p:
+                errors.append(f"{cname}: {probe} is a gRPC probe on a TLS port: the kubelet's "
+                              "gRPC probe has no TLS and never passes (use tcpSocket)")
+                continue
+            g = p.get("tcpSocket")
+            if not isinstance(g, dict):
+                errors.append(f"{cname}: {probe} is not a TCP probe of the TLS gRPC port")
+                continue
+            if others:
+                errors.append(f"{cname}: {probe} has {others} besides tcpSocket")
+            if g.get("port") not in (grpc_port, "grpc"):
+                errors.append(f"{cname}: {probe} TCP port {g.get('port')} is not the --listen "
+                              f"port {grpc_port}")
+            continue
+        g = p.get("grpc")
+        if not isinstance(g, dict):
+            errors.append(f"{cname}: {probe} is not a native gRPC probe")
+            continue
+        if others:
+            errors.append(f"{cname}: {probe} has {others} besides grpc")
+        if g.get("port") != grpc_port:
+            errors.append(f"{cname}: {probe} gRPC port {g.get('port')} is not the "
+                          f"--listen port {grpc_port}")
+        if g.get("service", "") != "":
+            errors.append(f"{cname}: {probe} asks for health service "
+                          f"{g.get('service')!r}; the daemon reports the overall one, \"\"")
+    return errors
+
+
+def check_objects(objs, variant, known_flags=None, security=None):
     """Structural rules over rendered objects; returns a list of errors (empty: all good)."""
     errors = []
     where = {}
@@ -282,6 +494,7 @@ def check_objects(objs, variant):
             errors.append(f"no {kind} rendered")
 
     pod_ports = []  # (labels, {port name or number})
+    flags_of = []  # (workload, pod, labels, container name, container, flags) of each daemon
     for w in workloads:
         wname = where[id(w)]
         pod = pod_spec_of(w)
@@ -360,24 +573,8 @@ def check_objects(objs, variant):
             if cports.get("metrics") != metrics_port:
                 errors.append(f"{cname}: container port 'metrics' ({cports.get('metrics')}) is "
                               f"not the --metrics_listen port ({metrics_port})")
-            for probe in ("livenessProbe", "readinessProbe"):
-                p = c.get(probe)
-                if not p:
-                    errors.append(f"{cname}: no {probe}")
-                    continue
-                g = p.get("grpc")
-                if not isinstance(g, dict):
-                    errors.append(f"{cname}: {probe} is not a native gRPC probe")
-                    continue
-                others = [k for k in ("httpGet", "tcpSocket", "exec") if k in p]
-                if others:
-                    errors.append(f"{cname}: {probe} has {others} besides grpc")
-                if g.get("port") != grpc_port:
-                    errors.append(f"{cname}: {probe} gRPC port {g.get('port')} is not the "
-                                  f"--listen port {grpc_port}")
-                if g.get("service", "") != "":
-                    errors.append(f"{cname}: {probe} asks for health service "
-                                  f"{g.get('service')!r}; the daemon reports the overall one, \"\"")
+            errors += probe_errors(cname, c, grpc_port, bool(flags.get("tls_cert")))
+            flags_of.append((wname, pod, labels, cname, c, flags))
             drain_text = flags.get("drain_timeout", DAEMON_DEFAULT_DRAIN)
             drain = parse_duration_seconds(drain_text)
             if drain is None:
@@ -433,6 +630,7 @@ def check_objects(objs, variant):
             target = p.get("targetPort", p.get("port"))
             if not any(target in ports for ports in matched):
                 errors.append(f"{sname}: targetPort {target} is no container port of its pods")
+    errors += security_errors(objs, flags_of, known_flags, security or SECURE)
     return errors
 
 
@@ -450,6 +648,39 @@ def mutations(variant):
         key = next(iter(cm["data"]))
         cm["data"][key] = re.sub(rf"(?m)^--{name}=.*$", f"--{name}={value}", cm["data"][key])
 
+    def flags_text(objs):
+        cm = first(objs, "ConfigMap")
+        return cm["data"][next(iter(cm["data"]))]
+
+    def remove_flag(objs, name):
+        cm = first(objs, "ConfigMap")
+        key = next(iter(cm["data"]))
+        cm["data"][key] = re.sub(rf"(?m)^--{name}(=.*)?\n?", "", cm["data"][key])
+
+    def add_flag(objs, line):
+        cm = first(objs, "ConfigMap")
+        key = next(iter(cm["data"]))
+        cm["data"][key] = cm["data"][key].rstrip("\n") + f"\n{line}\n"
+
+    def file_mount(objs, flag):
+        path = re.search(rf"(?m)^--{flag}=(.*)$", flags_text(objs)).group(1)
+        return next(m for m in container(objs)["volumeMounts"]
+                    if m["mountPath"].rstrip("/") == os.path.dirname(path)), path
+
+    def drop_volume(objs, flag):
+        mount, _ = file_mount(objs, flag)
+        pod = pod_spec_of(first(objs, "DaemonSet"))
+        pod["volumes"] = [v for v in pod["volumes"] if v.get("name") != mount["name"]]
+        container(objs)["volumeMounts"].remove(mount)
+
+    def sub_path(objs, flag):
+        mount, path = file_mount(objs, flag)
+        mount.update(mountPath=path, subPath=os.path.basename(path))
+
+    def probe_port(objs, probe, port):
+        p = container(objs)[probe]
+        (p.get("grpc") or p.get("tcpSocket")).update(port=port)
+
     def pod_and_container_sc(objs, key):
         pod_spec_of(first(objs, "DaemonSet")).get("securityContext", {}).pop(key, None)
         container(objs).get("securityContext", {}).pop(key, None)
@@ -459,8 +690,7 @@ def mutations(variant):
         ("readinessProbe removed", lambda o: container(o).pop("readinessProbe")),
         ("livenessProbe made HTTP",
          lambda o: container(o).update(livenessProbe={"httpGet": {"path": "/", "port": 9464}})),
-        ("readinessProbe on another port",
-         lambda o: container(o)["readinessProbe"]["grpc"].update(port=8080)),
+        ("readinessProbe on another port", lambda o: probe_port(o, "readinessProbe", 8080)),
         ("resources.limits removed", lambda o: container(o)["resources"].pop("limits")),
         ("resources.requests removed", lambda o: container(o)["resources"].pop("requests")),
         ("readOnlyRootFilesystem false",
@@ -481,6 +711,22 @@ def mutations(variant):
         ("--listen moved off the probes' port", lambda o: set_flag(o, "listen", "0.0.0.0:6000")),
         ("Service targetPort that no container has",
          lambda o: first(o, "Service")["spec"]["ports"][0].update(targetPort="nope")),
+        ("a gRPC readiness probe on the TLS port",
+         lambda o: container(o).update(readinessProbe={"grpc": {"port": 50051}})),
+        ("--tls_cert removed (plaintext, --tls_key left alone)",
+         lambda o: remove_flag(o, "tls_cert")),
+        ("--tenants_file removed (no authentication)", lambda o: remove_flag(o, "tenants_file")),
+        ("--insecure added", lambda o: add_flag(o, "--insecure")),
+        ("a flag the daemon does not know", lambda o: add_flag(o, "--tls_certificate=/x.pem")),
+        ("the TLS Secret volume removed", lambda o: drop_volume(o, "tls_cert")),
+        ("the tenants Secret mounted through subPath", lambda o: sub_path(o, "tenants_file")),
+        ("the TLS Secret mount writable",
+         lambda o: file_mount(o, "tls_key")[0].update(readOnly=False)),
+        ("NetworkPolicy removed", lambda o: o.remove(first(o, "NetworkPolicy"))),
+        ("NetworkPolicy's gRPC rule open to every peer",
+         lambda o: first(o, "NetworkPolicy")["spec"]["ingress"][0].pop("from")),
+        ("NetworkPolicy rule on a port the pod lacks",
+         lambda o: first(o, "NetworkPolicy")["spec"]["ingress"][0]["ports"][0].update(port=80)),
     ]
     if variant == "gpu":
         m.append(("GPU limit removed",
@@ -538,6 +784,13 @@ def template_block_errors(text):
     return errors
 
 
+def define_body(text, name):
+    """The text of a template definition, up to the next definition (or the end)."""
+    m = re.search(r'{{-?\s*define\s+"' + re.escape(name) +
+                  r'"\s*-?}}(.*?)(?={{-?\s*define\s|{{/\*|\Z)', text, re.S)
+    return m.group(1) if m else ""
+
+
 def values_path_exists(values, path):
     node = values
     for part in path:
@@ -592,7 +845,7 @@ def unknown_keys(scenario, values, prefix=""):
     return errors
 
 
-def check_helm(src, report, base_flags):
+def check_helm(src, report, base_flags, quotas, quotas_where):
     section = "helm"
     chart = os.path.join(src, "helm", "komputed")
     if not os.path.isdir(chart):
@@ -690,22 +943,52 @@ def check_helm(src, report, base_flags):
     errors = []
     gated = {"servicemonitor.yaml": ".Values.serviceMonitor.enabled",
              "networkpolicy.yaml": ".Values.networkPolicy.enabled",
-             "secret.yaml": ".Values.secret.create",
+             "secret.yaml": ".Values.auth.tenants.create",
              "serviceaccount.yaml": ".Values.serviceAccount.create"}
     for name, flag in gated.items():
         first = next((ln for ln in texts.get(name, "").splitlines() if ln.strip()), "")
         if not (first.startswith("{{- if") and flag in first):
             errors.append(f"{name}: does not start with {{{{- if ... {flag} }}}}")
-    for key in ("serviceMonitor", "networkPolicy"):
-        if (values.get(key) or {}).get("enabled") is not False:
-            errors.append(f"values.yaml: {key}.enabled is not false by default")
-    report.result(section, "optional pieces behind their flags, off by default", errors)
+    if (values.get("serviceMonitor") or {}).get("enabled") is not False:
+        errors.append("values.yaml: serviceMonitor.enabled is not false by default")
+    report.result(section, "optional pieces behind their flags, the ServiceMonitor off by default",
+                  errors)
+
+    errors = []
+    if (values.get("networkPolicy") or {}).get("enabled") is not True:
+        errors.append("values.yaml: networkPolicy.enabled is not true by default")
+    if (values.get("tls") or {}).get("enabled") is not True:
+        errors.append("values.yaml: tls.enabled is not true by default")
+    if values.get("insecure") is not False:
+        errors.append("values.yaml: insecure is not false by default")
+    validate = define_body(helpers, "komputed.validate")
+    for want in ("tls.existingSecret", "auth.tenants.existingSecret", "tls.clientCA.enabled",
+                 "insecure=true"):
+        if not re.search(r'fail "[^"]*' + re.escape(want), validate):
+            errors.append(f"komputed.validate has no fail message that names {want}")
+    if 'include "komputed.validate"' not in texts.get("daemonset.yaml", ""):
+        errors.append("daemonset.yaml does not include komputed.validate")
+    chart_quotas = re.sub(r"{{.*?}}", "", define_body(helpers, "komputed.quotaNames")).split()
+    if chart_quotas != quotas:
+        errors.append(f"komputed.quotaNames is {chart_quotas}, {quotas_where} has {quotas}")
+    for name in quotas:
+        if name not in values_text:
+            errors.append(f"values.yaml does not name the quota {name} (auth.defaultQuota's "
+                          "comment lists them)")
+    report.result(section, "secure defaults: TLS and the NetworkPolicy on, insecure off, a fail "
+                  "naming the value to set, the quota names of the daemon", errors)
 
     errors = []
     ds = texts.get("daemonset.yaml", "")
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
-        if not re.search(rf"{probe}:\n\s+grpc:\n\s+port: {{{{ \$grpcPort }}}}", ds):
-            errors.append(f"daemonset.yaml: {probe} is not a gRPC probe on $grpcPort")
+        include = r'{{- include "komputed.probeAction" \. \| nindent 12 }}'
+        if not re.search(rf"{probe}:\n\s+{include}", ds):
+            errors.append(f"daemonset.yaml: {probe} does not come from komputed.probeAction")
+    action = defines.get("komputed.probeAction", "")
+    if not re.search(r"tcpSocket:\n\s+port: {{ \.Values\.config\.grpcPort \| int }}", action) or \
+            not re.search(r"grpc:\n\s+port: {{ \.Values\.config\.grpcPort \| int }}", action):
+        errors.append("komputed.probeAction is not a gRPC probe (plaintext) or a TCP probe (TLS) "
+                      "on config.grpcPort")
     if "$grpcPort := .Values.config.grpcPort" not in ds:
         errors.append("daemonset.yaml: $grpcPort does not come from .Values.config.grpcPort")
     if not re.search(r"terminationGracePeriodSeconds: {{ add \.Values\.config\.drainTimeoutSeconds "
@@ -743,8 +1026,8 @@ def check_helm(src, report, base_flags):
         errors.append("values.yaml: gpu.nodeSelector lacks nvidia.com/gpu.present: \"true\"")
     if (values.get("serviceAccount") or {}).get("automountToken") is not False:
         errors.append("values.yaml: serviceAccount.automountToken is not false")
-    report.result(section, "daemonset.yaml and values.yaml: gRPC probes, grace period, strict "
-                  "security defaults", errors)
+    report.result(section, "daemonset.yaml and values.yaml: probes (gRPC, or TCP under TLS), "
+                  "grace period, strict security defaults", errors)
 
     errors = []
     cfg = values.get("config") or {}
@@ -792,7 +1075,24 @@ GOPATH_DEBIAN = "/usr/share/gocode"
 RENDER_NEEDS = ("github.com/Masterminds/sprig", "github.com/ghodss/yaml")
 
 
-def check_helm_render(src, report):
+def scenario_security(data):
+    """What a ci scenario's values ask of the rendered objects (see SECURE)."""
+    tls = data.get("tls") or {}
+    return {"tls": tls.get("enabled", True) is not False and not data.get("insecure"),
+            "insecure": data.get("insecure") is True,
+            "network_policy": (data.get("networkPolicy") or {}).get("enabled", True) is not False}
+
+
+def rendered_flags(objs):
+    """The flag file of the first rendered ConfigMap that has one, parsed."""
+    for o in objs or []:
+        if o.get("kind") == "ConfigMap":
+            for text in (o.get("data") or {}).values():
+                return parse_flagfile(text)[0]
+    return {}
+
+
+def check_helm_render(src, report, known_flags):
     """Renders the chart's ci scenarios with tests/deploy/helmrender (text/template + Sprig, as
     Helm does) and applies the same structural checks as to the kustomize overlays."""
     section = "helm-render"
@@ -833,25 +1133,126 @@ def check_helm_render(src, report):
             objs, errors = render_chart("komputed", scenario)
             if objs is not None:
                 variant = "cpu" if (data.get("gpu") or {}).get("enabled") is False else "gpu"
-                errors += check_objects(objs + [namespace], variant)
+                security = scenario_security(data)
+                errors += check_objects(objs + [namespace], variant, known_flags, security)
                 kinds = [o.get("kind") for o in objs]
-                secret = data.get("secret") or {}
-                enabled = {k: (data.get(k) or {}).get("enabled") is True
-                           for k in ("serviceMonitor", "networkPolicy")}
-                expect = {"ServiceMonitor": enabled["serviceMonitor"],
-                          "NetworkPolicy": enabled["networkPolicy"],
-                          "Secret": bool(secret.get("create")) and not secret.get("existingSecret")}
+                tenants = (data.get("auth") or {}).get("tenants") or {}
+                monitor = (data.get("serviceMonitor") or {}).get("enabled") is True
+                made = bool(tenants.get("create")) and not tenants.get("existingSecret")
+                expect = {"ServiceMonitor": monitor, "NetworkPolicy": security["network_policy"],
+                          "Secret": made}
                 for kind, wanted in expect.items():
                     if wanted != (kind in kinds):
                         errors.append(f"{kind} {'missing' if wanted else 'rendered'} although "
                                       f"{name} {'asks for' if wanted else 'does not ask for'} it")
-            report.result(section, f"ci/{name} renders and passes the object checks", errors)
+                flags = rendered_flags(objs)
+                if ("insecure" in flags) != security["insecure"]:
+                    asked = security["insecure"]
+                    errors.append(f"--insecure {'missing' if asked else 'rendered'} although "
+                                  f"{name} {'sets' if asked else 'does not set'} insecure")
+                for q, v in ((data.get("auth") or {}).get("defaultQuota") or {}).items():
+                    if flags.get(f"default_quota_{q}") != str(v):
+                        errors.append(f"auth.defaultQuota.{q}={v} gives "
+                                      f"--default_quota_{q}={flags.get(f'default_quota_{q}')}")
+            report.result(section, f"ci/{name} renders and passes the object and security checks",
+                          errors)
+
+        def values_file(name, data):
+            path = os.path.join(tmp, name)
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(data, f)
+            return path
+
+        # The defaults alone, and values short of authentication, must not render; each refusal
+        # names the value to set.
+        errors = []
+        refusals = [
+            ("the defaults", {}, "tls.existingSecret"),
+            ("a TLS Secret and no authentication", {"tls": {"existingSecret": "t"}},
+             "auth.tenants.existingSecret"),
+            ("a tenants Secret, TLS on, no TLS Secret",
+             {"auth": {"tenants": {"existingSecret": "a"}}}, "tls.existingSecret"),
+            ("tls.enabled=false and no authentication", {"tls": {"enabled": False}},
+             "auth.tenants.existingSecret"),
+            ("mutual TLS without TLS", {"insecure": True, "tls": {"enabled": False,
+                                                                  "clientCA": {"enabled": True}}},
+             "tls.enabled"),
+            ("auth.tenants.create with no list",
+             {"tls": {"existingSecret": "t"}, "auth": {"tenants": {"create": True}}},
+             "auth.tenants.list"),
+            ("a token hash that is not 64 hex digits",
+             {"tls": {"existingSecret": "t"}, "auth": {"tenants": {
+                 "create": True, "list": [{"name": "a", "token_sha256": "abc"}]}}},
+             "token_sha256"),
+            ("an unknown quota", {"tls": {"existingSecret": "t"}, "auth": {
+                "tenants": {"existingSecret": "a"}, "defaultQuota": {"gpus": 1}}},
+             "auth.defaultQuota.gpus"),
+        ]
+        for what, data, want in refusals:
+            objs, errs = render_chart("komputed", values_file("refuse.yaml", data))
+            if objs is not None:
+                errors.append(f"{what}: rendered; want a refusal naming {want}")
+            elif not any(want in e and "fail" in e for e in errs):
+                errors.append(f"{what}: the refusal does not name {want}: {errs}")
+        report.result(section, f"values without TLS or authentication are refused with a message "
+                      f"naming the value to set ({len(refusals)} cases)", errors)
+
+        # Pure defaults plus the two Secrets: TLS and tenants flags, their Secrets mounted as
+        # folders, TCP probes, the NetworkPolicy, no --insecure.
+        errors = []
+        objs, errs = render_chart("komputed", values_file("secure.yaml", {
+            "tls": {"existingSecret": "komputed-tls"},
+            "auth": {"tenants": {"existingSecret": "komputed-tenants"}}}))
+        errors += errs
+        if objs is not None:
+            errors += check_objects(objs + [namespace], "gpu", known_flags, SECURE)
+            flags = rendered_flags(objs)
+            want = {"tenants_file": "/etc/komputed/tenants/tenants.yaml",
+                    "tls_cert": "/etc/komputed/tls/tls.crt", "tls_key": "/etc/komputed/tls/tls.key"}
+            for k, v in want.items():
+                if flags.get(k) != v:
+                    errors.append(f"--{k}={flags.get(k)}, want {v}")
+            for k in ("insecure", "tls_client_ca"):
+                if k in flags:
+                    errors.append(f"--{k} rendered by default")
+            ds = next((o for o in objs if o.get("kind") == "DaemonSet"), {})
+            names = {v.get("name"): (v.get("secret") or {}).get("secretName")
+                     for v in pod_spec_of(ds).get("volumes") or []}
+            if names.get("tls") != "komputed-tls" or names.get("tenants") != "komputed-tenants":
+                errors.append(f"the Secret volumes are {names}")
+        report.result(section, "the defaults with a TLS and a tenants Secret: TLS and tenants "
+                      "flags, Secrets mounted read-only as folders, the NetworkPolicy, no "
+                      "--insecure", errors)
+
+        # insecure=true alone renders, plaintext and with --insecure; mutual TLS from the TLS
+        # Secret's ca.crt.
+        errors = []
+        objs, errs = render_chart("komputed", values_file("insecure.yaml", {"insecure": True}))
+        errors += errs
+        if objs is not None:
+            errors += check_objects(objs + [namespace], "gpu", known_flags,
+                                    {"tls": False, "insecure": True, "network_policy": True})
+            flags = rendered_flags(objs)
+            if flags.get("insecure") != "true" or "tls_cert" in flags or "tenants_file" in flags:
+                errors.append(f"insecure=true renders the flags {sorted(flags)}")
+        objs, errs = render_chart("komputed", values_file("mtls.yaml", {
+            "tls": {"existingSecret": "s", "clientCA": {"enabled": True}}}))
+        errors += errs
+        if objs is not None:
+            errors += check_objects(objs + [namespace], "gpu", known_flags, SECURE)
+            if rendered_flags(objs).get("tls_client_ca") != "/etc/komputed/tls/ca.crt":
+                errors.append("tls.clientCA.enabled without its own Secret does not give "
+                              "--tls_client_ca=/etc/komputed/tls/ca.crt")
+        report.result(section, "insecure=true renders --insecure without TLS; tls.clientCA alone "
+                      "gives --tls_client_ca from the TLS Secret", errors)
 
         errors = []
         long_name = "release-" + "x" * 70
         override = os.path.join(tmp, "override.yaml")
         with open(override, "w", encoding="utf-8") as f:
-            json.dump({"secret": {"create": True, "stringData": {"token": "t"}},
+            json.dump({"tls": {"existingSecret": "t"},
+                       "auth": {"tenants": {"create": True, "list": [
+                           {"name": "a", "token_sha256": "0" * 64}]}},
                        "serviceMonitor": {"enabled": True},
                        "networkPolicy": {"enabled": True}}, f)
         objs, errs = render_chart(long_name, override)
@@ -870,14 +1271,18 @@ def check_helm_render(src, report):
         broken = os.path.join(tmp, "broken.yaml")
         with open(broken, "w", encoding="utf-8") as f:
             json.dump({"securityContext": {"readOnlyRootFilesystem": False},
-                       "config": {"drainTimeoutSeconds": 40}, "terminationGraceExtraSeconds": -15},
+                       "config": {"drainTimeoutSeconds": 40}, "terminationGraceExtraSeconds": -15,
+                       "tls": {"existingSecret": "t"},
+                       "auth": {"tenants": {"existingSecret": "a"}},
+                       "networkPolicy": {"enabled": False}},
                       f)
         objs, errs = render_chart("komputed", broken)
         if objs is None:
             errors += errs
         else:
-            found = check_objects(objs + [namespace], "gpu")
-            for want in ("readOnlyRootFilesystem", "terminationGracePeriodSeconds"):
+            found = check_objects(objs + [namespace], "gpu", known_flags, SECURE)
+            for want in ("readOnlyRootFilesystem", "terminationGracePeriodSeconds",
+                         "no NetworkPolicy"):
                 if not any(want in e for e in found):
                     errors.append(f"no {want} error for values that break it: {found}")
         report.result(section, "self-test: values that break the rules fail the check", errors)
@@ -1372,6 +1777,14 @@ def main():
     if yaml is None:
         print("note: PyYAML is missing (Debian: python3-yaml): sections that parse YAML skip")
 
+    # the daemon's flags ---------------------------------------------------------------------------
+    quotas, quotas_where = quota_names(src)
+    known_flags, flags_where, errors = daemon_flag_names(src, build_dir)
+    if not quotas:
+        errors.append(f"no quota names ({quotas_where})")
+    report.result("flags", f"the daemon's flags, from {flags_where} "
+                  f"({len(known_flags or ())} flags; quotas from {quotas_where})", errors)
+
     # kustomize + objects -------------------------------------------------------------------------
     major, why = kustomize_version()
     rendered = {}
@@ -1397,12 +1810,13 @@ def main():
                     report.result("objects", f"overlays/{variant}", ["did not render"])
                     continue
                 report.result("objects", f"overlays/{variant}: probes, resources, security, "
-                              "labels, grace period, Services", check_objects(objs, variant))
+                              "labels, grace period, Services, TLS, tenants, Secret mounts, flags, "
+                              "NetworkPolicy", check_objects(objs, variant, known_flags))
                 errors = []
                 for what, breaker in mutations(variant):
                     broken = copy.deepcopy(objs)
                     breaker(broken)
-                    if not check_objects(broken, variant):
+                    if not check_objects(broken, variant, known_flags):
                         errors.append(f"the check passes a copy with {what}")
                 report.result("objects", f"self-test: overlays/{variant} copies with a rule broken "
                               f"fail ({len(mutations(variant))} cases)", errors)
@@ -1420,7 +1834,7 @@ def main():
                 if objs is None:
                     errors.append(f"the broken copy did not render: {rerrs}")
                 else:
-                    found = check_objects(objs, "gpu")
+                    found = check_objects(objs, "gpu", known_flags)
                     if not any("readinessProbe" in e for e in found):
                         errors.append(f"no readinessProbe error for the broken copy: {found}")
             report.result("objects", "self-test: a copy of deploy/ without the readiness probe "
@@ -1444,8 +1858,8 @@ def main():
                       if rc != 0 else [])
 
     # helm, docker, metrics ----------------------------------------------------------------------
-    check_helm(src, report, base_flags)
-    check_helm_render(src, report)
+    check_helm(src, report, base_flags, quotas, quotas_where)
+    check_helm_render(src, report, known_flags)
     check_docker(src, build_dir, report)
     check_metrics(src, report)
 

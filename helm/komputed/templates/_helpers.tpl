@@ -78,21 +78,102 @@ app.kubernetes.io/instance: {{ .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 
-{{/* The name of the Secret mounted in the pods, or "" when there is none. */}}
-{{- define "komputed.secretName" -}}
-{{- if .Values.secret.existingSecret }}
-{{- .Values.secret.existingSecret }}
-{{- else if .Values.secret.create }}
-{{- include "komputed.fullname" . }}
+{{/*
+The quotas of the tenants file and of --default_quota_<name>, in server/src/tenants.h's order
+(tests/deploy/check_deploy.py checks that the two lists agree).
+*/}}
+{{- define "komputed.quotaNames" -}}
+device_memory_bytes host_memory_bytes sessions objects_per_session inflight_submissions ops_per_sequence tensor_bytes dispatch_invocations source_bytes client_name_bytes
+{{- end }}
+
+{{/* The Secret with the tenants file, or "" when there is none. */}}
+{{- define "komputed.tenantsSecretName" -}}
+{{- if .Values.auth.tenants.existingSecret }}
+{{- .Values.auth.tenants.existingSecret }}
+{{- else if .Values.auth.tenants.create }}
+{{- printf "%s-tenants" (include "komputed.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when the daemon serves TLS (tls.enabled and a Secret to take the key from). */}}
+{{- define "komputed.tlsOn" -}}
+{{- if and .Values.tls.enabled .Values.tls.existingSecret }}true{{ end }}
+{{- end }}
+
+{{/* The Secret with the client CA (mutual TLS), or "" when mutual TLS is off. */}}
+{{- define "komputed.clientCASecretName" -}}
+{{- if and (include "komputed.tlsOn" .) .Values.tls.clientCA.enabled }}
+{{- default .Values.tls.existingSecret .Values.tls.clientCA.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{/* Where the client CA file is in the pod: in the TLS Secret's folder, or its own. */}}
+{{- define "komputed.clientCAPath" -}}
+{{- if .Values.tls.clientCA.existingSecret }}
+{{- printf "/etc/komputed/client-ca/%s" .Values.tls.clientCA.key }}
+{{- else }}
+{{- printf "/etc/komputed/tls/%s" .Values.tls.clientCA.key }}
+{{- end }}
+{{- end }}
+
+{{/*
+Refuses values that would leave the daemon, which listens on 0.0.0.0 in the pod, open or unable
+to start: the message names the value to set. Included by daemonset.yaml.
+*/}}
+{{- define "komputed.validate" -}}
+{{- $tenants := include "komputed.tenantsSecretName" . }}
+{{- if not .Values.insecure }}
+{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
+{{- fail "komputed: tls.enabled is true (the default) but tls.existingSecret is empty: set tls.existingSecret to a Secret with tls.crt and tls.key (kubectl create secret tls komputed-tls --cert=server.crt --key=server.key, or a cert-manager Certificate), or set tls.enabled=false to serve plaintext (tokens travel in the clear)" }}
+{{- end }}
+{{- if not (or $tenants .Values.tls.clientCA.enabled) }}
+{{- fail "komputed: clients are not authenticated: set auth.tenants.existingSecret to a Secret whose key tenants.yaml is a tenants file (kubectl create secret generic komputed-tenants --from-file=tenants.yaml), or auth.tenants.create=true with auth.tenants.list, or tls.clientCA.enabled=true (mutual TLS); insecure=true serves every peer that reaches the port" }}
+{{- end }}
+{{- end }}
+{{- if and .Values.tls.clientCA.enabled (not (include "komputed.tlsOn" .)) }}
+{{- fail "komputed: tls.clientCA.enabled needs TLS: set tls.enabled=true and tls.existingSecret" }}
+{{- end }}
+{{- if and .Values.auth.tenants.create (not .Values.auth.tenants.existingSecret) (not .Values.auth.tenants.list) }}
+{{- fail "komputed: auth.tenants.create is true but auth.tenants.list is empty: list the tenants, or set auth.tenants.existingSecret" }}
+{{- end }}
+{{- range .Values.auth.tenants.list }}
+{{- if not .name }}
+{{- fail "komputed: an entry of auth.tenants.list has no name" }}
+{{- end }}
+{{- if and .token_sha256 (not (regexMatch "^[0-9a-fA-F]{64}$" (toString .token_sha256))) }}
+{{- fail (printf "komputed: auth.tenants.list %s: token_sha256 is not 64 hex digits (printf %%s \"$TOKEN\" | sha256sum)" .name) }}
+{{- end }}
+{{- end }}
+{{- $quotas := splitList " " (include "komputed.quotaNames" .) }}
+{{- range $name, $value := .Values.auth.defaultQuota }}
+{{- if not (has $name $quotas) }}
+{{- fail (printf "komputed: auth.defaultQuota.%s is no quota (known: %s)" $name (join ", " $quotas)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The probes' check. The kubelet's gRPC probe speaks plaintext only: with TLS on the gRPC port the
+probes open a TCP connection to it instead (they then see that the daemon listens, not whether
+a device is usable or the daemon drains).
+*/}}
+{{- define "komputed.probeAction" -}}
+{{- if include "komputed.tlsOn" . -}}
+tcpSocket:
+  port: {{ .Values.config.grpcPort | int }}
+{{- else -}}
+grpc:
+  port: {{ .Values.config.grpcPort | int }}
 {{- end }}
 {{- end }}
 
 {{/*
 The daemon's flag file (absl --flagfile: one --name=value a line, "#" starts a comment). The
-ConfigMap holds it; the DaemonSet's checksum/config annotation hashes it.
+ConfigMap holds it; the DaemonSet's checksum/config annotation hashes it. The files it names are
+in Secrets mounted as folders, which the kubelet updates in place; the daemon re-reads them.
 */}}
 {{- define "komputed.flags" -}}
-# komputed flags, from the komputed Helm chart's values (config.*).
+# komputed flags, from the komputed Helm chart's values (config.*, auth.*, tls.*, insecure).
 --listen=0.0.0.0:{{ .Values.config.grpcPort | int }}
 --metrics_listen=0.0.0.0:{{ .Values.config.metricsPort | int }}
 {{- with .Values.config.devices }}
@@ -104,6 +185,22 @@ ConfigMap holds it; the DaemonSet's checksum/config annotation hashes it.
 --max_message_bytes={{ .Values.config.maxMessageBytes | int64 }}
 {{- end }}
 --log_level={{ .Values.config.logLevel }}
+{{- if include "komputed.tenantsSecretName" . }}
+--tenants_file=/etc/komputed/tenants/{{ .Values.auth.tenants.key }}
+{{- end }}
+{{- if include "komputed.tlsOn" . }}
+--tls_cert=/etc/komputed/tls/{{ .Values.tls.certKey }}
+--tls_key=/etc/komputed/tls/{{ .Values.tls.keyKey }}
+{{- if .Values.tls.clientCA.enabled }}
+--tls_client_ca={{ include "komputed.clientCAPath" . }}
+{{- end }}
+{{- end }}
+{{- range $name, $value := .Values.auth.defaultQuota }}
+--default_quota_{{ $name }}={{ $value | int64 }}
+{{- end }}
+{{- if .Values.insecure }}
+--insecure
+{{- end }}
 {{- range .Values.config.extraFlags }}
 {{ . }}
 {{- end }}
