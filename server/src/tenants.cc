@@ -99,16 +99,30 @@ absl::StatusOr<std::vector<Tenant>> ParseTenantsNode(const YAML::Node& root,
     }
     if (!names.insert(t.name).second) return Bad(where, "is listed twice");
     if (const YAML::Node token = node["token_sha256"]) {
-      const std::string hex = absl::AsciiStrToLower(token.IsScalar() ? token.Scalar() : "");
-      if (hex.size() != 64 || !absl::c_all_of(hex, absl::ascii_isxdigit)) {
-        return Bad(where, "token_sha256 must be 64 hex digits (sha256sum of the token)");
+      std::vector<YAML::Node> hashes;
+      if (token.IsSequence()) {
+        if (token.size() == 0 || token.size() > 8) {
+          return Bad(where, "token_sha256 must list 1 to 8 hashes");
+        }
+        for (const auto& h : token) hashes.push_back(h);
+      } else {
+        hashes.push_back(token);
       }
-      const std::string bytes = absl::HexStringToBytes(hex);
-      std::copy(bytes.begin(), bytes.end(), t.token_sha256.begin());
+      for (const YAML::Node& h : hashes) {
+        const std::string hex = absl::AsciiStrToLower(h.IsScalar() ? h.Scalar() : "");
+        if (hex.size() != 64 || !absl::c_all_of(hex, absl::ascii_isxdigit)) {
+          return Bad(where,
+                     "token_sha256 must be 64 hex digits (sha256sum of the token), or a list "
+                     "of them");
+        }
+        if (!tokens.insert(hex).second) {
+          return Bad(where, "has a token that is listed already (for it or another tenant)");
+        }
+        const std::string bytes = absl::HexStringToBytes(hex);
+        std::array<uint8_t, 32>& digest = t.token_sha256.emplace_back();
+        std::copy(bytes.begin(), bytes.end(), digest.begin());
+      }
       t.has_token = true;
-      if (!tokens.insert(hex).second) {
-        return Bad(where, "has the same token as another tenant");
-      }
     }
     if (const YAML::Node certs = node["certificate_names"]) {
       if (!certs.IsSequence()) return Bad(where, "certificate_names must be a list");
@@ -263,9 +277,9 @@ std::shared_ptr<const Tenant> TenantRegistry::ByToken(absl::string_view token) c
   std::shared_ptr<const Tenant> found;
   // Every tenant is compared, in constant time, so that the time taken says nothing of which.
   for (const auto& t : set->tenants) {
-    const bool match =
-        t->has_token && CRYPTO_memcmp(t->token_sha256.data(), digest.data(), digest.size()) == 0;
-    if (match) found = t;
+    for (const std::array<uint8_t, 32>& hash : t->token_sha256) {
+      if (CRYPTO_memcmp(hash.data(), digest.data(), digest.size()) == 0) found = t;
+    }
   }
   return found;
 }

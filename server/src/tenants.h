@@ -15,6 +15,7 @@
 //     - name: ci-runner
 //       certificate_names: [ci.example.org]
 //
+// token_sha256 may also be a list of hashes (at most 8): each token names the tenant.
 // A quota a tenant does not set takes the daemon's default (flags); 0 in the file means no limit.
 
 #include <array>
@@ -57,9 +58,10 @@ const std::vector<QuotaField>& QuotaFields();
 
 struct Tenant {
   std::string name;
-  // SHA-256 of the bearer token; unset for tenants known only by certificate.
+  // SHA-256 of each of its bearer tokens (several while a token is rotated: the new one is added,
+  // the clients move, the old one is removed); none for tenants known only by certificate.
   bool has_token = false;
-  std::array<uint8_t, 32> token_sha256{};
+  std::vector<std::array<uint8_t, 32>> token_sha256;
   std::vector<std::string> certificate_names;
   bool admin = false;
   Quota quota;

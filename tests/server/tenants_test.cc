@@ -106,7 +106,7 @@ TEST(Tenants, MalformedFilesSayWhatIsWrong) {
       {"tenants: [{name: a, " + token + "}, {name: a, " + TokenLine("y") + "}]",
        "tenant a: is listed twice"},
       {"tenants: [{name: a, " + token + "}, {name: b, " + token + "}]",
-       "tenant b: has the same token as another tenant"},
+       "tenant b: has a token that is listed already"},
       {"tenants: [{name: a, " + token + ", admin: maybe}]", "admin must be true or false"},
       {"tenants: [{name: a, " + token + ", quota: {sessions: -1}}]",
        "tenant a: quota.sessions: must be a non-negative integer"},
@@ -137,6 +137,23 @@ TEST(Tenants, TokensAndCertificateNamesFindTheirTenant) {
   EXPECT_EQ(registry->ByName("ci.example.org")->name, "ci");
   EXPECT_EQ(registry->ByName("nobody"), nullptr);
   EXPECT_THAT(registry->Names(), UnorderedElementsAre("alice", "ci"));
+}
+
+TEST(Tenants, ATenantMayHaveSeveralTokensWhileOneIsRotated) {
+  TenantsFile file;
+  file.Write("tenants:\n  - name: alice\n    token_sha256: [" + HexDigest(Sha256("old-token")) +
+             ", " + HexDigest(Sha256("new-token")) + "]\n");
+  ASSERT_OK_AND_ASSIGN(auto registry, TenantRegistry::Create(file.path(), Quota{}));
+  ASSERT_NE(registry->ByToken("old-token"), nullptr);
+  ASSERT_NE(registry->ByToken("new-token"), nullptr);
+  EXPECT_EQ(registry->ByToken("new-token")->name, "alice");
+  file.Write("tenants:\n  - name: alice\n    token_sha256: [" + HexDigest(Sha256("new-token")) +
+             "]\n");
+  ASSERT_OK(registry->Reload());
+  EXPECT_EQ(registry->ByToken("old-token"), nullptr);
+  EXPECT_NE(registry->ByToken("new-token"), nullptr);
+  EXPECT_THAT(ParseTenants("tenants: [{name: a, token_sha256: []}]", Quota{}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1 to 8 hashes")));
 }
 
 TEST(Tenants, AChangedFileGrantsAndRevokesWithoutARestart) {
