@@ -5,6 +5,7 @@
 // stdout carries two lines that scripts and tests read, in this order:
 //   komputed listening on HOST:PORT
 //   komputed metrics on HOST:PORT        (absent with --metrics_listen="")
+//   komputed health on HOST:PORT         (with --health_listen only)
 // Logs go to stderr. SIGHUP reads the tenants file again.
 #include <grpc/grpc.h>
 #include <signal.h>
@@ -31,6 +32,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "host:port to serve Prometheus metrics on, at /metrics; port 0 picks a free port "
           "(printed at start); empty: no metrics endpoint");
+ABSL_FLAG(std::string, health_listen, "",
+          "host:port to serve only grpc.health.v1.Health on, in plain text, for probes that "
+          "cannot speak TLS (Kubernetes' gRPC probes); port 0 picks a free port (printed at "
+          "start); empty: health is served on --listen only");
 ABSL_FLAG(std::vector<std::string>, devices, {},
           "comma-separated Vulkan device indices to serve (e.g. 0,2); empty: every device");
 ABSL_FLAG(absl::Duration, session_idle_timeout, absl::Seconds(60),
@@ -127,6 +132,7 @@ int main(int argc, char** argv) {
   komputed::server::ServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.health_listen = absl::GetFlag(FLAGS_health_listen);
   for (const std::string& d : absl::GetFlag(FLAGS_devices)) {
     uint32_t index = 0;
     if (!absl::SimpleAtoi(d, &index)) {
@@ -182,6 +188,9 @@ int main(int argc, char** argv) {
   std::printf("komputed listening on %s\n", (*server)->address().c_str());
   if (!(*server)->metrics_address().empty()) {
     std::printf("komputed metrics on %s\n", (*server)->metrics_address().c_str());
+  }
+  if (!(*server)->health_address().empty()) {
+    std::printf("komputed health on %s\n", (*server)->health_address().c_str());
   }
   std::fflush(stdout);
 

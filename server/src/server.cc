@@ -73,10 +73,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   s->metrics_ = std::make_unique<Metrics>();
   s->gate_ = std::make_unique<WorkGate>();
   KD_ASSIGN_OR_RETURN(s->auth_, Authenticator::Create(o, s->metrics_.get()));
-  s->health_ = std::make_unique<HealthService>(std::vector<std::string>{
+  const std::vector<std::string> services = {
       v1::Devices::service_full_name(), v1::Sessions::service_full_name(),
       v1::Tensors::service_full_name(), v1::Algorithms::service_full_name(),
-      v1::Sequences::service_full_name()});
+      v1::Sequences::service_full_name()};
+  s->health_ = std::make_unique<HealthService>(services);
+  if (!o.health_listen.empty()) s->plain_health_ = std::make_unique<HealthService>(services);
 
   KD_ASSIGN_OR_RETURN(s->pool_, DevicePool::Create(o, s->metrics_.get()));
   s->pool_->SetStateListener([s] { s->UpdateHealth(); });
@@ -115,6 +117,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", o.listen, " (address in use, or not a host:port?)"));
   }
+  if (s->plain_health_ != nullptr) {
+    grpc::ServerBuilder health;
+    health.AddListeningPort(o.health_listen, grpc::InsecureServerCredentials(), &s->health_port_);
+    health.RegisterService(s->plain_health_.get());
+    s->health_server_ = health.BuildAndStart();
+    if (s->health_server_ == nullptr || s->health_port_ == 0) {
+      return absl::UnavailableError(absl::StrCat("cannot serve health on ", o.health_listen,
+                                                 " (address in use, or not a host:port?)"));
+    }
+  }
   s->UpdateHealth();
   spdlog::info("komputed serving {} device(s) on {} ({}, {}){}", s->pool_->size(), s->address(),
                o.tls_cert.empty()        ? "plain text"
@@ -135,6 +147,7 @@ Server::~Server() {
   // Released in this order.
   TimedStep("metrics endpoint released", [this] { metrics_endpoint_.reset(); });
   TimedStep("gRPC server released", [this] {
+    health_server_.reset();
     grpc_server_.reset();
     sequences_service_.reset();
     algorithms_service_.reset();
@@ -153,6 +166,12 @@ std::string Server::address() const {
   return absl::StrCat(host, ":", port_);
 }
 
+std::string Server::health_address() const {
+  if (health_server_ == nullptr) return std::string();
+  const std::string& listen = options_.health_listen;
+  return absl::StrCat(listen.substr(0, listen.rfind(':')), ":", health_port_);
+}
+
 std::string Server::metrics_address() const {
   return metrics_endpoint_ == nullptr ? std::string() : metrics_endpoint_->address();
 }
@@ -160,7 +179,9 @@ std::string Server::metrics_address() const {
 void Server::UpdateHealth() {
   // After Shutdown the pool may be going (its waiters' last callbacks can report a loss).
   if (stopped_.load()) return;
-  health_->SetServing(!draining_.load() && pool_->usable() > 0);
+  const bool serving = !draining_.load() && pool_->usable() > 0;
+  health_->SetServing(serving);
+  if (plain_health_ != nullptr) plain_health_->SetServing(serving);
 }
 
 void Server::Drain(absl::Duration timeout) {
@@ -204,6 +225,8 @@ void Server::Shutdown(absl::Duration grace) {
   stopped_.store(true);
   // NOT_SERVING, and the Watch streams end (else gRPC would wait for them until `grace`).
   if (health_ != nullptr) health_->Shutdown();
+  if (plain_health_ != nullptr) plain_health_->Shutdown();
+  if (health_server_ != nullptr) health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
   if (grpc_server_ != nullptr) {
     spdlog::info("komputed shutting down");
     // Waits for every call to end: those still running after `grace` are cancelled, and their

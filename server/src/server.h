@@ -42,6 +42,8 @@ class Server {
   std::string address() const;
   // The metrics address with the bound port ("127.0.0.1:9464"); empty when not served.
   std::string metrics_address() const;
+  // The health-only address with the bound port; empty when not served.
+  std::string health_address() const;
   const ServerOptions& options() const { return options_; }
   Metrics& metrics() const { return *metrics_; }
 
@@ -79,6 +81,7 @@ class Server {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<WorkGate> gate_;
   std::unique_ptr<HealthService> health_;
+  std::unique_ptr<HealthService> plain_health_;  // on health_listen, when set
   std::unique_ptr<Authenticator> auth_;
   std::atomic<bool> draining_{false};
   std::atomic<bool> stopped_{false};  // set by Shutdown: health no longer follows the devices
@@ -94,6 +97,8 @@ class Server {
   std::unique_ptr<AlgorithmsService> algorithms_service_;
   std::unique_ptr<SequencesService> sequences_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<grpc::Server> health_server_;
+  int health_port_ = 0;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
 };
 

@@ -21,6 +21,9 @@ struct ServerOptions {
   // metrics are kept (Server::metrics()) but not served. (komputed's flag defaults to
   // 127.0.0.1:9464; the library's default is empty so that in-process servers do not collide.)
   std::string metrics_listen;
+  // host:port serving only grpc.health.v1.Health, in plain text, for probes that cannot speak TLS
+  // (Kubernetes' gRPC probes); port 0 picks a free port. Empty: health is served on `listen` only.
+  std::string health_listen;
   // Physical device indices to serve, in the daemon's order; empty: every device.
   std::vector<uint32_t> devices;
   // A session with no call and no open Execute stream (or eval in flight) for this long is closed.

@@ -3,6 +3,7 @@
 // and a verified certificate names the tenant. Bad TLS files stop the daemon from starting.
 #include <grpcpp/security/credentials.h>
 
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "support/test_certs.h"
 #include "tenant_client.h"
 
@@ -32,9 +33,11 @@ class TlsTest : public ::testing::Test {
     if (server_ != nullptr) server_->Shutdown();
   }
 
-  void Start(bool mutual, const std::string& tenants_file = "") {
+  void Start(bool mutual, const std::string& tenants_file = "",
+             const std::string& health_listen = "") {
     ServerOptions options;
     options.listen = "127.0.0.1:0";
+    options.health_listen = health_listen;
     options.tls_cert = certs_.server_cert();
     options.tls_key = certs_.server_key();
     if (mutual) options.tls_client_ca = certs_.ca();
@@ -122,6 +125,28 @@ TEST_F(TlsTest, CertificateOfNoTenantIsUnauthenticated) {
   grpc::Status s = OpenWithin(*runner);
   EXPECT_THAT(s, HasCode(grpc::StatusCode::UNAUTHENTICATED));
   EXPECT_THAT(s.error_message(), HasSubstr("ci-runner"));
+}
+
+// Kubernetes' gRPC probes speak no TLS: the health-only port answers them in plain text.
+TEST_F(TlsTest, AHealthOnlyPortAnswersPlainTextProbes) {
+  Start(/*mutual=*/true, "", "127.0.0.1:0");
+  ASSERT_FALSE(server_->health_address().empty());
+  auto channel = grpc::CreateChannel(server_->health_address(), grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext ctx;
+  grpc::health::v1::HealthCheckResponse resp;
+  ASSERT_THAT(health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp), IsOk());
+  EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+  // It serves nothing else.
+  Stubs plain(channel);
+  grpc::ClientContext list_ctx;
+  v1::ListDevicesResponse devices;
+  EXPECT_THAT(plain.devices->ListDevices(&list_ctx, v1::ListDevicesRequest(), &devices),
+              HasCode(grpc::StatusCode::UNIMPLEMENTED));
+  server_->Shutdown();
+  grpc::ClientContext after;
+  grpc::Status gone = health->Check(&after, grpc::health::v1::HealthCheckRequest(), &resp);
+  EXPECT_TRUE(!gone.ok() || resp.status() == grpc::health::v1::HealthCheckResponse::NOT_SERVING);
 }
 
 TEST_F(TlsTest, BadTlsFilesStopTheStartWithTheFlagNamed) {
