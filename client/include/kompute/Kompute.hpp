@@ -486,8 +486,9 @@ struct Remote {
 class Manager {
  public:
   // Device 0 (discrete GPUs first), one queue of the first compute family. Remote, on the daemon's
-  // device 0, when KOMPUTED_ADDRESS (host:port) is set. KOMPUTED_DEVICE=N picks device N instead
-  // (the daemon's device index when remote), so that one program runs on any GPU of a node.
+  // device 0, when KOMPUTED_ADDRESS (host:port) is set, with the credentials of the environment
+  // (see Remote). KOMPUTED_DEVICE=N picks device N instead (the daemon's device index when
+  // remote), so that one program runs on any GPU of a node.
   Manager();
   // familyQueueIndices: one entry per queue (sequence(i) uses entry i); repeated entries of a
   // family take its queues 0, 1, 2... Extensions the device lacks are skipped.
@@ -495,7 +496,7 @@ class Manager {
                    const std::vector<uint32_t>& familyQueueIndices = {},
                    const std::vector<std::string>& desiredExtensions = {});
   // Remote on the komputed daemon at `address` (host:port), device 0, whatever
-  // KOMPUTED_ADDRESS says.
+  // KOMPUTED_ADDRESS says; credentials from the environment (see Remote).
   explicit Manager(const std::string& address);
   // Remote, with a device index and queue families (as the local constructor's).
   explicit Manager(const Remote& remote);

@@ -55,13 +55,10 @@ class ClientCredentials {
   std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
                                                const grpc::ChannelArguments& args) const;
 
-  // CredentialHint, and where the connection closed during the handshake (which is all that a
-  // client sees of a daemon that wanted TLS, or a client certificate), what these credentials
-  // lack.
+  // The hint for a failed call on a channel made here: CredentialHint's, and what these
+  // credentials lack where the connection was closed during the handshake (all that a client
+  // sees of a daemon that wants TLS, or a client certificate) or TLS met plain text.
   std::string Hint(grpc::StatusCode code, absl::string_view message) const;
-
-  bool tls() const { return tls_; }
-  bool has_token() const { return !authorization_.empty(); }
 
  private:
   ClientCredentials() = default;
