@@ -6,8 +6,10 @@
 //   komputectl run --shader=FILE --tensors=SPEC,... [--workgroup=X,Y,Z] [--push=...] [--spec=...]
 //   komputectl bench [--seconds=N] [--megabytes=N]
 //
-// The daemon is --address, else $KOMPUTED_ADDRESS, else 127.0.0.1:50051. Errors are one line on
-// stderr and a non-zero exit status.
+// The daemon is --address, else $KOMPUTED_ADDRESS, else 127.0.0.1:50051. Credentials: --token or
+// --token_file, --tls_ca, --tls_cert and --tls_key, each flag left empty falling back to its
+// environment variable (KOMPUTED_TOKEN, KOMPUTED_TOKEN_FILE, KOMPUTED_TLS_CA, ...) as in kp.
+// Errors are one line on stderr and a non-zero exit status.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -36,9 +38,22 @@
 #include "absl/time/time.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "komputed/v1/komputed.grpc.pb.h"
+#include "remote/credentials.h"
 
 ABSL_FLAG(std::string, address, "",
           "komputed's address (host:port); default $KOMPUTED_ADDRESS, else 127.0.0.1:50051");
+ABSL_FLAG(std::string, token, "",
+          "the bearer token sent on every call; default $KOMPUTED_TOKEN (--token_file, "
+          "$KOMPUTED_TOKEN_FILE: a file holding it)");
+ABSL_FLAG(std::string, token_file, "",
+          "a file holding the token (trailing whitespace trimmed); default $KOMPUTED_TOKEN_FILE");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM file of the CA of the daemon's certificate, which turns TLS on; default "
+          "$KOMPUTED_TLS_CA");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM file of a client certificate (mTLS), with --tls_key; default $KOMPUTED_TLS_CERT");
+ABSL_FLAG(std::string, tls_key, "",
+          "PEM file of the client certificate's private key; default $KOMPUTED_TLS_KEY");
 ABSL_FLAG(double, timeout, 30, "seconds to wait for each call");
 ABSL_FLAG(std::string, service, "", "health: the service to check (\"\" = the whole server)");
 ABSL_FLAG(uint32_t, device, 0, "run, bench: the daemon's device index");
@@ -58,6 +73,8 @@ ABSL_FLAG(uint64_t, megabytes, 256, "bench: MiB moved in each direction for band
 namespace {
 
 namespace v1 = komputed::v1;
+using kp::internal::remote::ClientCredentials;
+using kp::internal::remote::CredentialSettings;
 
 [[noreturn]] void Fail(const std::string& message, int status = 1) {
   std::fprintf(stderr, "komputectl: error: %s\n", message.c_str());
@@ -71,10 +88,47 @@ std::string Address() {
   return env != nullptr && env[0] != '\0' ? env : "127.0.0.1:50051";
 }
 
+// The credential flags, named as typed; empty ones fall back to the environment.
+CredentialSettings Settings() {
+  CredentialSettings s;
+  s.token = {absl::GetFlag(FLAGS_token), "--token"};
+  s.token_file = {absl::GetFlag(FLAGS_token_file), "--token_file"};
+  s.tls_ca = {absl::GetFlag(FLAGS_tls_ca), "--tls_ca"};
+  s.tls_cert = {absl::GetFlag(FLAGS_tls_cert), "--tls_cert"};
+  s.tls_key = {absl::GetFlag(FLAGS_tls_key), "--tls_key"};
+  s.command_line = true;
+  return s;
+}
+
+// Loaded once, before any command runs (main), so that a bad setting is reported under the
+// name the user gave it.
+const ClientCredentials& Credentials() {
+  static const std::shared_ptr<const ClientCredentials> credentials = [] {
+    absl::StatusOr<std::shared_ptr<const ClientCredentials>> c =
+        ClientCredentials::Load(Settings());
+    if (!c.ok()) Fail(std::string(c.status().message()));
+    return *std::move(c);
+  }();
+  return *credentials;
+}
+
 std::shared_ptr<grpc::Channel> Channel() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
-  return grpc::CreateCustomChannel(Address(), grpc::InsecureChannelCredentials(), args);
+  return Credentials().CreateChannel(Address(), args);
+}
+
+// The daemon for kp::Manager, with the same credentials as the channels above: the token is
+// resolved here (kp::Remote takes the token's text, not a file).
+kp::Remote RemoteOf() {
+  kp::Remote remote{Address(), absl::GetFlag(FLAGS_device), {}};
+  absl::StatusOr<std::string> token = kp::internal::remote::ResolveToken(Settings());
+  if (!token.ok()) Fail(std::string(token.status().message()));
+  remote.token = *std::move(token);
+  remote.tlsCa = absl::GetFlag(FLAGS_tls_ca);
+  remote.tlsCert = absl::GetFlag(FLAGS_tls_cert);
+  remote.tlsKey = absl::GetFlag(FLAGS_tls_key);
+  return remote;
 }
 
 void SetDeadline(grpc::ClientContext& c) {
@@ -84,8 +138,9 @@ void SetDeadline(grpc::ClientContext& c) {
 
 void Check(const grpc::Status& s, const std::string& what) {
   if (!s.ok()) {
+    const std::string hint = Credentials().Hint(s.error_code(), s.error_message());
     Fail(absl::StrCat(what, " at ", Address(), ": ", s.error_message(), " (code ",
-                      static_cast<int>(s.error_code()), ")"));
+                      static_cast<int>(s.error_code()), ")", hint.empty() ? "" : "; ", hint));
   }
 }
 
@@ -298,7 +353,7 @@ int Run() {
   std::string spec = Encode(ctype, absl::StrSplit(absl::GetFlag(FLAGS_spec), ','), "--spec");
 
   try {
-    kp::Manager mgr(kp::Remote{Address(), absl::GetFlag(FLAGS_device), {}});
+    kp::Manager mgr(RemoteOf());
     if (spirv.empty()) spirv = kp::compileSource(code);
     std::vector<Binding> bindings;
     for (absl::string_view item_view : absl::StrSplit(absl::GetFlag(FLAGS_tensors), ',')) {
@@ -398,7 +453,7 @@ int Bench() {
   std::printf("ping round trip      p50 %8.1f us   p99 %8.1f us   (%zu calls)\n",
               Percentile(rtt, 0.5), Percentile(rtt, 0.99), rtt.size());
   try {
-    kp::Manager mgr(kp::Remote{Address(), absl::GetFlag(FLAGS_device), {}});
+    kp::Manager mgr(RemoteOf());
     auto t = mgr.tensor(std::vector<float>(1024, 1.0f));
     auto seq = mgr.sequence();
     seq->record<kp::OpTensorSyncDevice>({t})->record<kp::OpTensorSyncLocal>({t});
@@ -472,7 +527,9 @@ int main(int argc, char** argv) {
       "             write outputs: komputectl run --shader=k.comp \\\n"
       "               --tensors=float32:a.txt,float32:b.txt,float32:zeros:3=out.txt\n"
       "  bench      round-trip latency and bandwidth against the daemon\n\n"
-      "The daemon is --address, else $KOMPUTED_ADDRESS, else 127.0.0.1:50051.");
+      "The daemon is --address, else $KOMPUTED_ADDRESS, else 127.0.0.1:50051. Credentials:\n"
+      "--token or --token_file, --tls_ca, --tls_cert and --tls_key, else $KOMPUTED_TOKEN,\n"
+      "$KOMPUTED_TOKEN_FILE, $KOMPUTED_TLS_CA, $KOMPUTED_TLS_CERT and $KOMPUTED_TLS_KEY.");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
     Fail(args.size() < 2 ? "no command given (devices, health, sessions, run, bench; --help)"
@@ -480,6 +537,7 @@ int main(int argc, char** argv) {
          2);
   }
   const std::string command = args[1];
+  Credentials();  // a bad setting fails here, before any command starts
   if (command == "devices") return Devices();
   if (command == "health") return Health();
   if (command == "sessions") return Sessions();

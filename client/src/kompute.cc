@@ -451,14 +451,26 @@ void Sequence::destroy() {
 
 namespace {
 
+std::shared_ptr<Backend> MakeRemote(const Remote& given) {
+  internal::RemoteOptions remote;
+  remote.address = given.address;
+  remote.device_index = given.deviceIndex;
+  remote.queue_families = given.familyQueueIndices;
+  remote.client_name = program_invocation_short_name;
+  remote.credentials.token = {given.token, "kp::Remote::token"};
+  remote.credentials.tls_ca = {given.tlsCa, "kp::Remote::tlsCa"};
+  remote.credentials.tls_cert = {given.tlsCert, "kp::Remote::tlsCert"};
+  remote.credentials.tls_key = {given.tlsKey, "kp::Remote::tlsKey"};
+  return Check(internal::CreateRemoteBackend(remote));
+}
+
 std::shared_ptr<Backend> MakeRemote(const std::string& address, uint32_t device_index,
                                     const std::vector<uint32_t>& families) {
-  internal::RemoteOptions remote;
+  Remote remote;
   remote.address = address;
-  remote.device_index = device_index;
-  remote.queue_families = families;
-  remote.client_name = program_invocation_short_name;
-  return Check(internal::CreateRemoteBackend(remote));
+  remote.deviceIndex = device_index;
+  remote.familyQueueIndices = families;
+  return MakeRemote(remote);
 }
 
 // Remote when KOMPUTED_ADDRESS names a daemon (device extensions are the daemon's then),
@@ -501,8 +513,7 @@ Manager::Manager(uint32_t physicalDeviceIndex, const std::vector<uint32_t>& fami
 
 Manager::Manager(const std::string& address) : backend_(MakeRemote(address, 0, {})) {}
 
-Manager::Manager(const Remote& remote)
-    : backend_(MakeRemote(remote.address, remote.deviceIndex, remote.familyQueueIndices)) {}
+Manager::Manager(const Remote& remote) : backend_(MakeRemote(remote)) {}
 
 Manager::~Manager() { destroy(); }
 

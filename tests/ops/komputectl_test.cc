@@ -165,8 +165,9 @@ TEST(Komputectl, HelpListsEveryFlagWithItsText) {
   std::string out, err;
   Komputectl("", {"--help"}, &out, &err);
   const std::string help = out + err;
-  for (const char* flag : {"address", "timeout", "device", "service", "shader", "tensors",
-                           "workgroup", "push", "spec", "const_type", "seconds", "megabytes"}) {
+  for (const char* flag : {"address", "token", "token_file", "tls_ca", "tls_cert", "tls_key",
+                           "timeout", "device", "service", "shader", "tensors", "workgroup", "push",
+                           "spec", "const_type", "seconds", "megabytes"}) {
     EXPECT_THAT(help, testing::HasSubstr(absl::StrCat("--", flag, " ("))) << flag;
   }
   for (const char* command : {"devices", "health", "sessions", "run", "bench"}) {

@@ -460,19 +460,35 @@ class PhysicalDevice {
   vk::PhysicalDeviceProperties properties_;
 };
 
-// Where a remote Manager runs: a komputed daemon, one of its devices, the queues to take.
+// Where a remote Manager runs: a komputed daemon, one of its devices, the queues to take, and
+// how the client proves who it is. Each credential left empty falls back to its environment
+// variable, which is all that Manager() (through KOMPUTED_ADDRESS) and Manager(address) use.
+// Credentials that cannot be read (a missing file, a certificate without its key) make the
+// constructor throw kp::Error naming the setting and the file; the token is never in a message.
 struct Remote {
   std::string address;                       // host:port
   uint32_t deviceIndex = 0;                  // the daemon's device index
   std::vector<uint32_t> familyQueueIndices;  // as Manager(deviceIndex, familyQueueIndices)
+  // The bearer token itself (sent as `authorization: Bearer <token>` on every call); else
+  // $KOMPUTED_TOKEN, else the contents of the file $KOMPUTED_TOKEN_FILE (trailing whitespace
+  // trimmed). None: no token is sent.
+  std::string token;
+  // PEM file of the CA that signed the daemon's certificate; else $KOMPUTED_TLS_CA. Set, the
+  // connection uses TLS; unset, plain text.
+  std::string tlsCa;
+  // PEM files of a client certificate and its private key, for daemons that require one (mTLS);
+  // else $KOMPUTED_TLS_CERT and $KOMPUTED_TLS_KEY. Both or neither; they need tlsCa.
+  std::string tlsCert;
+  std::string tlsKey;
 };
 
 // Creates and owns tensors, algorithms and sequences on one device.
 class Manager {
  public:
   // Device 0 (discrete GPUs first), one queue of the first compute family. Remote, on the daemon's
-  // device 0, when KOMPUTED_ADDRESS (host:port) is set. KOMPUTED_DEVICE=N picks device N instead
-  // (the daemon's device index when remote), so that one program runs on any GPU of a node.
+  // device 0, when KOMPUTED_ADDRESS (host:port) is set, with the credentials of the environment
+  // (see Remote). KOMPUTED_DEVICE=N picks device N instead (the daemon's device index when
+  // remote), so that one program runs on any GPU of a node.
   Manager();
   // familyQueueIndices: one entry per queue (sequence(i) uses entry i); repeated entries of a
   // family take its queues 0, 1, 2... Extensions the device lacks are skipped.
@@ -480,7 +496,7 @@ class Manager {
                    const std::vector<uint32_t>& familyQueueIndices = {},
                    const std::vector<std::string>& desiredExtensions = {});
   // Remote on the komputed daemon at `address` (host:port), device 0, whatever
-  // KOMPUTED_ADDRESS says.
+  // KOMPUTED_ADDRESS says; credentials from the environment (see Remote).
   explicit Manager(const std::string& address);
   // Remote, with a device index and queue families (as the local constructor's).
   explicit Manager(const Remote& remote);

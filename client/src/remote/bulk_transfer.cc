@@ -13,9 +13,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "komputed/core/status.h"
-#include "komputed/v1/grpc_status.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "komputed/v1/tensor_chunk_wire.h"
+#include "remote/credentials.h"
 #include "remote/rpc.h"
 
 namespace kp::internal::remote {
@@ -73,7 +73,7 @@ class BulkCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
           absl::StrCat(what, ": the data was still held by gRPC 60 s after the call"));
     }
     if (!local_.ok()) return local_;
-    return v1::wire::FromGrpcStatus(status_, what);
+    return FromGrpcStatusWithHint(status_, what);
   }
 
   // A slice release callback's argument for data lent to this call: counts it until released.
@@ -146,9 +146,11 @@ void SetTransferDeadline(grpc::ClientContext& context, uint64_t bytes) {
 
 }  // namespace
 
-BulkTransfer::BulkTransfer(std::string address, std::shared_ptr<grpc::Channel> channel,
-                           std::string session_id)
+BulkTransfer::BulkTransfer(std::string address,
+                           std::shared_ptr<const ClientCredentials> credentials,
+                           std::shared_ptr<grpc::Channel> channel, std::string session_id)
     : address_(std::move(address)),
+      credentials_(std::move(credentials)),
       channel_(std::move(channel)),
       session_id_(std::move(session_id)),
       lanes_(TransferStreams()) {}
@@ -201,8 +203,8 @@ grpc::GenericStub& BulkTransfer::LaneStub(uint64_t lane) {
     // A channel of its own: its own connection, not one shared through the subchannel pool.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetInt("komputed.bulk_lane", static_cast<int>(lane));
-    lane_stubs_[lane] = std::make_unique<grpc::GenericStub>(
-        grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+    lane_stubs_[lane] =
+        std::make_unique<grpc::GenericStub>(credentials_->CreateChannel(address_, args));
   }
   return *lane_stubs_[lane];
 }

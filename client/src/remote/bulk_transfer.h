@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "remote/credentials.h"
 
 namespace kp::internal::remote {
 
@@ -21,9 +22,11 @@ namespace kp::internal::remote {
 // (bounded by a deadline that grows with the size). Owned by the session's Connection.
 class BulkTransfer {
  public:
-  // `channel` is the session's; further lanes open channels of their own to `address`. The
-  // number of lanes is $KOMPUTED_TRANSFER_STREAMS (1 to 16), else a quarter of the cores, 1 to 4.
-  BulkTransfer(std::string address, std::shared_ptr<grpc::Channel> channel, std::string session_id);
+  // `channel` is the session's; further lanes open channels of their own to `address`, with the
+  // session's `credentials`. The number of lanes is $KOMPUTED_TRANSFER_STREAMS (1 to 16), else a
+  // quarter of the cores, 1 to 4.
+  BulkTransfer(std::string address, std::shared_ptr<const ClientCredentials> credentials,
+               std::shared_ptr<grpc::Channel> channel, std::string session_id);
 
   // Streams `bytes` of host data into the tensor `handle`.
   absl::Status Write(uint64_t handle, const uint8_t* data, uint64_t bytes);
@@ -40,6 +43,7 @@ class BulkTransfer {
                          uint64_t end);
 
   const std::string address_;
+  const std::shared_ptr<const ClientCredentials> credentials_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::string session_id_;
   const uint32_t lanes_;

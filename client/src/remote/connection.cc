@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "komputed/core/malloc_tuning.h"
 #include "komputed/core/status.h"
-#include "komputed/v1/grpc_status.h"
+#include "remote/credentials.h"
 #include "remote/rpc.h"
 
 namespace kp::internal::remote {
@@ -56,10 +56,11 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Open(const RemoteOptions
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<const ClientCredentials> credentials,
+                      ClientCredentials::Load(options.credentials));
   std::shared_ptr<Connection> c(new Connection());
   c->address_ = options.address;
-  c->channel_ =
-      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+  c->channel_ = credentials->CreateChannel(options.address, args);
   c->sessions_ = v1::Sessions::NewStub(c->channel_);
   c->devices_ = v1::Devices::NewStub(c->channel_);
   c->tensors_ = v1::Tensors::NewStub(c->channel_);
@@ -73,15 +74,16 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Open(const RemoteOptions
   v1::OpenSessionResponse response;
   grpc::ClientContext context;
   SetDeadline(context, RpcTimeout());
-  KD_RETURN_IF_ERROR(
-      v1::wire::FromGrpcStatus(c->sessions_->OpenSession(&context, request, &response),
-                               absl::StrCat("opening a session on komputed at ", options.address)));
+  KD_RETURN_IF_ERROR(FromGrpcStatusWithHint(
+      c->sessions_->OpenSession(&context, request, &response),
+      absl::StrCat("opening a session on komputed at ", options.address), credentials.get()));
   c->session_id_ = response.session_id();
   c->properties_ = PropertiesOf(response.device());
   if (response.idle_timeout_ms() > 0) {
     c->idle_timeout_ = absl::Milliseconds(response.idle_timeout_ms());
   }
-  c->bulk_ = std::make_unique<BulkTransfer>(c->address_, c->channel_, c->session_id_);
+  c->bulk_ = std::make_unique<BulkTransfer>(c->address_, std::move(credentials), c->channel_,
+                                            c->session_id_);
   c->StartKeepAlive();
   return c;
 }
@@ -105,8 +107,8 @@ absl::Status Connection::Close(absl::Duration timeout) {
   v1::CloseSessionRequest request;
   request.set_session_id(session_id_);
   v1::CloseSessionResponse response;
-  absl::Status s = v1::wire::FromGrpcStatus(sessions_->CloseSession(&context, request, &response),
-                                            "closing the session");
+  absl::Status s = FromGrpcStatusWithHint(sessions_->CloseSession(&context, request, &response),
+                                          "closing the session");
   std::lock_guard<std::mutex> lock(stream_mu_);
   CloseStreamLocked();
   return s;
@@ -134,8 +136,8 @@ absl::Status Connection::FlushIfMany() {
   v1::EvalResponse response;
   grpc::ClientContext context;
   SetDeadline(context, RpcTimeout());
-  return v1::wire::FromGrpcStatus(sequences_->Eval(&context, request, &response),
-                                  "flushing commands");
+  return FromGrpcStatusWithHint(sequences_->Eval(&context, request, &response),
+                                "flushing commands");
 }
 
 absl::StatusOr<std::shared_ptr<Connection::Pending>> Connection::ExecuteAsync(
@@ -208,7 +210,7 @@ void Connection::OpenStreamLocked() {
         pending_.erase(it);
       }
       Complete(*p,
-               v1::wire::FromGrpcStatus(
+               FromGrpcStatusWithHint(
                    grpc::Status(static_cast<grpc::StatusCode>(event.code()), event.message())),
                std::move(*event.mutable_result()));
     }

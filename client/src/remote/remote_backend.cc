@@ -5,9 +5,9 @@
 
 #include "komputed/core/status.h"
 #include "komputed/core/types.h"
-#include "komputed/v1/grpc_status.h"
 #include "komputed/v1/semantics_wire.h"
 #include "remote/connection.h"
+#include "remote/credentials.h"
 #include "remote/objects.h"
 #include "remote/rpc.h"
 #include "remote/sequence.h"
@@ -58,7 +58,7 @@ class RemoteBackend final : public Backend {
       grpc::ClientContext context;
       SetDeadline(context, RpcTimeout());
       v1::CreateTensorResponse response;
-      KD_RETURN_IF_ERROR(v1::wire::FromGrpcStatus(
+      KD_RETURN_IF_ERROR(remote::FromGrpcStatusWithHint(
           connection_->tensors().CreateTensor(&context, request, &response), "creating a tensor"));
     }
     auto tensor = std::make_shared<RemoteTensor>(this, connection_, handle, resolved);
@@ -101,7 +101,7 @@ class RemoteBackend final : public Backend {
     grpc::ClientContext context;
     SetDeadline(context, RpcTimeout());
     v1::SetPushConstantsResponse response;
-    KD_RETURN_IF_ERROR(v1::wire::FromGrpcStatus(
+    KD_RETURN_IF_ERROR(remote::FromGrpcStatusWithHint(
         connection_->algorithms().SetPushConstants(&context, request, &response),
         "setting push constants"));
     remote.SetPushConstants(std::move(values));
@@ -120,7 +120,7 @@ class RemoteBackend final : public Backend {
     grpc::ClientContext context;
     SetDeadline(context, RpcTimeout());
     v1::CreateSequenceResponse response;
-    KD_RETURN_IF_ERROR(v1::wire::FromGrpcStatus(
+    KD_RETURN_IF_ERROR(remote::FromGrpcStatusWithHint(
         connection_->sequences().CreateSequence(&context, request, &response),
         "creating a sequence"));
     return std::make_shared<RemoteSequence>(this, connection_, handle);
@@ -132,7 +132,7 @@ class RemoteBackend final : public Backend {
     grpc::ClientContext context;
     SetDeadline(context, RpcTimeout());
     v1::ListDevicesResponse response;
-    KD_RETURN_IF_ERROR(v1::wire::FromGrpcStatus(
+    KD_RETURN_IF_ERROR(remote::FromGrpcStatusWithHint(
         connection_->devices().ListDevices(&context, v1::ListDevicesRequest(), &response),
         "listing devices"));
     std::vector<VkPhysicalDeviceProperties> out;
@@ -157,8 +157,8 @@ class RemoteBackend final : public Backend {
     SetDeadline(context, RpcTimeout());
     v1::EvalResponse response;
     KD_RETURN_IF_ERROR(
-        v1::wire::FromGrpcStatus(connection_->sequences().Eval(&context, request, &response),
-                                 "uploading a tensor's initial data"));
+        remote::FromGrpcStatusWithHint(connection_->sequences().Eval(&context, request, &response),
+                                       "uploading a tensor's initial data"));
     v1::Command destroy;
     destroy.mutable_destroy_sequence()->set_handle(seq);
     connection_->Defer(std::move(destroy));
@@ -184,8 +184,8 @@ class RemoteBackend final : public Backend {
     v1::Algorithms::Stub& stub = connection_->algorithms();
     grpc::Status s = rebuild ? stub.RebuildAlgorithm(&context, request, &response)
                              : stub.CreateAlgorithm(&context, request, &response);
-    KD_RETURN_IF_ERROR(
-        v1::wire::FromGrpcStatus(s, rebuild ? "rebuilding an algorithm" : "creating an algorithm"));
+    KD_RETURN_IF_ERROR(remote::FromGrpcStatusWithHint(
+        s, rebuild ? "rebuilding an algorithm" : "creating an algorithm"));
     algorithm.Built(std::move(tensors), spec.push_constants);
     return absl::OkStatus();
   }

@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "backend.h"
+#include "remote/credentials.h"
 
 namespace kp::internal {
 
@@ -16,6 +17,7 @@ struct RemoteOptions {
   uint32_t device_index = 0;             // the daemon's device index
   std::vector<uint32_t> queue_families;  // as Manager's familyQueueIndices
   std::string client_name;
+  remote::CredentialSettings credentials;  // the token and TLS files (else the environment's)
 };
 
 // The backend that runs everything on a komputed daemon through one session. Records are kept

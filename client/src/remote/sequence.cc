@@ -6,8 +6,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "komputed/core/status.h"
-#include "komputed/v1/grpc_status.h"
 #include "komputed/v1/semantics_wire.h"
+#include "remote/credentials.h"
 #include "remote/rpc.h"
 
 namespace kp::internal::remote {
@@ -112,8 +112,8 @@ absl::Status RemoteSequence::Eval(absl::Duration timeout) {
   grpc::ClientContext context;
   SetDeadline(context, timeout + RpcTimeout());
   v1::EvalResponse response;
-  KD_RETURN_IF_ERROR(v1::wire::FromGrpcStatus(
-      connection_->sequences().Eval(&context, request, &response), "eval"));
+  KD_RETURN_IF_ERROR(
+      FromGrpcStatusWithHint(connection_->sequences().Eval(&context, request, &response), "eval"));
   return FinishLocked(response);
 }
 
@@ -211,7 +211,7 @@ absl::StatusOr<v1::EvalRequest> RemoteSequence::PrepareLocked() {
         grpc::ClientContext context;
         SetDeadline(context, RpcTimeout());
         v1::EvalResponse ignored;
-        KD_RETURN_IF_ERROR(v1::wire::FromGrpcStatus(
+        KD_RETURN_IF_ERROR(FromGrpcStatusWithHint(
             connection_->sequences().Eval(&context, flush, &ignored), "eval"));
       }
       KD_RETURN_IF_ERROR(connection_->bulk().Write(t->handle(), t->host(), t->bytes()));
