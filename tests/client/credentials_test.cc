@@ -27,6 +27,7 @@
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "support/process.h"
 #include "support/scoped_env.h"
+#include "support/test_certs.h"
 
 namespace kptest {
 namespace {
@@ -68,68 +69,15 @@ std::string ReadAll(const std::string& path) {
   return s.str();
 }
 
-// Extensions of the certificates below; no defaults of the system's openssl.cnf.
-constexpr char kOpensslConfig[] = R"([req]
-distinguished_name = dn
-prompt = no
-[dn]
-CN = unused
-[ca]
-basicConstraints = critical,CA:TRUE
-keyUsage = critical,keyCertSign,cRLSign
-subjectKeyIdentifier = hash
-[server]
-basicConstraints = CA:FALSE
-keyUsage = critical,digitalSignature,keyEncipherment
-extendedKeyUsage = serverAuth
-subjectAltName = DNS:localhost,IP:127.0.0.1
-[client]
-basicConstraints = CA:FALSE
-keyUsage = critical,digitalSignature,keyEncipherment
-extendedKeyUsage = clientAuth
-)";
-
-// A CA, another CA that signed nothing here, a server certificate for localhost and 127.0.0.1,
-// and a client certificate (CN tenant-a), all P-256; made once for the test program.
+// The test program's certificates (support/test_certs.h: a CA, another CA that signed nothing
+// here, a server certificate for localhost and 127.0.0.1, a client certificate with CN
+// ci-runner), made once.
 struct Certificates {
-  TempDir dir;
-  std::string ca, other_ca, server_cert, server_key, client_cert, client_key;  // paths
-  std::string error;  // what failed, empty when all were made
-
-  Certificates() {
-    const std::string config = dir.Write("openssl.cnf", kOpensslConfig);
-    auto openssl = [&](std::vector<std::string> args) {
-      if (!error.empty()) return;
-      args.insert(args.begin(), OPENSSL_PROGRAM);
-      std::string out, err;
-      if (komputed::test_support::RunProgram(args, &out, &err) != 0) {
-        error = absl::StrCat(absl::StrJoin(args, " "), ": ", err);
-      }
-    };
-    auto self_signed = [&](const std::string& name, const std::string& cn) {
-      openssl({"req", "-x509", "-config", config, "-extensions", "ca", "-newkey", "ec", "-pkeyopt",
-               "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", dir.Path(name + ".key"), "-out",
-               dir.Path(name + ".pem"), "-days", "2", "-subj", "/CN=" + cn});
-      return dir.Path(name + ".pem");
-    };
-    auto signed_by_ca = [&](const std::string& name, const std::string& cn,
-                            const std::string& extensions) {
-      openssl({"req", "-new", "-config", config, "-newkey", "ec", "-pkeyopt",
-               "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", dir.Path(name + ".key"), "-out",
-               dir.Path(name + ".csr"), "-subj", "/CN=" + cn});
-      openssl({"x509", "-req", "-in", dir.Path(name + ".csr"), "-CA", dir.Path("ca.pem"), "-CAkey",
-               dir.Path("ca.key"), "-set_serial", name == "server" ? "2" : "3", "-days", "2",
-               "-extfile", config, "-extensions", extensions, "-out", dir.Path(name + ".pem")});
-    };
-    ca = self_signed("ca", "komputed-test-ca");
-    other_ca = self_signed("other-ca", "some-other-ca");
-    signed_by_ca("server", "localhost", "server");
-    signed_by_ca("client", "tenant-a", "client");
-    server_cert = dir.Path("server.pem");
-    server_key = dir.Path("server.key");
-    client_cert = dir.Path("client.pem");
-    client_key = dir.Path("client.key");
-  }
+  komputed::test_support::TestCertificates made;
+  std::string ca = made.ca(), other_ca = made.other_ca();
+  std::string server_cert = made.server_cert(), server_key = made.server_key();
+  std::string client_cert = made.client_cert(), client_key = made.client_key();
+  std::string error = made.ok() ? "" : made.status().ToString();  // empty when all were made
 };
 
 const Certificates& Certs() {
@@ -560,7 +508,7 @@ TEST_F(TlsTest, ClientCertificateIsPresentedWhereTheDaemonRequiresOne) {
   { kp::Manager mgr(remote); }
   const std::vector<Call> opens = daemon.CallsOf("OpenSession");
   ASSERT_EQ(opens.size(), 1u);
-  EXPECT_EQ(opens[0].client_cn, "tenant-a");
+  EXPECT_EQ(opens[0].client_cn, "ci-runner");
 }
 
 TEST_F(TlsTest, CertificateWithoutKeyNamesBoth) {
@@ -681,7 +629,7 @@ TEST_F(TlsTest, KomputectlTlsFlagsPresentTheClientCertificate) {
             0)
       << err;
   EXPECT_THAT(out, HasSubstr("fake device"));
-  EXPECT_EQ(daemon.CallsOf("ListDevices")[0].client_cn, "tenant-a");
+  EXPECT_EQ(daemon.CallsOf("ListDevices")[0].client_cn, "ci-runner");
 
   EXPECT_NE(Komputectl({"--address=" + daemon.address(), "--tls_ca=" + Certs().ca, "devices"}, &out,
                        &err),

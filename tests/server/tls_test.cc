@@ -28,7 +28,7 @@ std::shared_ptr<grpc::ChannelCredentials> TlsClient(const std::string& ca,
 
 class TlsTest : public ::testing::Test {
  protected:
-  void SetUp() override { ASSERT_TRUE(certs_.ok()); }
+  void SetUp() override { ASSERT_TRUE(certs_.ok()) << certs_.status(); }
   void TearDown() override {
     if (server_ != nullptr) server_->Shutdown();
   }

@@ -1,12 +1,12 @@
 #include "support/test_certs.h"
 
-#include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "support/process.h"
 
 namespace komputed::test_support {
@@ -42,15 +42,16 @@ extendedKeyUsage=clientAuth"
 TestCertificates::TestCertificates() {
   char dir[] = "/tmp/komputed-certs-XXXXXX";
   if (mkdtemp(dir) == nullptr) {
-    ADD_FAILURE() << "mkdtemp failed";
+    status_ = absl::InternalError("mkdtemp failed");
     return;
   }
   dir_ = dir;
   std::string out, err;
   const int code = RunProgram({"/bin/sh", "-c", kScript, "certs", dir_}, &out, &err);
-  ok_ = code == 0;
-  if (!ok_)
-    ADD_FAILURE() << "openssl could not make the test certificates (exit " << code << "): " << err;
+  if (code != 0) {
+    status_ = absl::InternalError(
+        absl::StrCat("openssl could not make the test certificates (exit ", code, "): ", err));
+  }
 }
 
 TestCertificates::~TestCertificates() {

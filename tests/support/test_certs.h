@@ -6,17 +6,20 @@
 
 #include <string>
 
+#include "absl/status/status.h"
+
 namespace komputed::test_support {
 
 class TestCertificates {
  public:
-  // Records a test failure (and leaves ok() false) when openssl fails.
+  // Runs openssl; status() says whether it worked.
   TestCertificates();
   ~TestCertificates();
   TestCertificates(const TestCertificates&) = delete;
   TestCertificates& operator=(const TestCertificates&) = delete;
 
-  bool ok() const { return ok_; }
+  bool ok() const { return status_.ok(); }
+  const absl::Status& status() const { return status_; }
   // Paths of the PEM files.
   std::string ca() const { return dir_ + "/ca.pem"; }
   std::string server_cert() const { return dir_ + "/server.pem"; }
@@ -33,7 +36,7 @@ class TestCertificates {
 
  private:
   std::string dir_;
-  bool ok_ = false;
+  absl::Status status_;
 };
 
 }  // namespace komputed::test_support
