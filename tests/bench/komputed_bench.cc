@@ -941,6 +941,12 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name) {
             << GBps(r.MeanBytesPerSecond(kDownloadKp)) << "\n";
   met &= PrintRatio("remote/(in-process + ping) (tiny eval)",
                     Ratio(tiny_remote, Sum(tiny_in, ping)), true, 1.25);
+  const auto tiny_token = r.MeanSeconds(kb::kTinyEvalToken);
+  const auto tiny_tls = r.MeanSeconds(kb::kTinyEvalTls);
+  std::cout << "tiny eval, mean: with a bearer token " << Micros(tiny_token) << ", over TLS "
+            << Micros(tiny_tls) << "\n";
+  met &= PrintRatio("token/none (remote tiny eval)", Ratio(tiny_token, tiny_remote), true, 1.05);
+  met &= PrintRatio("tls/plain (remote tiny eval)", Ratio(tiny_tls, tiny_remote), true, 1.20);
   PrintInfoRatio("remote/in-process (async evals per second)", Ratio(async_remote, async_in));
   met &= PrintRatio("remote/tcp_loopback (upload 256 MiB throughput)", Ratio(up_remote, tcp), false,
                     0.50);

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <thread>
 #include <utility>
 
@@ -22,6 +23,8 @@
 #include "bench_common.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "server.h"
+#include "support/test_certs.h"
+#include "tenants.h"
 
 namespace komputed_bench {
 namespace {
@@ -120,6 +123,14 @@ struct RemoteBench::State {
   std::shared_ptr<grpc::Channel> ping_channel;
   std::unique_ptr<v1::Sessions::Stub> ping_stub;
   std::unique_ptr<kp::Manager> remote;
+  // The daemons that authenticate, and their clients.
+  komputed::test_support::TestCertificates certs;
+  std::unique_ptr<komputed::server::Server> token_server;
+  std::unique_ptr<komputed::server::Server> tls_server;
+  std::unique_ptr<kp::Manager> token_remote;
+  std::unique_ptr<kp::Manager> tls_remote;
+  KpTiny tiny_token;
+  KpTiny tiny_tls;
   KpTiny tiny_inprocess;
   KpTiny tiny_remote;
   std::vector<KpTiny> async_inprocess;
@@ -132,7 +143,15 @@ RemoteBench::~RemoteBench() {
   if (s_ == nullptr) return;
   s_->async_remote.clear();
   s_->tiny_remote = KpTiny{};
+  s_->tiny_token = KpTiny{};
+  s_->tiny_tls = KpTiny{};
   s_->remote.reset();  // closes the session
+  s_->token_remote.reset();
+  s_->tls_remote.reset();
+  for (auto* server : {&s_->token_server, &s_->tls_server}) {
+    if (*server != nullptr) (*server)->Shutdown();
+    server->reset();
+  }
   s_->async_inprocess.clear();
   s_->tiny_inprocess = KpTiny{};
   s_->ping_stub.reset();
@@ -161,6 +180,24 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
   s->server = *std::move(server);
   s->address = s->server->address();
 
+  // A daemon with one tenant (its token's hash in a tenants file), and one that serves TLS.
+  if (!s->certs.ok()) return s->certs.status();
+  constexpr char kToken[] = "bench-token";
+  const std::string tenants = s->certs.dir() + "/tenants.yaml";
+  std::ofstream(tenants) << "tenants:\n  - name: bench\n    token_sha256: "
+                         << komputed::server::HexDigest(komputed::server::Sha256(kToken)) << "\n";
+  komputed::server::ServerOptions token_options = options;
+  token_options.tenants_file = tenants;
+  auto token_server = komputed::server::Server::Start(token_options);
+  if (!token_server.ok()) return token_server.status();
+  s->token_server = *std::move(token_server);
+  komputed::server::ServerOptions tls_options = options;
+  tls_options.tls_cert = s->certs.server_cert();
+  tls_options.tls_key = s->certs.server_key();
+  auto tls_server = komputed::server::Server::Start(tls_options);
+  if (!tls_server.ok()) return tls_server.status();
+  s->tls_server = *std::move(tls_server);
+
   s->ping_channel = grpc::CreateChannel(s->address, grpc::InsecureChannelCredentials());
   s->ping_stub = v1::Sessions::NewStub(s->ping_channel);
   {
@@ -186,6 +223,18 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
     }
     s->tiny_inprocess = MakeKpTiny(*inprocess, s->config.tiny_spirv);
     s->tiny_remote = MakeKpTiny(*s->remote, s->config.tiny_spirv);
+    kp::Remote token_remote;
+    token_remote.address = s->token_server->address();
+    token_remote.token = kToken;
+    s->token_remote = std::make_unique<kp::Manager>(token_remote);
+    s->tiny_token = MakeKpTiny(*s->token_remote, s->config.tiny_spirv);
+    kp::Remote tls_remote;
+    tls_remote.address = s->tls_server->address();
+    tls_remote.tlsCa = s->certs.ca();
+    s->tls_remote = std::make_unique<kp::Manager>(tls_remote);
+    s->tiny_tls = MakeKpTiny(*s->tls_remote, s->config.tiny_spirv);
+    s->tiny_token.sequence->eval();
+    s->tiny_tls.sequence->eval();
     for (uint32_t i = 0; i < s->config.async_depth; ++i) {
       s->async_inprocess.push_back(MakeKpTiny(*inprocess, s->config.tiny_spirv));
       s->async_remote.push_back(MakeKpTiny(*s->remote, s->config.tiny_spirv));
@@ -273,6 +322,18 @@ void RemoteBench::RegisterLatencyBenchmarks() {
   benchmark::RegisterBenchmark(
       kTinyEvalRemote,
       [s](benchmark::State& state) { RunKpTiny(state, s->tiny_remote, kTinyEvalRemote); })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+
+  benchmark::RegisterBenchmark(
+      kTinyEvalToken,
+      [s](benchmark::State& state) { RunKpTiny(state, s->tiny_token, kTinyEvalToken); })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(
+      kTinyEvalTls, [s](benchmark::State& state) { RunKpTiny(state, s->tiny_tls, kTinyEvalTls); })
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);

@@ -20,6 +20,10 @@ inline constexpr char kPing[] = "ping";
 inline constexpr char kTcpLoopback[] = "tcp_loopback";
 inline constexpr char kTinyEvalInprocess[] = "tiny_eval/inprocess";
 inline constexpr char kTinyEvalRemote[] = "tiny_eval/remote";
+// The same eval on daemons that authenticate: a bearer token (tenants file) over plain text, and
+// TLS without a token.
+inline constexpr char kTinyEvalToken[] = "tiny_eval/remote_token";
+inline constexpr char kTinyEvalTls[] = "tiny_eval/remote_tls";
 inline constexpr char kAsyncInprocess[] = "async_evals/inprocess";
 inline constexpr char kAsyncRemote[] = "async_evals/remote";
 inline constexpr char kUploadRemote[] = "upload_256MiB/remote";
@@ -51,7 +55,8 @@ class RemoteBench {
 
   const std::string& address() const;
 
-  // ping, tcp_loopback, tiny_eval/{inprocess,remote}, async_evals/{inprocess,remote}.
+  // ping, tcp_loopback, tiny_eval/{inprocess,remote,remote_token,remote_tls},
+  // async_evals/{inprocess,remote}.
   void RegisterLatencyBenchmarks();
   // upload_256MiB/remote, download_256MiB/remote (each registered where the caller wants it).
   void RegisterUpload();
