@@ -55,6 +55,9 @@ ABSL_FLAG(std::string, tls_cert, "",
 ABSL_FLAG(std::string, tls_key, "",
           "PEM file of the client certificate's private key; default $KOMPUTED_TLS_KEY");
 ABSL_FLAG(double, timeout, 30, "seconds to wait for each call");
+ABSL_FLAG(bool, include_ids, false,
+          "sessions: an admin tenant sees other tenants' session ids too (they are left out "
+          "otherwise)");
 ABSL_FLAG(std::string, service, "", "health: the service to check (\"\" = the whole server)");
 ABSL_FLAG(uint32_t, device, 0, "run, bench: the daemon's device index");
 ABSL_FLAG(std::string, shader, "", "run: a GLSL compute shader (.comp, .glsl) or SPIR-V (.spv)");
@@ -234,14 +237,17 @@ int Sessions() {
   grpc::ClientContext c;
   SetDeadline(c);
   v1::ListSessionsResponse r;
-  Check(stub->ListSessions(&c, v1::ListSessionsRequest(), &r), "listing sessions");
-  std::vector<std::vector<std::string>> rows = {{"SESSION", "CLIENT", "PEER", "DEVICE", "MEMORY",
-                                                 "TENSORS", "ALGORITHMS", "SEQUENCES", "AGE",
-                                                 "IDLE"}};
+  v1::ListSessionsRequest request;
+  request.set_include_ids(absl::GetFlag(FLAGS_include_ids));
+  Check(stub->ListSessions(&c, request, &r), "listing sessions");
+  std::vector<std::vector<std::string>> rows = {{"SESSION", "TENANT", "CLIENT", "PEER", "DEVICE",
+                                                 "MEMORY", "TENSORS", "ALGORITHMS", "SEQUENCES",
+                                                 "AGE", "IDLE"}};
   for (const auto& s : r.sessions()) {
-    rows.push_back({s.session_id(), s.client_name(), s.peer(), absl::StrCat(s.device_index()),
-                    Bytes(s.memory_bytes()), absl::StrCat(s.tensors()),
-                    absl::StrCat(s.algorithms()), absl::StrCat(s.sequences()),
+    rows.push_back({s.session_id().empty() ? "-" : s.session_id(), s.tenant(), s.client_name(),
+                    s.peer(), absl::StrCat(s.device_index()), Bytes(s.memory_bytes()),
+                    absl::StrCat(s.tensors()), absl::StrCat(s.algorithms()),
+                    absl::StrCat(s.sequences()),
                     absl::FormatDuration(absl::Milliseconds(s.age_ms())),
                     absl::FormatDuration(absl::Milliseconds(s.idle_ms()))});
   }

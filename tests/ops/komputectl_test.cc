@@ -97,7 +97,9 @@ TEST(Komputectl, SessionsListsAnOpenSession) {
   EXPECT_THAT(lines[0], testing::HasSubstr("SESSION"));
   EXPECT_THAT(lines[1], testing::StartsWith(session));
   EXPECT_THAT(lines[1], testing::HasSubstr("ops-sessions"));
-  EXPECT_THAT(lines[1], testing::HasSubstr("2.0 KiB"));  // 1 KiB, buffer and staging
+  EXPECT_THAT(lines[0], testing::HasSubstr("TENANT"));
+  EXPECT_THAT(lines[1], testing::HasSubstr(" default "));  // the implicit tenant
+  EXPECT_THAT(lines[1], testing::HasSubstr("2.0 KiB"));    // 1 KiB, buffer and staging
 
   ASSERT_THAT(client.Close(session), IsOk());
   EXPECT_EQ(Komputectl(daemon.address(), {"sessions"}, &out, &err), 0) << err;
