@@ -13,9 +13,13 @@ Sections (each prints PASS, FAIL or SKIP lines, then one closing "N passed, N fa
   yamllint   every plain YAML file (helm's Chart.yaml, values.yaml, ci/*.yaml; deploy/**; docker/**)
              passes `yamllint -s -c tests/deploy/yamllint.yaml`. Helm templates are not YAML until
              rendered and are left out.
-  objects    the objects that each overlay renders: every container has liveness and readiness
-             probes on the --listen port (native gRPC; TCP when the port serves TLS, since the
-             kubelet's gRPC probe has no TLS), resource requests and a memory limit, a strict
+  objects    the objects that each overlay renders: every container has startup, liveness and
+             readiness probes that are native gRPC probes (service "") on the port that the
+             daemon's --health_listen names (plaintext grpc.health.v1 alone, since the kubelet's
+             gRPC probe has no TLS; never the --listen port, TLS or not, nor a TCP probe, which
+             sees neither draining nor a lost device), that port a declared container port (named
+             health) apart from the --listen and --metrics_listen ones, on 0.0.0.0; resource
+             requests and a memory limit, a strict
              securityContext (runAsNonRoot, read-only root filesystem, no privilege escalation,
              capabilities drop ALL, RuntimeDefault seccomp); every object carries the labels
              app.kubernetes.io/name and app.kubernetes.io/instance; terminationGracePeriodSeconds
@@ -26,10 +30,12 @@ Sections (each prints PASS, FAIL or SKIP lines, then one closing "N passed, N fa
              --tls_client_ca), without --insecure; each file flag names a key of a Secret that is
              mounted read-only as a folder (no subPath, which the kubelet never updates); a
              NetworkPolicy selects the pods, and each of its ingress rules names its peers and
-             only container ports. A self-test breaks rendered copies (a probe removed, a limit
-             removed, a Secret mounted through subPath, --insecure added, an unknown flag, the
-             NetworkPolicy removed, ...) and a copy of deploy/ (the readiness probe deleted from
-             the file), and asserts that the check then fails.
+             only container ports. A self-test breaks rendered copies (a probe removed, a probe
+             on the TLS gRPC port, a TCP probe, --health_listen removed or moved, the health
+             container port removed, a limit removed, a Secret mounted through subPath, --insecure
+             added, an unknown flag, the NetworkPolicy removed, ...) and copies of deploy/ (the
+             readiness probe deleted from daemonset.yaml, --health_listen from komputed.flags),
+             and asserts that the check then fails.
   helm       the chart without helm: one resource kind per template file, balanced template
              blocks, every .Values path defined in values.yaml, every values.yaml key commented,
              every include defined, the ci/*-values.yaml scenarios' keys defined, optional pieces
@@ -39,13 +45,16 @@ Sections (each prints PASS, FAIL or SKIP lines, then one closing "N passed, N fa
              the same daemon settings as deploy/base.
   helm-render where Debian's Go and Sprig packages are installed: tests/deploy/helmrender renders
              each ci/*-values.yaml scenario as Helm would (text/template + Sprig) and the objects
-             pass the same checks as the overlays (--insecure and plaintext only where the scenario
+             pass the same checks as the overlays (gRPC probes on the --health_listen port in
+             every scenario, TLS or not; --insecure and plaintext only where the scenario
              sets insecure; the Secret, ServiceMonitor and NetworkPolicy exactly where asked for;
              auth.defaultQuota as --default_quota_<name>); the defaults alone, and values short of
              TLS or authentication, are refused with a message naming the value to set; the
              defaults with the two Secrets give the TLS and tenants flags and mounts and the
-             NetworkPolicy; insecure=true alone renders --insecure; a 78-character release name
-             stays within 63; values that break a rule fail (self-test).
+             NetworkPolicy, and probes and --health_listen on config.healthPort (also when it is
+             moved); a config.healthPort equal to the gRPC port is refused; insecure=true alone
+             renders --insecure; a 78-character release name stays within 63; values that break a
+             rule fail (self-test).
   docker     every RUN step calls only scripts/setup, cmake, apt-get, docker/runtime-packages.sh or
              a few base tools; COPY sources exist and cover the folders CMakeLists.txt adds; the
              final stage installs no -dev package, runs as uid 10001, exposes 50051 and 9464 and
@@ -419,41 +428,39 @@ def security_errors(objs, flags_of, known_flags, security):
     return errors
 
 
-def probe_errors(cname, c, grpc_port, tls):
-    """Native gRPC probes on the --listen port; with TLS there TCP probes on it (the kubelet's
-    gRPC probe speaks plaintext only, and would never pass)."""
+PROBES = ("startupProbe", "livenessProbe", "readinessProbe")
+
+
+def probe_errors(cname, c, health_port, grpc_port, tls):
+    """Native gRPC probes on the --health_listen port: the daemon serves grpc.health.v1 alone
+    there, in plaintext, which the kubelet's gRPC probe (no TLS) can speak whether or not the
+    --listen port serves TLS. A TCP probe would see that the daemon listens, not whether it drains
+    or has a usable device."""
     errors = []
-    for probe in ("livenessProbe", "readinessProbe"):
+    for probe in PROBES:
         p = c.get(probe)
         if not p:
             errors.append(f"{cname}: no {probe}")
             continue
-        others = [k for k in ("httpGet", "tcpSocket", "exec", "grpc")
-                  if k in p and k != ("tcpSocket" if tls else "grpc")]
-        if tls:
-            if "grpc" in p:
-                errors.append(f"{cname}: {probe} is a gRPC probe on a TLS port: the kubelet's "
-                              "gRPC probe has no TLS and never passes (use tcpSocket)")
-                continue
-            g = p.get("tcpSocket")
-            if not isinstance(g, dict):
-                errors.append(f"{cname}: {probe} is not a TCP probe of the TLS gRPC port")
-                continue
-            if others:
-                errors.append(f"{cname}: {probe} has {others} besides tcpSocket")
-            if g.get("port") not in (grpc_port, "grpc"):
-                errors.append(f"{cname}: {probe} TCP port {g.get('port')} is not the --listen "
-                              f"port {grpc_port}")
-            continue
+        others = [k for k in ("httpGet", "tcpSocket", "exec") if k in p]
         g = p.get("grpc")
         if not isinstance(g, dict):
-            errors.append(f"{cname}: {probe} is not a native gRPC probe")
+            errors.append(f"{cname}: {probe} is not a native gRPC probe ({others or 'no action'}): "
+                          "a TCP, HTTP or exec probe cannot see draining or a lost device")
             continue
         if others:
             errors.append(f"{cname}: {probe} has {others} besides grpc")
-        if g.get("port") != grpc_port:
-            errors.append(f"{cname}: {probe} gRPC port {g.get('port')} is not the "
-                          f"--listen port {grpc_port}")
+        port = g.get("port")
+        if health_port is None:
+            errors.append(f"{cname}: {probe} gRPC port {port}: there is no --health_listen port "
+                          "to probe")
+        elif port != health_port:
+            why = ""
+            if port == grpc_port:
+                why = (" (it is the --listen port, which serves TLS: the kubelet's gRPC probe "
+                       "has no TLS and never passes)" if tls else " (it is the --listen port)")
+            errors.append(f"{cname}: {probe} gRPC port {port} is not the --health_listen port "
+                          f"{health_port}{why}")
         if g.get("service", "") != "":
             errors.append(f"{cname}: {probe} asks for health service "
                           f"{g.get('service')!r}; the daemon reports the overall one, \"\"")
@@ -563,7 +570,11 @@ def check_objects(objs, variant, known_flags=None, security=None):
             errors += [f"{cname}: {e}" for e in ferrs]
             host, grpc_port = host_port(flags.get("listen"))
             mhost, metrics_port = host_port(flags.get("metrics_listen"))
-            for flag, h in (("listen", host), ("metrics_listen", mhost)):
+            hhost, health_port = host_port(flags.get("health_listen"))
+            for flag, h in (("listen", host), ("metrics_listen", mhost),
+                            ("health_listen", hhost)):
+                if flag == "health_listen" and health_port is None:
+                    continue
                 if h not in ("0.0.0.0", "[::]", ""):
                     errors.append(f"{cname}: --{flag}={flags.get(flag)} is not reachable from "
                                   "outside the pod (listen on 0.0.0.0)")
@@ -573,7 +584,22 @@ def check_objects(objs, variant, known_flags=None, security=None):
             if cports.get("metrics") != metrics_port:
                 errors.append(f"{cname}: container port 'metrics' ({cports.get('metrics')}) is "
                               f"not the --metrics_listen port ({metrics_port})")
-            errors += probe_errors(cname, c, grpc_port, bool(flags.get("tls_cert")))
+            if health_port is None:
+                errors.append(f"{cname}: no --health_listen=0.0.0.0:PORT (is "
+                              f"{flags.get('health_listen')!r}): the probes need the daemon's "
+                              "plaintext health port")
+            else:
+                if health_port not in cports.values():
+                    errors.append(f"{cname}: the --health_listen port {health_port} is no "
+                                  f"declared container port (ports: {cports})")
+                if "health" in cports and cports["health"] != health_port:
+                    errors.append(f"{cname}: container port 'health' ({cports['health']}) is not "
+                                  f"the --health_listen port ({health_port})")
+                if health_port in (grpc_port, metrics_port):
+                    errors.append(f"{cname}: the --health_listen port {health_port} is also the "
+                                  "--listen or --metrics_listen port (the daemon cannot bind it "
+                                  "twice)")
+            errors += probe_errors(cname, c, health_port, grpc_port, bool(flags.get("tls_cert")))
             flags_of.append((wname, pod, labels, cname, c, flags))
             drain_text = flags.get("drain_timeout", DAEMON_DEFAULT_DRAIN)
             drain = parse_duration_seconds(drain_text)
@@ -635,7 +661,8 @@ def check_objects(objs, variant, known_flags=None, security=None):
 
 
 def mutations(variant):
-    """(description, function that breaks a rendered copy) pairs for the self-test."""
+    """(description, function that breaks a rendered copy[, text that an error must contain])
+    tuples for the self-test."""
 
     def first(objs, kind):
         return next(o for o in objs if o.get("kind") == kind)
@@ -681,6 +708,14 @@ def mutations(variant):
         p = container(objs)[probe]
         (p.get("grpc") or p.get("tcpSocket")).update(port=port)
 
+    def flag_port(objs, name):
+        m = re.search(rf"(?m)^--{name}=(.*)$", flags_text(objs))
+        return host_port(m.group(1))[1] if m else None
+
+    def drop_port(objs, name):
+        c = container(objs)
+        c["ports"] = [p for p in c["ports"] if p.get("name") != name]
+
     def pod_and_container_sc(objs, key):
         pod_spec_of(first(objs, "DaemonSet")).get("securityContext", {}).pop(key, None)
         container(objs).get("securityContext", {}).pop(key, None)
@@ -690,7 +725,35 @@ def mutations(variant):
         ("readinessProbe removed", lambda o: container(o).pop("readinessProbe")),
         ("livenessProbe made HTTP",
          lambda o: container(o).update(livenessProbe={"httpGet": {"path": "/", "port": 9464}})),
+        ("startupProbe removed", lambda o: container(o).pop("startupProbe")),
         ("readinessProbe on another port", lambda o: probe_port(o, "readinessProbe", 8080)),
+        ("a gRPC readiness probe on the TLS gRPC port",
+         lambda o: probe_port(o, "readinessProbe", flag_port(o, "listen")),
+         "readinessProbe gRPC port"),
+        ("a gRPC startup probe on the TLS gRPC port",
+         lambda o: container(o).update(startupProbe={"grpc": {"port": flag_port(o, "listen")}}),
+         "startupProbe gRPC port"),
+        ("a TCP liveness probe on the health port", lambda o: container(o).update(
+            livenessProbe={"tcpSocket": {"port": flag_port(o, "health_listen")}}),
+         "livenessProbe is not a native gRPC probe"),
+        ("a TCP readiness probe on the TLS gRPC port", lambda o: container(o).update(
+            readinessProbe={"tcpSocket": {"port": flag_port(o, "listen")}}),
+         "readinessProbe is not a native gRPC probe"),
+        ("a liveness probe of a named health service", lambda o: container(o)["livenessProbe"][
+            "grpc"].update(service="komputed.v1.Devices"), "health service"),
+        ("--health_listen removed", lambda o: remove_flag(o, "health_listen"),
+         "no --health_listen"),
+        ("--health_listen moved off the probes' port",
+         lambda o: set_flag(o, "health_listen", "0.0.0.0:6001"),
+         "is not the --health_listen port 6001"),
+        ("--health_listen on loopback",
+         lambda o: set_flag(o, "health_listen", f"127.0.0.1:{flag_port(o, 'health_listen')}"),
+         "--health_listen=127.0.0.1"),
+        ("--health_listen on the --metrics_listen port",
+         lambda o: set_flag(o, "health_listen", f"0.0.0.0:{flag_port(o, 'metrics_listen')}"),
+         "also the --listen or --metrics_listen port"),
+        ("the health container port removed", lambda o: drop_port(o, "health"),
+         "no declared container port"),
         ("resources.limits removed", lambda o: container(o)["resources"].pop("limits")),
         ("resources.requests removed", lambda o: container(o)["resources"].pop("requests")),
         ("readOnlyRootFilesystem false",
@@ -708,11 +771,10 @@ def mutations(variant):
         ("terminationGracePeriodSeconds equal to the drain",
          lambda o: pod_spec_of(first(o, "DaemonSet")).update(terminationGracePeriodSeconds=25)),
         ("--drain_timeout above the grace period", lambda o: set_flag(o, "drain_timeout", "60s")),
-        ("--listen moved off the probes' port", lambda o: set_flag(o, "listen", "0.0.0.0:6000")),
+        ("--listen moved off the container port 'grpc'",
+         lambda o: set_flag(o, "listen", "0.0.0.0:6000")),
         ("Service targetPort that no container has",
          lambda o: first(o, "Service")["spec"]["ports"][0].update(targetPort="nope")),
-        ("a gRPC readiness probe on the TLS port",
-         lambda o: container(o).update(readinessProbe={"grpc": {"port": 50051}})),
         ("--tls_cert removed (plaintext, --tls_key left alone)",
          lambda o: remove_flag(o, "tls_cert")),
         ("--tenants_file removed (no authentication)", lambda o: remove_flag(o, "tenants_file")),
@@ -984,13 +1046,30 @@ def check_helm(src, report, base_flags, quotas, quotas_where):
         include = r'{{- include "komputed.probeAction" \. \| nindent 12 }}'
         if not re.search(rf"{probe}:\n\s+{include}", ds):
             errors.append(f"daemonset.yaml: {probe} does not come from komputed.probeAction")
-    action = defines.get("komputed.probeAction", "")
-    if not re.search(r"tcpSocket:\n\s+port: {{ \.Values\.config\.grpcPort \| int }}", action) or \
-            not re.search(r"grpc:\n\s+port: {{ \.Values\.config\.grpcPort \| int }}", action):
-        errors.append("komputed.probeAction is not a gRPC probe (plaintext) or a TCP probe (TLS) "
-                      "on config.grpcPort")
-    if "$grpcPort := .Values.config.grpcPort" not in ds:
-        errors.append("daemonset.yaml: $grpcPort does not come from .Values.config.grpcPort")
+    action = re.sub(r"{{/\*.*?\*/}}", "", defines.get("komputed.probeAction", ""), flags=re.S)
+    if not re.fullmatch(r"\s*grpc:\n\s+port: {{ \.Values\.config\.healthPort \| int }}\s*",
+                        action):
+        errors.append("komputed.probeAction is not exactly a gRPC probe on config.healthPort "
+                      "(whatever TLS says: the health port is plaintext)")
+    for var, value in (("$grpcPort", "grpcPort"), ("$healthPort", "healthPort")):
+        if f"{var} := .Values.config.{value}" not in ds:
+            errors.append(f"daemonset.yaml: {var} does not come from .Values.config.{value}")
+    if not re.search(r"- name: health\n\s+containerPort: {{ \$healthPort }}", ds):
+        errors.append("daemonset.yaml: no container port 'health' on $healthPort")
+    flags_body = define_body(helpers, "komputed.flags")
+    health_line = "--health_listen=0.0.0.0:{{ .Values.config.healthPort | int }}"
+    at = flags_body.find(health_line)
+    if at < 0:
+        errors.append(f"komputed.flags has no {health_line} line")
+    else:
+        before = flags_body[:at]
+        depth = (len(re.findall(r"{{-?\s*(?:if|with|range)\b", before)) -
+                 len(re.findall(r"{{-?\s*end\b", before)))
+        if depth:
+            errors.append(f"komputed.flags: {health_line} is inside an if, with or range block "
+                          "(the probes need it always)")
+    if not re.search(r'fail \(printf "[^"]*config\.healthPort', validate):
+        errors.append("komputed.validate has no fail message that names config.healthPort")
     if not re.search(r"terminationGracePeriodSeconds: {{ add \.Values\.config\.drainTimeoutSeconds "
                      r"\.Values\.terminationGraceExtraSeconds }}", ds):
         errors.append("daemonset.yaml: terminationGracePeriodSeconds is not drainTimeoutSeconds "
@@ -1026,14 +1105,16 @@ def check_helm(src, report, base_flags, quotas, quotas_where):
         errors.append("values.yaml: gpu.nodeSelector lacks nvidia.com/gpu.present: \"true\"")
     if (values.get("serviceAccount") or {}).get("automountToken") is not False:
         errors.append("values.yaml: serviceAccount.automountToken is not false")
-    report.result(section, "daemonset.yaml and values.yaml: probes (gRPC, or TCP under TLS), "
-                  "grace period, strict security defaults", errors)
+    report.result(section, "daemonset.yaml and values.yaml: gRPC probes on config.healthPort "
+                  "(--health_listen, container port health), grace period, strict security "
+                  "defaults", errors)
 
     errors = []
     cfg = values.get("config") or {}
     if base_flags is not None:
         pairs = (("listen", f"0.0.0.0:{cfg.get('grpcPort')}"),
                  ("metrics_listen", f"0.0.0.0:{cfg.get('metricsPort')}"),
+                 ("health_listen", f"0.0.0.0:{cfg.get('healthPort')}"),
                  ("drain_timeout", f"{cfg.get('drainTimeoutSeconds')}s"),
                  ("session_idle_timeout", f"{cfg.get('sessionIdleTimeoutSeconds')}s"),
                  ("log_level", cfg.get("logLevel")))
@@ -1043,6 +1124,10 @@ def check_helm(src, report, base_flags, quotas, quotas_where):
                               f"komputed.flags --{flag}={base_flags.get(flag)}")
     if (values.get("service") or {}).get("port") != cfg.get("grpcPort"):
         errors.append("values.yaml: service.port is not config.grpcPort")
+    if not isinstance(cfg.get("healthPort"), int) or \
+            cfg.get("healthPort") in (cfg.get("grpcPort"), cfg.get("metricsPort")):
+        errors.append(f"values.yaml: config.healthPort {cfg.get('healthPort')!r} is not a port "
+                      "apart from config.grpcPort and config.metricsPort")
     if values.get("startupProbe") is None:
         errors.append("values.yaml: no startupProbe settings")
     report.result(section, "values.yaml agrees with deploy/base/komputed.flags", errors)
@@ -1090,6 +1175,23 @@ def rendered_flags(objs):
             for text in (o.get("data") or {}).values():
                 return parse_flagfile(text)[0]
     return {}
+
+
+def health_port_errors(objs, port):
+    """The rendered chart's --health_listen, container port health and probes are all on port."""
+    errors = []
+    if rendered_flags(objs).get("health_listen") != f"0.0.0.0:{port}":
+        errors.append(f"--health_listen={rendered_flags(objs).get('health_listen')}, want "
+                      f"0.0.0.0:{port}")
+    ds = next((o for o in objs if o.get("kind") == "DaemonSet"), {})
+    c = (pod_spec_of(ds).get("containers") or [{}])[0]
+    cports = {p.get("name"): p.get("containerPort") for p in c.get("ports") or []}
+    if cports.get("health") != port:
+        errors.append(f"container port health is {cports.get('health')}, want {port}")
+    for probe in PROBES:
+        if ((c.get(probe) or {}).get("grpc") or {}).get("port") != port:
+            errors.append(f"{probe} is {c.get(probe)}, want grpc on port {port}")
+    return errors
 
 
 def check_helm_render(src, report, known_flags):
@@ -1187,6 +1289,9 @@ def check_helm_render(src, report, known_flags):
             ("an unknown quota", {"tls": {"existingSecret": "t"}, "auth": {
                 "tenants": {"existingSecret": "a"}, "defaultQuota": {"gpus": 1}}},
              "auth.defaultQuota.gpus"),
+            ("the health port on the gRPC port", {"tls": {"existingSecret": "t"}, "auth": {
+                "tenants": {"existingSecret": "a"}}, "config": {"healthPort": 50051}},
+             "config.healthPort"),
         ]
         for what, data, want in refusals:
             objs, errs = render_chart("komputed", values_file("refuse.yaml", data))
@@ -1194,11 +1299,12 @@ def check_helm_render(src, report, known_flags):
                 errors.append(f"{what}: rendered; want a refusal naming {want}")
             elif not any(want in e and "fail" in e for e in errs):
                 errors.append(f"{what}: the refusal does not name {want}: {errs}")
-        report.result(section, f"values without TLS or authentication are refused with a message "
-                      f"naming the value to set ({len(refusals)} cases)", errors)
+        report.result(section, f"values without TLS or authentication, or with the health port "
+                      f"on another port, are refused with a message naming the value to set "
+                      f"({len(refusals)} cases)", errors)
 
         # Pure defaults plus the two Secrets: TLS and tenants flags, their Secrets mounted as
-        # folders, TCP probes, the NetworkPolicy, no --insecure.
+        # folders, gRPC probes on the plaintext health port, the NetworkPolicy, no --insecure.
         errors = []
         objs, errs = render_chart("komputed", values_file("secure.yaml", {
             "tls": {"existingSecret": "komputed-tls"},
@@ -1220,9 +1326,19 @@ def check_helm_render(src, report, known_flags):
                      for v in pod_spec_of(ds).get("volumes") or []}
             if names.get("tls") != "komputed-tls" or names.get("tenants") != "komputed-tenants":
                 errors.append(f"the Secret volumes are {names}")
+            errors += health_port_errors(objs, 8081)
+        # config.healthPort moves the flag, the container port and every probe.
+        objs, errs = render_chart("komputed", values_file("health.yaml", {
+            "tls": {"existingSecret": "komputed-tls"}, "config": {"healthPort": 9000},
+            "auth": {"tenants": {"existingSecret": "komputed-tenants"}}}))
+        errors += errs
+        if objs is not None:
+            errors += check_objects(objs + [namespace], "gpu", known_flags, SECURE)
+            errors += [f"config.healthPort=9000: {e}" for e in health_port_errors(objs, 9000)]
         report.result(section, "the defaults with a TLS and a tenants Secret: TLS and tenants "
                       "flags, Secrets mounted read-only as folders, the NetworkPolicy, no "
-                      "--insecure", errors)
+                      "--insecure, gRPC probes on --health_listen=0.0.0.0:8081 (config.healthPort, "
+                      "also moved)", errors)
 
         # insecure=true alone renders, plaintext and with --insecure; mutual TLS from the TLS
         # Secret's ca.crt.
@@ -1809,36 +1925,58 @@ def main():
                 if objs is None:
                     report.result("objects", f"overlays/{variant}", ["did not render"])
                     continue
-                report.result("objects", f"overlays/{variant}: probes, resources, security, "
+                report.result("objects", f"overlays/{variant}: gRPC probes on the "
+                              "--health_listen port, resources, security, "
                               "labels, grace period, Services, TLS, tenants, Secret mounts, flags, "
                               "NetworkPolicy", check_objects(objs, variant, known_flags))
                 errors = []
-                for what, breaker in mutations(variant):
+                for what, breaker, *want in mutations(variant):
                     broken = copy.deepcopy(objs)
-                    breaker(broken)
-                    if not check_objects(broken, variant, known_flags):
+                    try:
+                        breaker(broken)
+                    except (KeyError, IndexError, StopIteration, AttributeError, TypeError) as e:
+                        errors.append(f"could not make a copy with {what}: {e!r}")
+                        continue
+                    found = check_objects(broken, variant, known_flags)
+                    if not found:
                         errors.append(f"the check passes a copy with {what}")
+                    elif want and not any(want[0] in e for e in found):
+                        errors.append(f"a copy with {what} fails, but with no {want[0]!r} error: "
+                                      f"{found}")
                 report.result("objects", f"self-test: overlays/{variant} copies with a rule broken "
                               f"fail ({len(mutations(variant))} cases)", errors)
-            errors = []
-            with tempfile.TemporaryDirectory() as tmp:
-                copy_dir = os.path.join(tmp, "deploy")
-                shutil.copytree(os.path.join(src, "deploy"), copy_dir)
-                ds = os.path.join(copy_dir, "base", "daemonset.yaml")
-                text, removed = remove_yaml_block(read(ds), "readinessProbe")
-                if not removed:
-                    errors.append("deploy/base/daemonset.yaml has no readinessProbe to remove")
-                with open(ds, "w", encoding="utf-8") as f:
-                    f.write(text)
-                objs, rerrs = render(os.path.join(copy_dir, "overlays", "gpu"))
-                if objs is None:
-                    errors.append(f"the broken copy did not render: {rerrs}")
-                else:
-                    found = check_objects(objs, "gpu", known_flags)
-                    if not any("readinessProbe" in e for e in found):
-                        errors.append(f"no readinessProbe error for the broken copy: {found}")
-            report.result("objects", "self-test: a copy of deploy/ without the readiness probe "
-                          "fails", errors)
+            # Copies of deploy/ with a file broken: the check of the rendered copy must name it.
+            def no_readiness(text):
+                return remove_yaml_block(text, "readinessProbe")
+
+            def no_health_listen(text):
+                out = re.sub(r"(?m)^--health_listen=.*\n", "", text)
+                return out, out != text
+
+            copies = [("base/daemonset.yaml", "the readiness probe", no_readiness,
+                       "readinessProbe"),
+                      ("base/komputed.flags", "--health_listen", no_health_listen,
+                       "no --health_listen")]
+            for rel, what, breaker, want in copies:
+                errors = []
+                with tempfile.TemporaryDirectory() as tmp:
+                    copy_dir = os.path.join(tmp, "deploy")
+                    shutil.copytree(os.path.join(src, "deploy"), copy_dir)
+                    path = os.path.join(copy_dir, rel)
+                    text, removed = breaker(read(path))
+                    if not removed:
+                        errors.append(f"deploy/{rel} has no {what} to remove")
+                    with open(path, "w", encoding="utf-8") as f:
+                        f.write(text)
+                    objs, rerrs = render(os.path.join(copy_dir, "overlays", "gpu"))
+                    if objs is None:
+                        errors.append(f"the broken copy did not render: {rerrs}")
+                    else:
+                        found = check_objects(objs, "gpu", known_flags)
+                        if not any(want in e for e in found):
+                            errors.append(f"no {want!r} error for the broken copy: {found}")
+                report.result("objects", f"self-test: a copy of deploy/ without {what} in "
+                              f"{rel} fails", errors)
 
     # yamllint ------------------------------------------------------------------------------------
     config = os.path.join(src, "tests", "deploy", "yamllint.yaml")

@@ -144,6 +144,10 @@ to start: the message names the value to set. Included by daemonset.yaml.
 {{- fail (printf "komputed: auth.tenants.list %s: token_sha256 is not 64 hex digits (printf %%s \"$TOKEN\" | sha256sum)" .name) }}
 {{- end }}
 {{- end }}
+{{- $healthPort := .Values.config.healthPort | int }}
+{{- if or (lt $healthPort 1) (gt $healthPort 65535) (has $healthPort (list (.Values.config.grpcPort | int) (.Values.config.metricsPort | int))) }}
+{{- fail (printf "komputed: config.healthPort (%v) must be a port from 1 to 65535 other than config.grpcPort (%v) and config.metricsPort (%v): the daemon serves the probes' plaintext health check there" .Values.config.healthPort .Values.config.grpcPort .Values.config.metricsPort) }}
+{{- end }}
 {{- $quotas := splitList " " (include "komputed.quotaNames" .) }}
 {{- range $name, $value := .Values.auth.defaultQuota }}
 {{- if not (has $name $quotas) }}
@@ -153,18 +157,14 @@ to start: the message names the value to set. Included by daemonset.yaml.
 {{- end }}
 
 {{/*
-The probes' check. The kubelet's gRPC probe speaks plaintext only: with TLS on the gRPC port the
-probes open a TCP connection to it instead (they then see that the daemon listens, not whether
-a device is usable or the daemon drains).
+The probes' check: the kubelet's native gRPC probe against grpc.health.v1.Health (service "") on
+the health port (--health_listen), which is plain text even when the gRPC port serves TLS (the
+kubelet's gRPC probe has no TLS). It sees draining and lost devices (NOT_SERVING), which a TCP
+probe would not.
 */}}
 {{- define "komputed.probeAction" -}}
-{{- if include "komputed.tlsOn" . -}}
-tcpSocket:
-  port: {{ .Values.config.grpcPort | int }}
-{{- else -}}
 grpc:
-  port: {{ .Values.config.grpcPort | int }}
-{{- end }}
+  port: {{ .Values.config.healthPort | int }}
 {{- end }}
 
 {{/*
@@ -176,6 +176,7 @@ in Secrets mounted as folders, which the kubelet updates in place; the daemon re
 # komputed flags, from the komputed Helm chart's values (config.*, auth.*, tls.*, insecure).
 --listen=0.0.0.0:{{ .Values.config.grpcPort | int }}
 --metrics_listen=0.0.0.0:{{ .Values.config.metricsPort | int }}
+--health_listen=0.0.0.0:{{ .Values.config.healthPort | int }}
 {{- with .Values.config.devices }}
 --devices={{ . }}
 {{- end }}
