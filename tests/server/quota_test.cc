@@ -102,6 +102,15 @@ class QuotaTest : public ::testing::Test {
     });
   }
 
+  // Waits (up to 10 s) until the tenant has a submission in flight.
+  void WaitUntilSubmitted(const std::string& tenant) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (server_->metrics().tenant_submissions_in_flight(tenant).Value() == 0 &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+
   TenantsDir tenants_;
   std::unique_ptr<Server> server_;
 };
@@ -280,11 +289,7 @@ TEST_F(QuotaTest, InflightSubmissions) {
     first = Eval(*c, EvalOf(id, 3), &resp);
   });
   // While the first eval runs, a second one (of another sequence) is refused.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (server_->metrics().tenant_submissions_in_flight("inflight_submissions").Value() == 0 &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  WaitUntilSubmitted("inflight_submissions");
   v1::EvalResponse refused_resp;
   grpc::Status second = Eval(*c, EvalOf(id, 6), &refused_resp);
   EXPECT_THAT(second, Exhausted("inflight_submissions", "1"));
@@ -305,12 +310,8 @@ TEST_F(QuotaTest, MemoryStaysChargedWhileASubmissionUsesADestroyedTensor) {
     v1::EvalResponse resp;
     evaluated = Eval(*c, EvalOf(id, 3), &resp);
   });
-  // Wait until the submission is in flight, then destroy every handle that leads to the tensor.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (server_->metrics().tenant_submissions_in_flight("held_memory").Value() == 0 &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  // Once the submission is in flight, every handle that leads to the tensor is destroyed.
+  WaitUntilSubmitted("held_memory");
   ASSERT_THAT(DestroyTensor(*c, id, 1), IsOk());
   ASSERT_THAT(DestroyAlgorithm(*c, id, 2), IsOk());
   ASSERT_THAT(DestroySequence(*c, id, 3), IsOk());

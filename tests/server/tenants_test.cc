@@ -12,6 +12,7 @@
 #include <string>
 
 #include "support/status_matchers.h"
+#include "tenant_client.h"
 
 namespace komputed::server {
 namespace {
@@ -24,27 +25,7 @@ std::string TokenLine(absl::string_view token) {
   return "token_sha256: " + HexDigest(Sha256(token));
 }
 
-// A tenants file in a fresh temporary folder, removed at the end of the test.
-class TenantsFile {
- public:
-  TenantsFile() {
-    char dir[] = "/tmp/komputed-tenants-XXXXXX";
-    dir_ = mkdtemp(dir);
-    path_ = dir_ + "/tenants.yaml";
-  }
-  ~TenantsFile() { std::filesystem::remove_all(dir_); }
-  // Replaces the file as a Kubernetes Secret update does: a new file renamed over the old one.
-  void Write(const std::string& text) {
-    const std::string tmp = path_ + ".new";
-    std::ofstream(tmp) << text;
-    std::filesystem::rename(tmp, path_);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string dir_;
-  std::string path_;
-};
+using TenantsFile = testing::TenantsDir;  // tenant_client.h
 
 TEST(Tenants, Sha256IsTheStandardOne) {
   // sha256("test"), as sha256sum prints it.
