@@ -94,7 +94,10 @@ inline const prometheus::Histogram::BucketBoundaries kRpcDurationBuckets = {
         "device (all of it, staging included) and host (host-visible).",                          \
         "tenant", "kind")                                                                         \
   GAUGE(tenant_submissions_in_flight, "komputed_tenant_submissions_in_flight",                    \
-        "Evaluations a tenant has submitted that have not completed yet.", "tenant")
+        "Evaluations a tenant has submitted that have not completed yet.", "tenant")              \
+  COUNTER(tenant_errors_total, "komputed_tenant_errors_total",                                    \
+          "Calls and evaluations of an authenticated tenant that failed, by gRPC status code.",   \
+          "tenant", "code")
 
 // The label names of a table entry, as an array whose size is the number of labels.
 template <typename... Names>

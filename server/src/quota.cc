@@ -100,6 +100,11 @@ void TenantAccount::Give(Counted what, uint64_t amount) {
   Publish(what, now);
 }
 
+void TenantAccount::CountError(const absl::Status& status) const {
+  if (status.ok() || metrics_ == nullptr) return;
+  metrics_->tenant_errors_total(tenant_, CodeLabel(static_cast<int>(status.code()))).Increment();
+}
+
 uint64_t TenantAccount::used(Counted what) const {
   absl::MutexLock lock(&mu_);
   return used_[static_cast<size_t>(what)];

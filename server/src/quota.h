@@ -63,6 +63,9 @@ class TenantAccount : public std::enable_shared_from_this<TenantAccount> {
   // current use (counted in komputed_quota_refusals_total). An amount of 0 always succeeds.
   absl::StatusOr<Charge> Take(Counted what, uint64_t amount);
   uint64_t used(Counted what) const;
+  // Counts a failed call or evaluation of the tenant (komputed_tenant_errors_total); OK is not
+  // counted.
+  void CountError(const absl::Status& status) const;
 
   // RESOURCE_EXHAUSTED when `value` (of one request, e.g. a tensor's bytes) is over the quota
   // `field`; `what` says what the value is ("tensor 3 of 1048576 bytes").

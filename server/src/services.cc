@@ -27,9 +27,12 @@ constexpr uint64_t kChunkOverhead = 1024;
 
 // Finishes a unary call with `status`, logging a failure with the method and the session that
 // the request names (empty when none).
+// A failure of an authenticated caller counts as its tenant's error.
 grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, absl::string_view method,
-                                absl::string_view session_id, const absl::Status& status) {
+                                absl::string_view session_id, const absl::Status& status,
+                                const Caller* caller = nullptr) {
   if (!status.ok()) LogFailure(method, session_id, context->peer(), status);
+  if (caller != nullptr) caller->account->CountError(status);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
@@ -43,8 +46,8 @@ grpc::ServerUnaryReactor* InSession(grpc::CallbackServerContext* context, absl::
   absl::StatusOr<Caller> caller = ctx.auth->Authenticate(*context);
   if (!caller.ok()) return Reply(context, method, "", caller.status());
   absl::StatusOr<std::shared_ptr<Session>> session = ctx.sessions->Get(session_id, *caller);
-  if (!session.ok()) return Reply(context, method, session_id, session.status());
-  return Reply(context, method, session_id, fn(**session));
+  if (!session.ok()) return Reply(context, method, session_id, session.status(), &*caller);
+  return Reply(context, method, session_id, fn(**session), &*caller);
 }
 
 absl::Time Deadline(const grpc::CallbackServerContext& context) {
@@ -122,6 +125,7 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
  private:
   void End(const absl::Status& status) {
     if (!status.ok()) LogFailure("WriteTensor", session_id_, "", status);
+    if (caller_.account != nullptr) caller_.account->CountError(status);
     Finish(ToGrpcStatus(status));
   }
 
@@ -153,6 +157,7 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
     }
     absl::StatusOr<std::shared_ptr<Session>> session = sessions->Get(request.session_id(), *caller);
     if (!session.ok()) {
+      caller->account->CountError(session.status());
       LogFailure("ReadTensor", request.session_id(), "", session.status());
       Finish(ToGrpcStatus(session.status()));
       return;
@@ -160,6 +165,7 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
     absl::StatusOr<std::unique_ptr<TensorRead>> read =
         TensorRead::Begin(*std::move(session), request, max_chunk_bytes);
     if (!read.ok()) {
+      caller->account->CountError(read.status());
       LogFailure("ReadTensor", request.session_id(), "", read.status());
       Finish(ToGrpcStatus(read.status()));
       return;
@@ -312,6 +318,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   // thread may finish the stream (and gRPC then deletes the reactor), so everything happens under
   // one lock acquisition and nothing but the step decided there touches the reactor afterwards.
   void Complete(std::shared_ptr<v1::ExecuteEvent> event, const absl::Status& status) {
+    caller_.account->CountError(status);  // set: no eval is submitted before authentication
     if (!status.ok()) {
       event->clear_result();
       event->set_code(static_cast<int32_t>(status.code()));
@@ -399,9 +406,9 @@ grpc::ServerUnaryReactor* SessionsService::OpenSession(grpc::CallbackServerConte
   absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
   if (!caller.ok()) return Reply(context, "OpenSession", "", caller.status());
   OpenRequest open = wire::FromWire(*request, context->peer());
-  open.caller = *std::move(caller);
+  open.caller = *caller;
   absl::StatusOr<std::shared_ptr<Session>> session = ctx_.sessions->Open(std::move(open));
-  if (!session.ok()) return Reply(context, "OpenSession", "", session.status());
+  if (!session.ok()) return Reply(context, "OpenSession", "", session.status(), &*caller);
   response->set_session_id((*session)->id());
   wire::ToWire((*session)->device(), response->mutable_device());
   response->set_queue_count((*session)->queue_count());
@@ -417,7 +424,7 @@ grpc::ServerUnaryReactor* SessionsService::CloseSession(grpc::CallbackServerCont
   absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
   if (!caller.ok()) return Reply(context, "CloseSession", "", caller.status());
   return Reply(context, "CloseSession", request->session_id(),
-               ctx_.sessions->Close(request->session_id(), *caller));
+               ctx_.sessions->Close(request->session_id(), *caller), &*caller);
 }
 
 grpc::ServerUnaryReactor* SessionsService::KeepAlive(grpc::CallbackServerContext* context,
@@ -544,17 +551,21 @@ grpc::ServerUnaryReactor* SequencesService::Eval(grpc::CallbackServerContext* co
   if (!caller.ok()) return Reply(context, "Eval", "", caller.status());
   absl::StatusOr<std::shared_ptr<Session>> found =
       ctx_.sessions->Get(request->session_id(), *caller);
-  if (!found.ok()) return Reply(context, "Eval", request->session_id(), found.status());
+  if (!found.ok()) {
+    return Reply(context, "Eval", request->session_id(), found.status(), &*caller);
+  }
   std::shared_ptr<Session> session = *std::move(found);  // alive until Eval has returned
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // The callback holds the session in use (not reaped) until the eval has completed.
   session->Eval(wire::FromWire(*request, session->id()), Deadline(*context),
                 /*may_wait_inline=*/true,
-                [reactor, session, response](absl::StatusOr<EvalResult> result) mutable {
+                [reactor, session, response,
+                 account = caller->account](absl::StatusOr<EvalResult> result) mutable {
                   if (result.ok()) {
                     wire::ToWire(*std::move(result), response);
                   } else {
                     LogFailure("Eval", session->id(), "", result.status());
+                    account->CountError(result.status());
                   }
                   session.reset();
                   reactor->Finish(ToGrpcStatus(result.status()));

@@ -162,6 +162,9 @@ TEST_F(AuthTest, AnotherTenantCannotFindTheSessionAtAll) {
   ASSERT_EQ(resp.downloads_size(), 1);
   EXPECT_EQ(Floats(resp.downloads(0).data()), std::vector<float>(8, 10.0f));
   EXPECT_EQ(Execute(*alice_, PipelineEvalOf(id)), 0);
+  // Bob's failures count as his errors, none as Alice's.
+  EXPECT_GE(server_->metrics().tenant_errors_total("bob", "NOT_FOUND").Value(), 10);
+  EXPECT_EQ(server_->metrics().tenant_errors_total("alice", "NOT_FOUND").Value(), 0);
   const v1::ListSessionsResponse mine = List(*alice_);
   ASSERT_EQ(mine.sessions_size(), 1);
   EXPECT_EQ(mine.sessions(0).session_id(), id);
