@@ -95,6 +95,14 @@ ABSL_FLAG(uint64_t, default_quota_source_bytes, 0,
           "bytes of one algorithm's GLSL or SPIR-V (0: no limit)");
 ABSL_FLAG(uint64_t, default_quota_client_name_bytes, 0,
           "bytes of OpenSession's client_name (0: no limit)");
+ABSL_FLAG(std::string, glsl_compiler, "",
+          "the komputed_glslc program that compiles clients' GLSL in a child process; empty: the "
+          "one beside this program");
+ABSL_FLAG(absl::Duration, glsl_compile_timeout, absl::Seconds(20),
+          "a GLSL compile that runs longer is stopped (RESOURCE_EXHAUSTED)");
+ABSL_FLAG(uint64_t, glsl_compile_memory_bytes, uint64_t{2} << 30,
+          "address space of the GLSL compiler's child process; a compile that needs more fails "
+          "(RESOURCE_EXHAUSTED)");
 ABSL_FLAG(std::string, log_level, "info",
           "log level: trace, debug, info, warning, error, critical or off");
 
@@ -148,6 +156,11 @@ int main(int argc, char** argv) {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.device_recovery_interval = absl::GetFlag(FLAGS_device_recovery_interval);
+  options.glsl_compiler = absl::GetFlag(FLAGS_glsl_compiler);
+  if (options.glsl_compiler.empty())
+    options.glsl_compiler = komputed::server::DefaultGlslCompiler();
+  options.glsl_limits.wall_time = absl::GetFlag(FLAGS_glsl_compile_timeout);
+  options.glsl_limits.memory_bytes = absl::GetFlag(FLAGS_glsl_compile_memory_bytes);
   options.tenants_file = absl::GetFlag(FLAGS_tenants_file);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);

@@ -140,7 +140,7 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
     if (gate != nullptr) gate->Exit();
   };
   // The eval's place in its tenant's inflight_submissions quota, taken before anything is
-  // applied and held until the submission has completed or its wait has timed out.
+  // applied and held until the submission has completed.
   std::shared_ptr<Charge> submission;
   if (plan.sequence != 0 && facts_.account != nullptr) {
     absl::StatusOr<Charge> charge = facts_.account->Take(Counted::kSubmissions, 1);
@@ -176,7 +176,8 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
   DeviceInstance* const instance = facts_.instance.get();
   prometheus::Counter* const downloaded = downloads_;
   // What runs once the submission has completed (or failed, or run past the deadline).
-  auto finish = [entry, handle, timeout, submitted, device, instance, downloaded, submission,
+  const absl::Duration hold = options_.eval_timeout;
+  auto finish = [entry, handle, timeout, hold, submitted, device, instance, downloaded, submission,
                  downloads = std::move(prepared->downloads),
                  done = std::move(done)](absl::Status status) mutable {
     uint64_t gpu_ns = 0;
@@ -200,7 +201,14 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
     }
     if (submitted) device->Completed(entry->sequence->queue(), gpu_ns);
     entry->awaited.store(false);
-    if (submission != nullptr) submission->Release();  // (one that timed out is let go too)
+    if (submission != nullptr && absl::IsDeadlineExceeded(status) && submitted) {
+      // The submission still runs: it keeps its place in the tenant's quota until it completes
+      // (or the daemon's eval timeout has passed once more), not just until its eval gave up.
+      instance->waiter->Watch(entry->sequence, absl::Now() + hold,
+                              [submission](absl::Status) { submission->Release(); });
+    } else if (submission != nullptr) {
+      submission->Release();
+    }
     if (status.ok()) {
       done(std::move(result));
     } else {

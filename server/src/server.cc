@@ -3,7 +3,9 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <string>
@@ -66,6 +68,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   }
   KD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                       ServerCredentialsFor(options));
+  if (!options.glsl_compiler.empty()) {
+    if (access(options.glsl_compiler.c_str(), X_OK) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("the GLSL compiler ", options.glsl_compiler,
+                                                     " is not an executable program"));
+    }
+    // The compiler's stdin is a pipe: a child that exits early must not kill the daemon.
+    signal(SIGPIPE, SIG_IGN);
+  }
   auto server = std::unique_ptr<Server>(new Server(std::move(options)));
   Server* const s = server.get();
   const ServerOptions& o = s->options_;

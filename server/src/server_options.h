@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "glsl_compiler.h"
 #include "komputed/core/vulkan_calls.h"
 #include "tenants.h"
 
@@ -61,6 +62,11 @@ struct ServerOptions {
   bool insecure = false;
   // The quotas of tenants that do not set their own (and of the implicit tenant); 0: no limit.
   Quota default_quota;
+  // GLSL from clients is compiled by this program in a child process with these bounds
+  // (glsl_compiler.h); empty: compiled inside the daemon (only for tests and tools that trust
+  // their shaders).
+  std::string glsl_compiler;
+  GlslCompileLimits glsl_limits;
   // The Vulkan calls that can fail (tests inject faults); null: the real ones.
   std::shared_ptr<core::VulkanCalls> vulkan_calls;
 };

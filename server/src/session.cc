@@ -234,8 +234,11 @@ absl::Status Session::CreateTensorLocked(const TensorRequest& request) {
   if (TenantAccount* account = facts_.account.get()) {
     KD_RETURN_IF_ERROR(
         account->CheckSize(&Quota::tensor_bytes, bytes, absl::StrCat(what, bytes, " bytes")));
-    absl::StatusOr<Charge> device_memory =
-        account->Take(Counted::kDeviceMemory, core::HasStaging(request.memory) ? 2 * bytes : bytes);
+    // A device tensor's staging copy counts too; saturated, so that a huge size cannot wrap.
+    const uint64_t device_bytes = core::HasStaging(request.memory)
+                                      ? (bytes > UINT64_MAX / 2 ? UINT64_MAX : 2 * bytes)
+                                      : bytes;
+    absl::StatusOr<Charge> device_memory = account->Take(Counted::kDeviceMemory, device_bytes);
     if (!device_memory.ok()) return Annotate(device_memory.status(), what);
     charged->device_memory = *std::move(device_memory);
     absl::StatusOr<Charge> host_memory =
@@ -302,8 +305,11 @@ absl::StatusOr<core::AlgorithmSpec> Session::SpecLocked(const AlgorithmRequest& 
       break;
     }
     case AlgorithmRequest::Shader::kGlsl: {
-      auto spirv = core::CompileGlsl(std::string(request.shader),
-                                     absl::StrCat("algorithm ", request.handle));
+      const std::string name = absl::StrCat("algorithm ", request.handle);
+      auto spirv = options_.glsl_compiler.empty()
+                       ? core::CompileGlsl(request.shader, name)
+                       : CompileGlslInChild(options_.glsl_compiler, request.shader, name,
+                                            options_.glsl_limits);
       metrics_->shader_compilations_total(spirv.ok() ? "ok" : "error").Increment();
       if (!spirv.ok()) return spirv.status();
       spec.spirv = *std::move(spirv);

@@ -244,7 +244,8 @@ absl::Status TenantRegistry::Reload() {
   for (Tenant& t : *parsed) {
     auto tenant = std::make_shared<const Tenant>(std::move(t));
     set->tenants.push_back(tenant);
-    set->by_name.emplace(tenant->name, tenant);
+    // Only certificate names: a certificate naming a tenant known by token (an admin, say) does
+    // not stand in for its token. (A tenant with neither has its own name among them.)
     for (const std::string& name : tenant->certificate_names) set->by_name.emplace(name, tenant);
   }
   set_ = std::move(set);

@@ -93,7 +93,8 @@ class TenantRegistry {
 
   // The tenant whose token this is (compared in constant time over every tenant), or null.
   std::shared_ptr<const Tenant> ByToken(absl::string_view token) const;
-  // The tenant named `name`, or one whose certificate_names contain it, or null.
+  // The tenant whose certificate_names contain `name` (a verified certificate's CN or SAN), or
+  // null.
   std::shared_ptr<const Tenant> ByName(absl::string_view name) const;
   // Every tenant's name (bounded label values for metrics).
   std::vector<std::string> Names() const;

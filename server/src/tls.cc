@@ -1,7 +1,9 @@
 #include "tls.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
+#include <netinet/in.h>
 #include <openssl/bio.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
@@ -60,7 +62,13 @@ bool IsLocalAddress(absl::string_view listen) {
   const size_t colon = listen.rfind(':');
   absl::string_view host = colon == absl::string_view::npos ? listen : listen.substr(0, colon);
   if (absl::ConsumePrefix(&host, "[")) absl::ConsumeSuffix(&host, "]");
-  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
+  if (host == "localhost") return true;
+  // Only address literals: a name (even "127.x.example.org") may resolve anywhere.
+  const std::string literal(host);
+  in_addr v4{};
+  if (inet_pton(AF_INET, literal.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return inet_pton(AF_INET6, literal.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -131,6 +132,36 @@ TEST(Shader, MultiplyShaderForOtherTypes) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bool")));
   EXPECT_THAT(MultiplyShader(ElementType::kBytes),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bytes")));
+}
+
+// The local size a dispatch quota counts: from main's execution mode, or from the WorkgroupSize
+// built-in with its specialization constants applied.
+TEST(Shader, LocalSizeOfMain) {
+  constexpr char kLiteral[] = R"(#version 450
+layout(local_size_x = 8, local_size_y = 4, local_size_z = 2) in;
+layout(set = 0, binding = 0) buffer B { float b[]; };
+void main() { b[gl_GlobalInvocationID.x] = 1.0; }
+)";
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> literal, CompileGlsl(kLiteral));
+  EXPECT_EQ(ShaderLocalSize(literal, {}, 4), (std::array<uint64_t, 3>{8, 4, 2}));
+
+  constexpr char kSpecialized[] = R"(#version 450
+layout(local_size_x_id = 0, local_size_y = 3) in;
+layout(set = 0, binding = 0) buffer B { float b[]; };
+void main() { b[gl_GlobalInvocationID.x] = 1.0; }
+)";
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> specialized, CompileGlsl(kSpecialized));
+  EXPECT_EQ(ShaderLocalSize(specialized, {}, 4), (std::array<uint64_t, 3>{1, 3, 1}));
+  const uint32_t x = 64;
+  const auto* bytes = reinterpret_cast<const uint8_t*>(&x);
+  EXPECT_EQ(ShaderLocalSize(specialized, std::vector<uint8_t>(bytes, bytes + 4), 4),
+            (std::array<uint64_t, 3>{64, 3, 1}));
+  // Garbage and truncated modules give some size without reading past their end.
+  std::vector<uint32_t> truncated(literal.begin(), literal.begin() + literal.size() / 2);
+  ShaderLocalSize(truncated, {}, 4);
+  std::vector<uint32_t> junk(64, 0xffffffffu);
+  ShaderLocalSize(junk, {}, 4);
+  EXPECT_EQ(ShaderLocalSize({}, {}, 4), (std::array<uint64_t, 3>{1, 1, 1}));
 }
 
 }  // namespace

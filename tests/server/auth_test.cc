@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "server.h"
 #include "tenant_client.h"
+#include "tls.h"
 
 namespace komputed::server::testing {
 namespace {
@@ -244,6 +245,18 @@ TEST(ImplicitTenantTest, LoopbackWithoutTenantsNeedsNoCredentials) {
   EXPECT_EQ(list.sessions(0).session_id(), opened.session_id());
   EXPECT_EQ(list.sessions(0).tenant(), "default");
   (*server)->Shutdown();
+}
+
+TEST(SecureByDefaultTest, OnlyLoopbackLiteralsAndUnixSocketsAreLocal) {
+  for (const char* local : {"127.0.0.1:50051", "127.8.9.10:1", "[::1]:50051", "localhost:50051",
+                            "unix:/tmp/komputed.sock", "unix-abstract:komputed"}) {
+    EXPECT_TRUE(IsLocalAddress(local)) << local;
+  }
+  for (const char* remote :
+       {"0.0.0.0:50051", "[::]:50051", ":50051", "10.0.0.5:50051", "127.app.10.0.0.5.nip.io:50051",
+        "localhost.example.org:50051", "[::ffff:10.0.0.5]:50051", "gpu1:50051"}) {
+    EXPECT_FALSE(IsLocalAddress(remote)) << remote;
+  }
 }
 
 TEST(SecureByDefaultTest, OffLoopbackWithoutAuthenticationDoesNotStart) {

@@ -299,6 +299,28 @@ TEST_F(QuotaTest, InflightSubmissions) {
   EXPECT_THAT(Eval(*c, EvalOf(id, 6), &resp), IsOk());
 }
 
+// An eval that gives up waiting (its timeout) does not free its place while the GPU still runs it.
+TEST_F(QuotaTest, ATimedOutSubmissionKeepsItsPlaceUntilItCompletes) {
+  const test_support::SlowWork work = HalfSecond();
+  auto c = As("inflight_submissions");
+  const std::string id = OpenAs(*c);
+  MakeSlow(*c, id, 1, work);
+  MakeSlow(*c, id, 4, work);
+  v1::EvalRequest impatient = EvalOf(id, 3);
+  impatient.set_timeout_ms(1);
+  v1::EvalResponse resp;
+  ASSERT_THAT(Eval(*c, impatient, &resp), HasCode(grpc::StatusCode::DEADLINE_EXCEEDED));
+  EXPECT_THAT(Eval(*c, EvalOf(id, 6), &resp), Exhausted("inflight_submissions", "1"));
+  // Once the first submission has completed, the place is free again.
+  grpc::Status later;
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  do {
+    absl::SleepFor(absl::Milliseconds(20));
+    later = Eval(*c, EvalOf(id, 6), &resp);
+  } while (!later.ok() && absl::Now() < until);
+  EXPECT_THAT(later, IsOk());
+}
+
 TEST_F(QuotaTest, MemoryStaysChargedWhileASubmissionUsesADestroyedTensor) {
   const test_support::SlowWork work = HalfSecond();
   auto c = As("held_memory");

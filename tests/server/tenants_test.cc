@@ -117,6 +117,8 @@ TEST(Tenants, TokensAndCertificateNamesFindTheirTenant) {
   ASSERT_NE(registry->ByName("ci.example.org"), nullptr);
   EXPECT_EQ(registry->ByName("ci.example.org")->name, "ci");
   EXPECT_EQ(registry->ByName("nobody"), nullptr);
+  // A tenant known by its token is not found by a certificate that merely bears its name.
+  EXPECT_EQ(registry->ByName("alice"), nullptr);
   EXPECT_THAT(registry->Names(), UnorderedElementsAre("alice", "ci"));
 }
 

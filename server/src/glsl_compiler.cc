@@ -1,0 +1,177 @@
+#include "glsl_compiler.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace komputed::server {
+namespace {
+
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() { Close(); }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  void Close() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_;
+};
+
+absl::Status Errno(absl::string_view what) {
+  return absl::InternalError(absl::StrCat("GLSL compile: ", what, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+std::string DefaultGlslCompiler() {
+  char self[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "komputed_glslc";
+  std::string path(self, static_cast<size_t>(n));
+  return path.substr(0, path.rfind('/') + 1) + "komputed_glslc";
+}
+
+absl::StatusOr<std::vector<uint32_t>> CompileGlslInChild(const std::string& compiler,
+                                                         absl::string_view source,
+                                                         absl::string_view name,
+                                                         const GlslCompileLimits& limits) {
+  int in[2], out[2], err[2];
+  if (pipe2(in, O_CLOEXEC) != 0) return Errno("pipe");
+  Fd in_read(in[0]), in_write(in[1]);
+  if (pipe2(out, O_CLOEXEC) != 0) return Errno("pipe");
+  Fd out_read(out[0]), out_write(out[1]);
+  if (pipe2(err, O_CLOEXEC) != 0) return Errno("pipe");
+  Fd err_read(err[0]), err_write(err[1]);
+
+  // Everything the child needs is made before fork: after it, only async-signal-safe calls.
+  const std::string name_arg(name);
+  char* const argv[] = {const_cast<char*>(compiler.c_str()), const_cast<char*>(name_arg.c_str()),
+                        nullptr};
+  const rlim_t cpu_seconds =
+      static_cast<rlim_t>(absl::ToInt64Seconds(limits.wall_time + absl::Seconds(1)));
+  const struct rlimit memory = {limits.memory_bytes, limits.memory_bytes};
+  const struct rlimit cpu = {cpu_seconds, cpu_seconds};
+  const struct rlimit no_core = {0, 0};
+  const pid_t pid = fork();
+  if (pid < 0) return Errno("fork");
+  if (pid == 0) {
+    dup2(in[0], STDIN_FILENO);
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    setrlimit(RLIMIT_AS, &memory);
+    setrlimit(RLIMIT_CPU, &cpu);
+    setrlimit(RLIMIT_CORE, &no_core);
+    execv(compiler.c_str(), argv);
+    _exit(127);
+  }
+  in_read.Close();
+  out_write.Close();
+  err_write.Close();
+  fcntl(in_write.get(), F_SETFL, O_NONBLOCK);
+
+  std::string spirv, messages;
+  size_t written = 0;
+  bool out_open = true, err_open = true, too_big = false, timed_out = false;
+  const absl::Time deadline = absl::Now() + limits.wall_time;
+  while (out_open || err_open) {
+    struct pollfd fds[3];
+    nfds_t count = 0;
+    const int out_at = out_open ? static_cast<int>(count++) : -1;
+    if (out_at >= 0) fds[out_at] = {out_read.get(), POLLIN, 0};
+    const int err_at = err_open ? static_cast<int>(count++) : -1;
+    if (err_at >= 0) fds[err_at] = {err_read.get(), POLLIN, 0};
+    const int in_at = in_write.get() >= 0 ? static_cast<int>(count++) : -1;
+    if (in_at >= 0) fds[in_at] = {in_write.get(), POLLOUT, 0};
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      timed_out = true;
+      break;
+    }
+    const int ready =
+        poll(fds, count, static_cast<int>(std::max<int64_t>(1, absl::ToInt64Milliseconds(left))));
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) continue;
+    if (in_at >= 0 && (fds[in_at].revents & (POLLOUT | POLLERR | POLLHUP))) {
+      // MSG_NOSIGNAL does not apply to pipes: SIGPIPE is ignored by the server (Server::Start).
+      const ssize_t n = write(in_write.get(), source.data() + written, source.size() - written);
+      if (n > 0) written += static_cast<size_t>(n);
+      if (n < 0 && errno != EAGAIN) written = source.size();  // the child is gone
+      if (written == source.size()) in_write.Close();         // end of the source
+    }
+    auto drain = [&](int at, int fd, std::string& into, uint64_t cap, bool& open) {
+      if (at < 0 || !(fds[at].revents & (POLLIN | POLLERR | POLLHUP))) return;
+      char buffer[65536];
+      const ssize_t n = read(fd, buffer, sizeof(buffer));
+      if (n <= 0) {
+        open = false;
+        return;
+      }
+      if (into.size() + static_cast<size_t>(n) > cap) {
+        too_big = too_big || &into == &spirv;
+        into.append(buffer, static_cast<size_t>(std::min<uint64_t>(n, cap - into.size())));
+        if (&into == &spirv) open = false;
+        return;
+      }
+      into.append(buffer, static_cast<size_t>(n));
+    };
+    drain(out_at, out_read.get(), spirv, limits.spirv_bytes, out_open);
+    drain(err_at, err_read.get(), messages, limits.message_bytes, err_open);
+    if (too_big) break;
+  }
+  if (timed_out || too_big || out_open || err_open) kill(pid, SIGKILL);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the GLSL compile of ", name, " did not finish within ",
+        absl::FormatDuration(limits.wall_time), " (the daemon's bound); it was stopped"));
+  }
+  if (too_big) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the GLSL of ", name, " compiles to more than ", limits.spirv_bytes, " bytes of SPIR-V"));
+  }
+  if (WIFSIGNALED(status)) {
+    const int signal = WTERMSIG(status);
+    if (signal == SIGXCPU || signal == SIGKILL) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the GLSL compile of ", name, " ran out of its CPU time bound and was stopped"));
+    }
+    // Out of address space shows as an allocation failure: an abort (std::bad_alloc) or a fault.
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the GLSL compiler failed on ", name, " (signal ", signal, ", ",
+                     strsignal(signal), "), most likely out of its ", limits.memory_bytes >> 20,
+                     " MiB memory bound; the daemon and other requests are unaffected"));
+  }
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (code == 0 && spirv.size() % 4 == 0 && !spirv.empty()) {
+    std::vector<uint32_t> words(spirv.size() / 4);
+    std::memcpy(words.data(), spirv.data(), spirv.size());
+    return words;
+  }
+  if (code == 1) return absl::InvalidArgumentError(messages);  // the compiler's own error text
+  if (code == 127) {
+    return absl::InternalError(
+        absl::StrCat("the GLSL compiler ", compiler, " could not be started"));
+  }
+  return absl::InternalError(
+      absl::StrCat("the GLSL compiler exited with status ", code, " on ", name, ": ", messages));
+}
+
+}  // namespace komputed::server
