@@ -210,7 +210,9 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
 // the first request until OnDone.
 class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent> {
  public:
-  ExecuteReactor(SessionManager* sessions, absl::StatusOr<Caller> caller) : sessions_(sessions) {
+  ExecuteReactor(SessionManager* sessions, const Authenticator* auth,
+                 const grpc::CallbackServerContext* context, absl::StatusOr<Caller> caller)
+      : sessions_(sessions), auth_(auth), context_(context) {
     if (!caller.ok()) {
       {
         absl::MutexLock lock(&mu_);
@@ -278,7 +280,11 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
       absl::MutexLock lock(&mu_);
       ++pending_;
     }
-    absl::StatusOr<std::shared_ptr<Session>> session = Bind(eval.session_id());
+    // Each request is authenticated again: a token revoked by a reload of the tenants file ends
+    // the stream's work from its next request on, not only new calls.
+    absl::StatusOr<Caller> now = auth_->Authenticate(*context_);
+    absl::StatusOr<std::shared_ptr<Session>> session =
+        now.ok() ? Bind(eval.session_id(), *now) : now.status();
     if (!session.ok()) {
       LogFailure("Execute", eval.session_id(), "", session.status());
       Complete(std::move(event), session.status());
@@ -299,9 +305,9 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
 
   // The stream belongs to the session that its first request names; later requests name it
   // again or leave session_id empty. Reads are sequential, so only one thread is here.
-  absl::StatusOr<std::shared_ptr<Session>> Bind(const std::string& id) {
+  absl::StatusOr<std::shared_ptr<Session>> Bind(const std::string& id, const Caller& caller) {
     if (session_ == nullptr) {
-      absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Get(id, caller_);
+      absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Get(id, caller);
       if (!session.ok()) return session.status();
       session_ = *session;  // in use (never reaped) until the stream is done
       return session;
@@ -311,7 +317,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
                                                      session_->id(), "; the request names session ",
                                                      id));
     }
-    return sessions_->Get(session_->id(), caller_);  // NOT_FOUND once the session was closed
+    return sessions_->Get(session_->id(), caller);  // NOT_FOUND once the session was closed
   }
 
   // Called once per submitted eval, on the waiter's thread or inline. Once pending_ drops, another
@@ -369,8 +375,10 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   }
 
   SessionManager* const sessions_;
-  Caller caller_;
-  v1::ExecuteRequest request_;        // the read in progress
+  const Authenticator* const auth_;
+  const grpc::CallbackServerContext* const context_;  // valid until OnDone
+  Caller caller_;                                     // as the stream opened: counts its errors
+  v1::ExecuteRequest request_;                        // the read in progress
   std::shared_ptr<Session> session_;  // set by the first request that names a session
 
   absl::Mutex mu_;
@@ -593,7 +601,7 @@ grpc::ServerUnaryReactor* SequencesService::GetTimestamps(grpc::CallbackServerCo
 
 grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent>* SequencesService::Execute(
     grpc::CallbackServerContext* context) {
-  return new ExecuteReactor(ctx_.sessions, ctx_.auth->Authenticate(*context));
+  return new ExecuteReactor(ctx_.sessions, ctx_.auth, context, ctx_.auth->Authenticate(*context));
 }
 
 }  // namespace komputed::server

@@ -199,6 +199,37 @@ TEST_F(AuthTest, AnAdminListsWithoutIdsAndCanClose) {
   EXPECT_EQ(List(*ops_).sessions_size(), 1);
 }
 
+// A stream opened before its token was revoked does no more work after the revocation.
+TEST_F(AuthTest, ARevokedTokenEndsTheWorkOfAnOpenStream) {
+  std::string bobs;
+  ASSERT_THAT(Open(*bob_, &bobs), IsOk());
+  ASSERT_THAT(CreateTensor(*bob_, FloatTensor(bobs, 1, {1})), IsOk());
+  v1::EvalRequest eval;  // an eval without a sequence: a download only
+  eval.set_session_id(bobs);
+  eval.add_downloads(1);
+  grpc::ClientContext ctx;
+  auto stream = bob_->sequences->Execute(&ctx);
+  v1::ExecuteRequest req;
+  *req.mutable_eval() = eval;
+  v1::ExecuteEvent event;
+  ASSERT_TRUE(stream->Write(req));
+  ASSERT_TRUE(stream->Read(&event));
+  EXPECT_EQ(event.code(), 0) << event.message();
+
+  const uint64_t generation = server_->authenticator().registry()->generation();
+  tenants_.Write(absl::StrCat("tenants:\n", Entry("alice"), Entry("ops", "    admin: true\n")));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (server_->authenticator().registry()->generation() == generation &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(stream->Write(req));
+  ASSERT_TRUE(stream->Read(&event));
+  EXPECT_EQ(event.code(), static_cast<int>(grpc::StatusCode::UNAUTHENTICATED)) << event.message();
+  stream->WritesDone();
+  EXPECT_THAT(stream->Finish(), IsOk());
+}
+
 TEST_F(AuthTest, AReloadedFileGrantsAndRevokesWithoutARestart) {
   const std::string id = AliceSession();
   std::string bobs;
