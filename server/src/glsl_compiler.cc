@@ -114,24 +114,23 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlslInChild(const std::string& comp
       if (n < 0 && errno != EAGAIN) written = source.size();  // the child is gone
       if (written == source.size()) in_write.Close();         // end of the source
     }
-    auto drain = [&](int at, int fd, std::string& into, uint64_t cap, bool& open) {
-      if (at < 0 || !(fds[at].revents & (POLLIN | POLLERR | POLLHUP))) return;
+    // Reads what is ready into `into`, keeping at most `cap` bytes (*overflow once more came);
+    // false at the end of the stream.
+    auto drain = [&](int at, int fd, std::string& into, uint64_t cap, bool* overflow) {
+      if (at < 0 || !(fds[at].revents & (POLLIN | POLLERR | POLLHUP))) return true;
       char buffer[65536];
       const ssize_t n = read(fd, buffer, sizeof(buffer));
-      if (n <= 0) {
-        open = false;
-        return;
-      }
-      if (into.size() + static_cast<size_t>(n) > cap) {
-        too_big = too_big || &into == &spirv;
-        into.append(buffer, static_cast<size_t>(std::min<uint64_t>(n, cap - into.size())));
-        if (&into == &spirv) open = false;
-        return;
-      }
-      into.append(buffer, static_cast<size_t>(n));
+      if (n <= 0) return false;
+      const size_t keep = std::min<uint64_t>(static_cast<uint64_t>(n), cap - into.size());
+      into.append(buffer, keep);
+      if (keep < static_cast<size_t>(n)) *overflow = true;
+      return true;
     };
-    drain(out_at, out_read.get(), spirv, limits.spirv_bytes, out_open);
-    drain(err_at, err_read.get(), messages, limits.message_bytes, err_open);
+    bool messages_cut = false;  // the messages are kept only up to their cap
+    if (!drain(out_at, out_read.get(), spirv, limits.spirv_bytes, &too_big)) out_open = false;
+    if (!drain(err_at, err_read.get(), messages, limits.message_bytes, &messages_cut)) {
+      err_open = false;
+    }
     if (too_big) break;
   }
   if (timed_out || too_big || out_open || err_open) kill(pid, SIGKILL);

@@ -21,6 +21,11 @@ uint64_t Quota::*FieldOf(Counted what) {
   return &Quota::sessions;
 }
 
+// Whether `wanted` more fits beside `in_use` under `limit` (0: no limit), without overflow.
+bool Fits(uint64_t limit, uint64_t in_use, uint64_t wanted) {
+  return limit == 0 || (wanted <= limit && in_use <= limit - wanted);
+}
+
 absl::string_view NameOf(uint64_t Quota::*field) {
   for (const QuotaField& f : QuotaFields()) {
     if (f.field == field) return f.name;
@@ -76,7 +81,7 @@ absl::StatusOr<Charge> TenantAccount::Take(Counted what, uint64_t amount) {
     absl::MutexLock lock(&mu_);
     limit = quota_.*FieldOf(what);
     in_use = used_[i];
-    if (limit == 0 || (amount <= limit && in_use <= limit - amount)) {
+    if (Fits(limit, in_use, amount)) {
       in_use = used_[i] += amount;
       taken = true;
     }
@@ -129,25 +134,22 @@ void TenantAccount::Publish(Counted what, uint64_t value) {
   }
 }
 
+uint64_t TenantAccount::Limit(uint64_t Quota::*field) const {
+  absl::MutexLock lock(&mu_);
+  return quota_.*field;
+}
+
 absl::Status TenantAccount::CheckSize(uint64_t Quota::*field, uint64_t value,
                                       absl::string_view what) const {
-  uint64_t limit = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    limit = quota_.*field;
-  }
-  if (limit == 0 || value <= limit) return absl::OkStatus();
+  const uint64_t limit = Limit(field);
+  if (Fits(limit, 0, value)) return absl::OkStatus();
   return Refuse(NameOf(field), limit, what);
 }
 
 absl::Status TenantAccount::CheckCount(uint64_t Quota::*field, uint64_t in_use, uint64_t wanted,
                                        absl::string_view what) const {
-  uint64_t limit = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    limit = quota_.*field;
-  }
-  if (limit == 0 || (wanted <= limit && in_use <= limit - wanted)) return absl::OkStatus();
+  const uint64_t limit = Limit(field);
+  if (Fits(limit, in_use, wanted)) return absl::OkStatus();
   return Refuse(NameOf(field), limit,
                 absl::StrCat(what, ": in use ", in_use, ", this request needs ", wanted));
 }

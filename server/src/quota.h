@@ -79,6 +79,7 @@ class TenantAccount : public std::enable_shared_from_this<TenantAccount> {
   friend class Charge;
   void Give(Counted what, uint64_t amount);
   void Publish(Counted what, uint64_t value);
+  uint64_t Limit(uint64_t Quota::*field) const;  // the quota in force
   absl::Status Refuse(absl::string_view quota, uint64_t limit, absl::string_view detail) const;
 
   const std::string tenant_;

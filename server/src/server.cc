@@ -38,6 +38,12 @@ void TimedStep(const char* what, Step step) {
   spdlog::debug("komputed stopping: {} in {}", what, SecondsSince(start));
 }
 
+// A listen address (host:port) with the port actually bound.
+std::string WithPort(const std::string& listen, int port) {
+  const size_t colon = listen.rfind(':');
+  return absl::StrCat(colon == std::string::npos ? listen : listen.substr(0, colon), ":", port);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
@@ -169,17 +175,10 @@ Server::~Server() {
   TimedStep("devices released", [this] { pool_.reset(); });
 }
 
-std::string Server::address() const {
-  const std::string& listen = options_.listen;
-  const size_t colon = listen.rfind(':');
-  const std::string host = colon == std::string::npos ? listen : listen.substr(0, colon);
-  return absl::StrCat(host, ":", port_);
-}
+std::string Server::address() const { return WithPort(options_.listen, port_); }
 
 std::string Server::health_address() const {
-  if (health_server_ == nullptr) return std::string();
-  const std::string& listen = options_.health_listen;
-  return absl::StrCat(listen.substr(0, listen.rfind(':')), ":", health_port_);
+  return health_server_ == nullptr ? std::string() : WithPort(options_.health_listen, health_port_);
 }
 
 std::string Server::metrics_address() const {

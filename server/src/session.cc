@@ -21,10 +21,15 @@ namespace {
 // The most GPU timestamps one sequence may ask for.
 constexpr uint32_t kMaxTimestamps = 1 << 16;
 
-// Tensor memory a tensor holds: its buffer, and its staging buffer when it has one.
+// Tensor memory that a tensor of `bytes` holds: its buffer, and its staging buffer when it has
+// one (saturated, so that a huge size asked for cannot wrap to a small one).
+uint64_t MemoryBytes(core::MemoryType memory, uint64_t bytes) {
+  if (!core::HasStaging(memory)) return bytes;
+  return bytes > UINT64_MAX / 2 ? UINT64_MAX : 2 * bytes;
+}
+
 int64_t MemoryCost(const core::Tensor& tensor) {
-  const uint64_t copies = core::HasStaging(tensor.memory_type()) ? 2 : 1;
-  return static_cast<int64_t>(tensor.byte_size() * copies);
+  return static_cast<int64_t>(MemoryBytes(tensor.memory_type(), tensor.byte_size()));
 }
 
 // Whether an algorithm build failed on core's SPIR-V validation (ValidateSpirv reports
@@ -234,11 +239,8 @@ absl::Status Session::CreateTensorLocked(const TensorRequest& request) {
   if (TenantAccount* account = facts_.account.get()) {
     KD_RETURN_IF_ERROR(
         account->CheckSize(&Quota::tensor_bytes, bytes, absl::StrCat(what, bytes, " bytes")));
-    // A device tensor's staging copy counts too; saturated, so that a huge size cannot wrap.
-    const uint64_t device_bytes = core::HasStaging(request.memory)
-                                      ? (bytes > UINT64_MAX / 2 ? UINT64_MAX : 2 * bytes)
-                                      : bytes;
-    absl::StatusOr<Charge> device_memory = account->Take(Counted::kDeviceMemory, device_bytes);
+    absl::StatusOr<Charge> device_memory =
+        account->Take(Counted::kDeviceMemory, MemoryBytes(request.memory, bytes));
     if (!device_memory.ok()) return Annotate(device_memory.status(), what);
     charged->device_memory = *std::move(device_memory);
     absl::StatusOr<Charge> host_memory =

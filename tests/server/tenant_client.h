@@ -86,46 +86,6 @@ inline v1::ListSessionsResponse List(Stubs& c, bool include_ids = false) {
   EXPECT_THAT(c.sessions->ListSessions(&ctx, req, &resp), IsOk());
   return resp;
 }
-inline grpc::Status CreateTensor(Stubs& c, const v1::CreateTensorRequest& req) {
-  grpc::ClientContext ctx;
-  v1::CreateTensorResponse resp;
-  return c.tensors->CreateTensor(&ctx, req, &resp);
-}
-inline grpc::Status DestroyTensor(Stubs& c, const std::string& id, uint64_t handle) {
-  grpc::ClientContext ctx;
-  v1::DestroyTensorRequest req;
-  req.set_session_id(id);
-  req.set_handle(handle);
-  v1::DestroyTensorResponse resp;
-  return c.tensors->DestroyTensor(&ctx, req, &resp);
-}
-inline grpc::Status Eval(Stubs& c, const v1::EvalRequest& req, v1::EvalResponse* resp) {
-  grpc::ClientContext ctx;
-  return c.sequences->Eval(&ctx, req, resp);
-}
-inline grpc::Status CreateAlgorithm(Stubs& c, const v1::CreateAlgorithmRequest& req) {
-  grpc::ClientContext ctx;
-  v1::CreateAlgorithmResponse resp;
-  return c.algorithms->CreateAlgorithm(&ctx, req, &resp);
-}
-inline grpc::Status CreateSequence(Stubs& c, const std::string& id, uint64_t handle) {
-  grpc::ClientContext ctx;
-  v1::CreateSequenceRequest req;
-  req.set_session_id(id);
-  req.set_handle(handle);
-  v1::CreateSequenceResponse resp;
-  return c.sequences->CreateSequence(&ctx, req, &resp);
-}
-inline grpc::Status Record(Stubs& c, const std::string& id, uint64_t sequence,
-                           const std::vector<v1::SequenceAction>& actions) {
-  grpc::ClientContext ctx;
-  v1::RecordRequest req;
-  req.set_session_id(id);
-  req.set_sequence(sequence);
-  for (const auto& a : actions) *req.add_actions() = a;
-  v1::RecordResponse resp;
-  return c.sequences->Record(&ctx, req, &resp);
-}
 inline grpc::Status DestroyAlgorithm(Stubs& c, const std::string& id, uint64_t handle) {
   grpc::ClientContext ctx;
   v1::DestroyAlgorithmRequest req;

@@ -45,6 +45,51 @@ inline v1::SequenceAction RecordOp(const v1::Operation& op) {
   return a;
 }
 
+// Unary calls through any client's stubs; each returns the call's status.
+inline grpc::Status CreateTensor(Stubs& c, const v1::CreateTensorRequest& req) {
+  grpc::ClientContext ctx;
+  v1::CreateTensorResponse resp;
+  return c.tensors->CreateTensor(&ctx, req, &resp);
+}
+inline grpc::Status DestroyTensor(Stubs& c, const std::string& id, uint64_t handle) {
+  grpc::ClientContext ctx;
+  v1::DestroyTensorRequest req;
+  req.set_session_id(id);
+  req.set_handle(handle);
+  v1::DestroyTensorResponse resp;
+  return c.tensors->DestroyTensor(&ctx, req, &resp);
+}
+inline grpc::Status Eval(Stubs& c, const v1::EvalRequest& req, v1::EvalResponse* resp) {
+  grpc::ClientContext ctx;
+  return c.sequences->Eval(&ctx, req, resp);
+}
+inline grpc::Status CreateAlgorithm(Stubs& c, const v1::CreateAlgorithmRequest& req) {
+  grpc::ClientContext ctx;
+  v1::CreateAlgorithmResponse resp;
+  return c.algorithms->CreateAlgorithm(&ctx, req, &resp);
+}
+inline grpc::Status CreateSequence(Stubs& c, const std::string& id, uint64_t handle,
+                                   uint32_t queue = 0, uint32_t timestamps = 0) {
+  grpc::ClientContext ctx;
+  v1::CreateSequenceRequest req;
+  req.set_session_id(id);
+  req.set_handle(handle);
+  req.set_queue(queue);
+  req.set_total_timestamps(timestamps);
+  v1::CreateSequenceResponse resp;
+  return c.sequences->CreateSequence(&ctx, req, &resp);
+}
+inline grpc::Status Record(Stubs& c, const std::string& id, uint64_t sequence,
+                           const std::vector<v1::SequenceAction>& actions) {
+  grpc::ClientContext ctx;
+  v1::RecordRequest req;
+  req.set_session_id(id);
+  req.set_sequence(sequence);
+  for (const auto& a : actions) *req.add_actions() = a;
+  v1::RecordResponse resp;
+  return c.sequences->Record(&ctx, req, &resp);
+}
+
 // A running in-process daemon (on 127.0.0.1:0) and a client connected to it; each test gets its
 // own daemon, so that totals (memory, sessions) start at zero.
 class ServerTest : public ::testing::Test {
@@ -87,47 +132,24 @@ class ServerTest : public ::testing::Test {
   }
 
   grpc::Status CreateTensor(const v1::CreateTensorRequest& req) {
-    grpc::ClientContext ctx;
-    v1::CreateTensorResponse resp;
-    return client_->tensors->CreateTensor(&ctx, req, &resp);
+    return testing::CreateTensor(*client_, req);
   }
   grpc::Status DestroyTensor(const std::string& session, uint64_t handle) {
-    grpc::ClientContext ctx;
-    v1::DestroyTensorRequest req;
-    req.set_session_id(session);
-    req.set_handle(handle);
-    v1::DestroyTensorResponse resp;
-    return client_->tensors->DestroyTensor(&ctx, req, &resp);
+    return testing::DestroyTensor(*client_, session, handle);
   }
   grpc::Status CreateAlgorithm(const v1::CreateAlgorithmRequest& req) {
-    grpc::ClientContext ctx;
-    v1::CreateAlgorithmResponse resp;
-    return client_->algorithms->CreateAlgorithm(&ctx, req, &resp);
+    return testing::CreateAlgorithm(*client_, req);
   }
   grpc::Status CreateSequence(const std::string& session, uint64_t handle, uint32_t queue = 0,
                               uint32_t timestamps = 0) {
-    grpc::ClientContext ctx;
-    v1::CreateSequenceRequest req;
-    req.set_session_id(session);
-    req.set_handle(handle);
-    req.set_queue(queue);
-    req.set_total_timestamps(timestamps);
-    v1::CreateSequenceResponse resp;
-    return client_->sequences->CreateSequence(&ctx, req, &resp);
+    return testing::CreateSequence(*client_, session, handle, queue, timestamps);
   }
   grpc::Status Record(const std::string& session, uint64_t sequence,
                       std::vector<v1::SequenceAction> actions) {
-    grpc::ClientContext ctx;
-    v1::RecordRequest req;
-    req.set_session_id(session);
-    req.set_sequence(sequence);
-    for (auto& a : actions) *req.add_actions() = a;
-    v1::RecordResponse resp;
-    return client_->sequences->Record(&ctx, req, &resp);
+    return testing::Record(*client_, session, sequence, actions);
   }
   grpc::Status Eval(const v1::EvalRequest& req, v1::EvalResponse* resp) {
-    grpc::ClientContext ctx;
-    return client_->sequences->Eval(&ctx, req, resp);
+    return testing::Eval(*client_, req, resp);
   }
 
   // Sets up, in `session`, tensors in (h) and out (h+1) of `n` floats, a scale algorithm (h+2)
