@@ -95,6 +95,11 @@ ABSL_FLAG(uint64_t, default_quota_source_bytes, 0,
           "bytes of one algorithm's GLSL or SPIR-V (0: no limit)");
 ABSL_FLAG(uint64_t, default_quota_client_name_bytes, 0,
           "bytes of OpenSession's client_name (0: no limit)");
+ABSL_FLAG(uint64_t, default_quota_kernel_time_ms, 0,
+          "milliseconds one submission may run; lowers --max_kernel_time (0: that limit)");
+ABSL_FLAG(absl::Duration, max_kernel_time, absl::Seconds(10),
+          "a submission that runs longer is stopped by the kernel watchdog, and its session is "
+          "closed (0: no watchdog)");
 ABSL_FLAG(std::string, glsl_compiler, "",
           "the komputed_glslc program that compiles clients' GLSL in a child process; empty: the "
           "one beside this program");
@@ -177,6 +182,8 @@ int main(int argc, char** argv) {
   quota.dispatch_invocations = absl::GetFlag(FLAGS_default_quota_dispatch_invocations);
   quota.source_bytes = absl::GetFlag(FLAGS_default_quota_source_bytes);
   quota.client_name_bytes = absl::GetFlag(FLAGS_default_quota_client_name_bytes);
+  quota.kernel_time_ms = absl::GetFlag(FLAGS_default_quota_kernel_time_ms);
+  options.max_kernel_time = absl::GetFlag(FLAGS_max_kernel_time);
 
   // Every thread started from here on inherits the blocked signals; main takes them with sigwait.
   sigset_t stop_signals;

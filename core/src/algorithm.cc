@@ -12,8 +12,11 @@ struct Algorithm::Pipeline {
   std::vector<std::shared_ptr<Tensor>> tensors;  // kept alive while bound
   ShaderModuleHandle module;
   DescriptorSetLayoutHandle set_layout;
+  DescriptorSetLayoutHandle cancel_layout;  // set 1: the cancel word, when there is one
   DescriptorPoolHandle pool;
-  VkDescriptorSet set = VK_NULL_HANDLE;  // freed with pool
+  VkDescriptorSet set = VK_NULL_HANDLE;         // freed with pool
+  VkDescriptorSet cancel_set = VK_NULL_HANDLE;  // freed with pool
+  std::shared_ptr<CancelWord> cancel;
   PipelineLayoutHandle layout;
   PipelineHandle pipeline;
   Workgroup workgroup;
@@ -73,14 +76,25 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
         " bytes are not a whole number of ", spec.spec_constant_size, "-byte constants"));
   }
   KD_RETURN_IF_ERROR(ValidateSpirv(spec.spirv, device.properties().apiVersion));
+  std::vector<uint32_t> stoppable;
+  if (spec.cancel != nullptr) {
+    KD_ASSIGN_OR_RETURN(stoppable, AddCancelChecks(spec.spirv));
+    absl::Status valid = ValidateSpirv(stoppable, device.properties().apiVersion);
+    if (!valid.ok()) {
+      return absl::InternalError(absl::StrCat(
+          "the shader with the watchdog's cancel checks added is not valid: ", valid.message()));
+    }
+  }
+  const std::vector<uint32_t>& code = spec.cancel != nullptr ? stoppable : spec.spirv;
 
   auto p = std::make_shared<Pipeline>();
   p->tensors = spec.tensors;
   p->workgroup = spec.workgroup;
+  p->cancel = spec.cancel;
 
   VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
-  mi.codeSize = spec.spirv.size() * sizeof(uint32_t);
-  mi.pCode = spec.spirv.data();
+  mi.codeSize = code.size() * sizeof(uint32_t);
+  mi.pCode = code.data();
   VkShaderModule module = VK_NULL_HANDLE;
   KD_RETURN_IF_ERROR(
       device.Check(vkCreateShaderModule(dev, &mi, nullptr, &module), "vkCreateShaderModule"));
@@ -99,16 +113,50 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
                                   "vkCreateDescriptorSetLayout"));
   p->set_layout = DescriptorSetLayoutHandle(dev, set_layout);
 
-  if (n > 0) {
-    VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, n};
+  if (p->cancel != nullptr) {
+    VkDescriptorSetLayoutBinding word{kCancelBinding, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1,
+                                      VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+    VkDescriptorSetLayoutCreateInfo ci{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+    ci.bindingCount = 1;
+    ci.pBindings = &word;
+    VkDescriptorSetLayout cancel_layout = VK_NULL_HANDLE;
+    KD_RETURN_IF_ERROR(device.Check(vkCreateDescriptorSetLayout(dev, &ci, nullptr, &cancel_layout),
+                                    "vkCreateDescriptorSetLayout"));
+    p->cancel_layout = DescriptorSetLayoutHandle(dev, cancel_layout);
+  }
+  const uint32_t sets = (n > 0 ? 1 : 0) + (p->cancel != nullptr ? 1 : 0);
+  if (sets > 0) {
+    VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                              n + (p->cancel != nullptr ? 1 : 0)};
     VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
-    pi.maxSets = 1;
+    pi.maxSets = sets;
     pi.poolSizeCount = 1;
     pi.pPoolSizes = &size;
     VkDescriptorPool pool = VK_NULL_HANDLE;
     KD_RETURN_IF_ERROR(
         device.Check(vkCreateDescriptorPool(dev, &pi, nullptr, &pool), "vkCreateDescriptorPool"));
     p->pool = DescriptorPoolHandle(dev, pool);
+  }
+  if (p->cancel != nullptr) {
+    VkDescriptorSetLayout cancel_layout = p->cancel_layout.get();
+    VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
+    ai.descriptorPool = p->pool.get();
+    ai.descriptorSetCount = 1;
+    ai.pSetLayouts = &cancel_layout;
+    KD_RETURN_IF_ERROR(device.Check(vkAllocateDescriptorSets(dev, &ai, &p->cancel_set),
+                                    "vkAllocateDescriptorSets"));
+    VkDescriptorBufferInfo info{p->cancel->buffer(), 0, VK_WHOLE_SIZE};
+    VkWriteDescriptorSet write{VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
+    write.dstSet = p->cancel_set;
+    write.dstBinding = kCancelBinding;
+    write.descriptorCount = 1;
+    write.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    write.pBufferInfo = &info;
+    vkUpdateDescriptorSets(dev, 1, &write, 0, nullptr);
+  }
+
+  if (n > 0) {
+    VkDescriptorPool pool = p->pool.get();
     VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
     ai.descriptorPool = pool;
     ai.descriptorSetCount = 1;
@@ -131,9 +179,11 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
 
   VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0,
                             static_cast<uint32_t>(spec.push_constants.size())};
+  static_assert(kCancelSet == 1, "the cancel word's set follows the tensors'");
+  const VkDescriptorSetLayout layouts[2] = {set_layout, p->cancel_layout.get()};
   VkPipelineLayoutCreateInfo pli{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
-  pli.setLayoutCount = 1;
-  pli.pSetLayouts = &set_layout;
+  pli.setLayoutCount = p->cancel != nullptr ? 2 : 1;
+  pli.pSetLayouts = layouts;
   pli.pushConstantRangeCount = spec.push_constants.empty() ? 0 : 1;
   pli.pPushConstantRanges = &range;
   VkPipelineLayout layout = VK_NULL_HANDLE;
@@ -209,6 +259,10 @@ std::shared_ptr<const void> Algorithm::RecordDispatch(VkCommandBuffer cb,
   if (p.set != VK_NULL_HANDLE) {
     vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout.get(), 0, 1, &p.set, 0,
                             nullptr);
+  }
+  if (p.cancel_set != VK_NULL_HANDLE) {
+    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout.get(), kCancelSet, 1,
+                            &p.cancel_set, 0, nullptr);
   }
   if (!spec_.push_constants.empty()) {
     vkCmdPushConstants(cb, p.layout.get(), VK_SHADER_STAGE_COMPUTE_BIT, 0,

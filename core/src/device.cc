@@ -218,6 +218,7 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
   auto device = std::shared_ptr<Device>(new Device());
   device->instance_ = instance;
   device->calls_ = options.calls != nullptr ? options.calls : VulkanCalls::Default();
+  device->map_device_memory_ = options.map_device_memory;
   device->physical_device_ = physical[index];
   device->info_ = instance->Describe(index);
   const PhysicalDeviceInfo& info = device->info_;
@@ -390,7 +391,8 @@ absl::Status Device::Check(VkResult result, absl::string_view what) {
 }
 
 absl::Status Device::Submit(size_t queue, VkCommandBuffer command_buffer, VkFence fence,
-                            VkSemaphore timeline, uint64_t timeline_value) {
+                            VkSemaphore timeline, uint64_t timeline_value,
+                            VkCommandBuffer prologue) {
   if (lost()) {
     return absl::UnavailableError(absl::StrCat("device ", info_.index, " was lost"));
   }
@@ -398,9 +400,10 @@ absl::Status Device::Submit(size_t queue, VkCommandBuffer command_buffer, VkFenc
     return absl::InvalidArgumentError(
         absl::StrCat("queue ", queue, " out of range: the device has ", queues_.size()));
   }
+  const VkCommandBuffer buffers[2] = {prologue, command_buffer};
   VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
-  si.commandBufferCount = 1;
-  si.pCommandBuffers = &command_buffer;
+  si.commandBufferCount = prologue != VK_NULL_HANDLE ? 2 : 1;
+  si.pCommandBuffers = prologue != VK_NULL_HANDLE ? buffers : &command_buffer;
   VkTimelineSemaphoreSubmitInfo ti{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO};
   if (timeline != VK_NULL_HANDLE) {
     ti.signalSemaphoreValueCount = 1;

@@ -172,9 +172,11 @@ Sequence::~Sequence() {
     SemaphoreHandle timeline;
     std::vector<Op> ops;
     std::vector<Recorded> keep;
+    std::shared_ptr<TensorInitBatch> prologue;
   };
-  new Kept{std::move(pool_),    std::move(fence_),  std::move(query_pool_), std::move(timeline_),
-           std::move(all_ops_), std::move(cb_keep_)};  // deliberately never freed
+  new Kept{
+      std::move(pool_),    std::move(fence_),   std::move(query_pool_), std::move(timeline_),
+      std::move(all_ops_), std::move(cb_keep_), std::move(prologue_)};  // deliberately never freed
   cb_ops_.clear();
 }
 
@@ -255,7 +257,7 @@ absl::Status Sequence::Record(Op op) {
   return absl::OkStatus();
 }
 
-absl::Status Sequence::Submit() {
+absl::Status Sequence::Submit(std::shared_ptr<TensorInitBatch> prologue) {
   absl::MutexLock lock(&mu_);
   if (running_) {
     return absl::FailedPreconditionError("the sequence is already running; await it first");
@@ -277,9 +279,13 @@ absl::Status Sequence::Submit() {
   VkFence fence = fence_.get();
   KD_RETURN_IF_ERROR(device_->Check(vkResetFences(device_->handle(), 1, &fence), "vkResetFences"));
   const uint64_t next = timeline_value_ + 1;
-  KD_RETURN_IF_ERROR(device_->Submit(queue_, cb_, fence, timeline_.get(), next));
+  KD_RETURN_IF_ERROR(
+      device_->Submit(queue_, cb_, fence, timeline_.get(), next,
+                      prologue != nullptr ? prologue->command_buffer() : VK_NULL_HANDLE));
   timeline_value_ = next;
   running_ = true;
+  if (prologue != nullptr) prologue->Submitted();
+  prologue_ = std::move(prologue);
   return absl::OkStatus();
 }
 
@@ -289,6 +295,7 @@ absl::Status Sequence::Wait(absl::Duration timeout) {
   absl::Status s = device_->Wait(fence_.get(), timeout);
   if (absl::IsDeadlineExceeded(s)) return s;
   running_ = false;
+  prologue_.reset();
   if (!s.ok()) return s;
   FinishLocked();
   return absl::OkStatus();

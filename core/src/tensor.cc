@@ -42,7 +42,8 @@ absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsa
   KD_RETURN_IF_ERROR(
       device.Check(vkBindBufferMemory(device.handle(), buffer, memory, 0), "vkBindBufferMemory"));
   b.properties_ = device.info().memory.memoryTypes[type].propertyFlags;
-  if (b.properties_ & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) {
+  if ((b.properties_ & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
+      ((required & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) || device.maps_device_memory())) {
     KD_RETURN_IF_ERROR(device.Check(
         vkMapMemory(device.handle(), memory, 0, VK_WHOLE_SIZE, 0, &b.mapped_), "vkMapMemory"));
   }
@@ -52,7 +53,7 @@ absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsa
 absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> device,
                                                        ElementType type, uint64_t count,
                                                        uint32_t element_size, MemoryType memory,
-                                                       const void* initial) {
+                                                       const void* initial, TensorInit init) {
   KD_ASSIGN_OR_RETURN(element_size, CheckTensorShape(type, memory, count, element_size));
   const uint64_t bytes = count * element_size;
   const PhysicalDeviceInfo& info = device->info();
@@ -111,38 +112,91 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
   }
 
   // Initial contents: the given data, or zeros (new memory may hold another program's data).
-  if (void* host = t->host_data()) {
-    if (initial != nullptr) std::memcpy(host, initial, bytes);
-    std::memset(static_cast<uint8_t*>(host) + (initial != nullptr ? bytes : 0), 0,
+  // Host data first; then the primary buffer, directly where the host maps it (host memory, and
+  // device memory on a device whose memory is all host-visible), else by a command on a queue.
+  auto fill = [&](void* to) {
+    if (initial != nullptr) std::memcpy(to, initial, bytes);
+    std::memset(static_cast<uint8_t*>(to) + (initial != nullptr ? bytes : 0), 0,
                 initial != nullptr ? alloc - bytes : alloc);
+  };
+  if (void* host = t->host_data()) fill(host);
+  if (t->primary_.mapped() != nullptr) {
+    if (t->primary_.mapped() != t->host_data()) fill(t->primary_.mapped());
+    return t;
   }
-  if (memory == MemoryType::kDevice) {
-    KD_RETURN_IF_ERROR(device->RunOnce([&](VkCommandBuffer cb) {
-      if (initial != nullptr) {
-        VkBufferCopy region{0, 0, alloc};  // the padding too: zeros in staging
-        vkCmdCopyBuffer(cb, t->staging_.handle(), t->primary_.handle(), 1, &region);
-      } else {
-        vkCmdFillBuffer(cb, t->primary_.handle(), 0, VK_WHOLE_SIZE, 0);
-      }
-    }));
-  } else if (memory == MemoryType::kStorage) {
-    if (initial != nullptr) {
-      KD_ASSIGN_OR_RETURN(Buffer upload,
-                          Buffer::Create(*device, alloc, VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
-                                         kHostVisible, 0, "an upload buffer"));
-      std::memcpy(upload.mapped(), initial, bytes);
-      std::memset(static_cast<uint8_t*>(upload.mapped()) + bytes, 0, alloc - bytes);
-      KD_RETURN_IF_ERROR(device->RunOnce([&](VkCommandBuffer cb) {
-        VkBufferCopy region{0, 0, alloc};  // the padding too
-        vkCmdCopyBuffer(cb, upload.handle(), t->primary_.handle(), 1, &region);
-      }));
-    } else {
-      KD_RETURN_IF_ERROR(device->RunOnce([&](VkCommandBuffer cb) {
-        vkCmdFillBuffer(cb, t->primary_.handle(), 0, VK_WHOLE_SIZE, 0);
-      }));
-    }
+  if (memory == MemoryType::kStorage && initial != nullptr) {
+    KD_ASSIGN_OR_RETURN(Buffer upload,
+                        Buffer::Create(*device, alloc, VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
+                                       kHostVisible, 0, "an upload buffer"));
+    fill(upload.mapped());
+    t->upload_ = std::make_shared<Buffer>(std::move(upload));
   }
+  if (init == TensorInit::kDeferred) {
+    t->init_pending_.store(true, std::memory_order_release);
+    return t;
+  }
+  KD_RETURN_IF_ERROR(device->RunOnce([&](VkCommandBuffer cb) { t->RecordInit(cb); }));
+  t->upload_.reset();
   return t;
+}
+
+void Tensor::RecordInit(VkCommandBuffer cb) const {
+  const uint64_t alloc = primary_.size();  // the padding too: zeros in staging and upload
+  const Buffer* from = upload_ != nullptr ? upload_.get() : &staging_;
+  if (from->handle() != VK_NULL_HANDLE) {
+    VkBufferCopy region{0, 0, alloc};
+    vkCmdCopyBuffer(cb, from->handle(), primary_.handle(), 1, &region);
+  } else {
+    vkCmdFillBuffer(cb, primary_.handle(), 0, VK_WHOLE_SIZE, 0);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<TensorInitBatch>> TensorInitBatch::Record(
+    std::shared_ptr<Device> device, uint32_t queue_family,
+    const std::vector<std::shared_ptr<Tensor>>& tensors) {
+  auto batch = std::shared_ptr<TensorInitBatch>(new TensorInitBatch());
+  for (const auto& t : tensors) {
+    if (t != nullptr && t->init_pending()) batch->tensors_.push_back(t);
+  }
+  if (batch->tensors_.empty()) return absl::NotFoundError("no tensor awaits its first contents");
+  VkDevice dev = device->handle();
+  batch->device_ = std::move(device);
+  VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+  pi.flags = VK_COMMAND_POOL_CREATE_TRANSIENT_BIT;
+  pi.queueFamilyIndex = queue_family;
+  VkCommandPool pool = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(
+      batch->device_->Check(vkCreateCommandPool(dev, &pi, nullptr, &pool), "vkCreateCommandPool"));
+  batch->pool_ = CommandPoolHandle(dev, pool);
+  VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  ai.commandPool = pool;
+  ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  ai.commandBufferCount = 1;
+  KD_RETURN_IF_ERROR(batch->device_->Check(vkAllocateCommandBuffers(dev, &ai, &batch->cb_),
+                                           "vkAllocateCommandBuffers"));
+  VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+  bi.flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT;
+  KD_RETURN_IF_ERROR(
+      batch->device_->Check(vkBeginCommandBuffer(batch->cb_, &bi), "vkBeginCommandBuffer"));
+  for (const auto& t : batch->tensors_) t->RecordInit(batch->cb_);
+  // Every later command on the queue sees the contents, whatever it does with them.
+  VkMemoryBarrier barrier{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  barrier.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+  barrier.dstAccessMask = VK_ACCESS_MEMORY_READ_BIT | VK_ACCESS_MEMORY_WRITE_BIT;
+  vkCmdPipelineBarrier(batch->cb_, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                       VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 1, &barrier, 0, nullptr, 0, nullptr);
+  KD_RETURN_IF_ERROR(batch->device_->Check(vkEndCommandBuffer(batch->cb_), "vkEndCommandBuffer"));
+  return batch;
+}
+
+TensorInitBatch::~TensorInitBatch() = default;
+
+void TensorInitBatch::Submitted() {
+  for (const auto& t : tensors_) {
+    t->init_pending_.store(false, std::memory_order_release);
+    // The upload buffer lives as long as the batch, which outlives the submission.
+    if (t->upload_ != nullptr) uploads_.push_back(std::move(t->upload_));
+  }
 }
 
 void* Tensor::host_data() const {

@@ -37,6 +37,7 @@ absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
   core::DeviceOptions options;
   options.physical_device_index = physical_index;
   options.calls = server_options.vulkan_calls;
+  options.map_device_memory = server_options.map_device_memory;
   for (uint32_t f = 0; f < info.queue_families.size(); ++f) {
     if (!info.HasCompute(f)) continue;
     for (uint32_t q = 0; q < info.queue_families[f].queueCount; ++q) {
@@ -57,6 +58,7 @@ absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
     const core::Queue& q = device.queue(i);
     pooled->queue_index_[{q.family, q.index}] = i;
   }
+  pooled->queue_sessions_.assign(device.queue_count(), 0);
   const std::string label = absl::StrCat(pool_index);
   pooled->memory_used_ = &m.device_memory_used_bytes(label);
   m.device_memory_limit_bytes(label).Set(static_cast<double>(info.DeviceLocalBytes()));
@@ -81,43 +83,84 @@ std::shared_ptr<DeviceInstance> PooledDevice::instance() const {
   return instance_;
 }
 
-absl::StatusOr<std::vector<uint32_t>> PooledDevice::ResolveQueues(
-    const std::vector<uint32_t>& families) const {
+absl::StatusOr<std::vector<uint32_t>> PooledDevice::AcquireQueues(
+    const std::vector<uint32_t>& families) {
   const core::PhysicalDeviceInfo& info = info_;
-  std::vector<uint32_t> wanted = families;
-  if (wanted.empty()) {
+  absl::MutexLock lock(&queues_mu_);
+  // The queues of `family`, least used first (then in the family's order).
+  auto by_use = [&](uint32_t family) {
+    std::vector<uint32_t> queues;
+    for (const auto& [key, index] : queue_index_) {
+      if (key.first == family) queues.push_back(index);
+    }
+    std::sort(queues.begin(), queues.end(), [&](uint32_t a, uint32_t b) {
+      return std::make_pair(queue_sessions_[a], a) < std::make_pair(queue_sessions_[b], b);
+    });
+    return queues;
+  };
+  std::vector<uint32_t> result;
+  if (families.empty()) {
+    // The least used queue of every compute-capable family.
     for (uint32_t f = 0; f < info.queue_families.size(); ++f) {
-      if (info.HasCompute(f)) {
-        wanted.push_back(f);
-        break;
+      if (!info.HasCompute(f)) continue;
+      const std::vector<uint32_t> queues = by_use(f);
+      if (!queues.empty() &&
+          (result.empty() || std::make_pair(queue_sessions_[queues[0]], queues[0]) <
+                                 std::make_pair(queue_sessions_[result[0]], result[0]))) {
+        result = {queues[0]};
       }
     }
+    if (result.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("device ", index_, " has no compute queue"));
+    }
+  } else {
+    std::map<uint32_t, uint32_t> asked;  // family → queues asked of it
+    for (uint32_t family : families) {
+      if (family >= info.queue_families.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("queue family ", family, " does not exist on device ", index_,
+                         ", which has ", info.queue_families.size(), " queue famil",
+                         info.queue_families.size() == 1 ? "y" : "ies"));
+      }
+      if (!info.HasCompute(family)) {
+        return absl::InvalidArgumentError(absl::StrCat("queue family ", family, " of device ",
+                                                       index_, " has no compute capability"));
+      }
+      ++asked[family];
+    }
+    std::map<uint32_t, std::vector<uint32_t>> chosen;
+    for (const auto& [family, count] : asked) {
+      std::vector<uint32_t> queues = by_use(family);
+      if (count > queues.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            count, " queues requested from queue family ", family, " of device ", index_,
+            ", which has ", info.queue_families[family].queueCount, " queue(s)"));
+      }
+      queues.resize(count);
+      // Taken from the back as the request's entries come, so in the order chosen.
+      std::reverse(queues.begin(), queues.end());
+      chosen[family] = std::move(queues);
+    }
+    for (uint32_t family : families) {
+      result.push_back(chosen[family].back());
+      chosen[family].pop_back();
+    }
   }
-  std::vector<uint32_t> result;
-  std::map<uint32_t, uint32_t> next_in_family;
-  for (uint32_t family : wanted) {
-    if (family >= info.queue_families.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("queue family ", family, " does not exist on device ", index_,
-                       ", which has ", info.queue_families.size(), " queue famil",
-                       info.queue_families.size() == 1 ? "y" : "ies"));
-    }
-    if (!info.HasCompute(family)) {
-      return absl::InvalidArgumentError(absl::StrCat("queue family ", family, " of device ", index_,
-                                                     " has no compute capability"));
-    }
-    const uint32_t in_family = next_in_family[family]++;
-    auto it = queue_index_.find(std::make_pair(family, in_family));
-    if (it == queue_index_.end()) {
-      uint32_t asked = 0;
-      for (uint32_t f : wanted) asked += f == family ? 1 : 0;
-      return absl::InvalidArgumentError(
-          absl::StrCat(asked, " queues requested from queue family ", family, " of device ", index_,
-                       ", which has ", info.queue_families[family].queueCount, " queue(s)"));
-    }
-    result.push_back(it->second);
-  }
+  for (uint32_t q : result) ++queue_sessions_[q];
   return result;
+}
+
+void PooledDevice::ReleaseQueues(const std::vector<uint32_t>& queues) {
+  absl::MutexLock lock(&queues_mu_);
+  for (uint32_t q : queues) {
+    if (q < queue_sessions_.size() && queue_sessions_[q] > 0) --queue_sessions_[q];
+  }
+}
+
+uint32_t PooledDevice::queue_sessions(uint32_t queue) const {
+  absl::MutexLock lock(&queues_mu_);
+  return queue < queue_sessions_.size() ? queue_sessions_[queue] : 0;
 }
 
 void PooledDevice::AddMemory(int64_t bytes) {

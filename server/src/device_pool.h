@@ -48,10 +48,15 @@ class PooledDevice {
   // The instance that new sessions open on.
   std::shared_ptr<DeviceInstance> instance() const;
 
-  // The device queue indices for a session that asks for one queue per entry of `families`
-  // (repeated entries of a family take its queues 0, 1, 2...; empty: one queue of the first
-  // compute-capable family). INVALID_ARGUMENT names the family and its queue count.
-  absl::StatusOr<std::vector<uint32_t>> ResolveQueues(const std::vector<uint32_t>& families) const;
+  // The device queue indices for a session that asks for one queue per entry of `families`:
+  // distinct queues of each family, those that the fewest sessions use first (empty: the least
+  // used queue of any compute-capable family), so that sessions spread over the device's queues
+  // and do not wait behind each other's submissions. Counts them as used until ReleaseQueues.
+  // INVALID_ARGUMENT names the family and its queue count.
+  absl::StatusOr<std::vector<uint32_t>> AcquireQueues(const std::vector<uint32_t>& families);
+  void ReleaseQueues(const std::vector<uint32_t>& queues);
+  // Sessions that use device queue `queue`.
+  uint32_t queue_sessions(uint32_t queue) const;
 
   // Tensor memory that sessions hold on this device.
   void AddMemory(int64_t bytes);
@@ -119,6 +124,8 @@ class PooledDevice {
   std::atomic<int64_t> memory_in_use_{0};
   std::atomic<int32_t> sessions_{0};
   std::atomic<int> inline_waits_{0};
+  mutable absl::Mutex queues_mu_;
+  std::vector<uint32_t> queue_sessions_ ABSL_GUARDED_BY(queues_mu_);  // by device queue index
   std::function<void()> on_lost_;  // set by the pool before any session exists
 
   prometheus::Gauge* memory_used_ = nullptr;

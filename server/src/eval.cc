@@ -41,7 +41,19 @@ struct Session::Prepared {
   uint64_t sequence_handle = 0;
   bool submitted = false;  // a command buffer went to the device queue
   Downloads downloads;
+  std::shared_ptr<core::CancelWord> cancel;  // what the watchdog sets to stop it (null: none yet)
 };
+
+namespace {
+
+// What a submission holds until the device has finished it: its place in the tenant's
+// inflight_submissions quota and its watchdog ticket.
+struct InFlight {
+  Charge submission;
+  std::unique_ptr<Watchdog::Ticket> ticket;
+};
+
+}  // namespace
 
 absl::Status Session::CommandLocked(const SessionCommand& command) {
   // (server:: names the command types, which the member functions of the same names hide.)
@@ -113,14 +125,34 @@ absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const EvalPlan& pla
   }
   if (prepared.sequence != nullptr) {
     core::Sequence& sequence = *prepared.sequence->sequence;
-    absl::Status submitted = sequence.Submit();
+    std::shared_ptr<core::TensorInitBatch> inits;
+    if (!pending_init_.empty()) {
+      std::vector<std::shared_ptr<core::Tensor>> pending;
+      for (const auto& weak : pending_init_) {
+        if (auto tensor = weak.lock()) pending.push_back(std::move(tensor));
+      }
+      core::Device& device = *facts_.instance->device;
+      auto batch = core::TensorInitBatch::Record(facts_.instance->device,
+                                                 device.queue(sequence.queue()).family, pending);
+      if (batch.ok()) {
+        inits = *std::move(batch);
+      } else if (absl::IsNotFound(batch.status())) {
+        pending_init_.clear();  // none is pending any more
+      } else {
+        facts_.device->CheckLost(*facts_.instance);
+        return Annotate(batch.status(), "recording new tensors' first contents: ");
+      }
+    }
+    absl::Status submitted = sequence.Submit(inits);
     if (!submitted.ok()) {
       facts_.device->CheckLost(*facts_.instance);
       return Annotate(submitted, absl::StrCat("sequence ", plan.sequence, ": "));
     }
     // Nothing is submitted for a sequence that never recorded anything.
     prepared.submitted = sequence.IsRunning();
+    if (prepared.submitted && inits != nullptr) pending_init_.clear();
     if (prepared.submitted) facts_.device->Submitted(sequence.queue());
+    prepared.cancel = cancel_;
     prepared.sequence->awaited.store(true);
   }
   return prepared;
@@ -141,14 +173,14 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
   };
   // The eval's place in its tenant's inflight_submissions quota, taken before anything is
   // applied and held until the submission has completed.
-  std::shared_ptr<Charge> submission;
+  auto in_flight = std::make_shared<InFlight>();
   if (plan.sequence != 0 && facts_.account != nullptr) {
     absl::StatusOr<Charge> charge = facts_.account->Take(Counted::kSubmissions, 1);
     if (!charge.ok()) {
       done(charge.status());
       return;
     }
-    submission = std::make_shared<Charge>(*std::move(charge));
+    in_flight->submission = *std::move(charge);
   }
   absl::StatusOr<Prepared> prepared;
   {
@@ -171,18 +203,32 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
   std::shared_ptr<SequenceEntry> entry = prepared->sequence;
   const uint64_t handle = prepared->sequence_handle;
   const bool submitted = prepared->submitted;
+  const absl::Duration kernel_limit = KernelTimeLimit();
+  std::shared_ptr<core::CancelWord> cancel = prepared->cancel;
+  if (submitted && facts_.watchdog != nullptr) {
+    in_flight->ticket = facts_.watchdog->Started(
+        {facts_.instance.get(), static_cast<uint32_t>(entry->sequence->queue())}, facts_.id, cancel,
+        kernel_limit);
+  }
   PooledDevice* const device = facts_.device;  // the pool outlives the waiter's callbacks
   // The instance outlives its waiter's callbacks (and the inline wait holds the session).
   DeviceInstance* const instance = facts_.instance.get();
   prometheus::Counter* const downloaded = downloads_;
   // What runs once the submission has completed (or failed, or run past the deadline).
   const absl::Duration hold = options_.eval_timeout;
-  auto finish = [entry, handle, timeout, hold, submitted, device, instance, downloaded, submission,
-                 downloads = std::move(prepared->downloads),
+  const std::string session_id = facts_.id;
+  auto finish = [entry, handle, timeout, hold, submitted, device, instance, downloaded, in_flight,
+                 cancel, kernel_limit, session_id, downloads = std::move(prepared->downloads),
                  done = std::move(done)](absl::Status status) mutable {
     uint64_t gpu_ns = 0;
     EvalResult result;
-    if (status.ok()) {
+    if (status.ok() && cancel != nullptr && cancel->set()) {
+      // The watchdog stopped the session's dispatches: what they wrote is incomplete.
+      status = absl::DeadlineExceededError(absl::StrCat(
+          "sequence ", handle, ": stopped by the kernel watchdog: a submission of session ",
+          session_id, " ran longer than its limit of ", absl::FormatDuration(kernel_limit),
+          " (--max_kernel_time, or the tenant's kernel_time_ms quota); the session is closed"));
+    } else if (status.ok()) {
       downloaded->Increment(static_cast<double>(CollectDownloads(downloads, result)));
       result.timestamps_ns = entry->sequence->Timestamps();
       if (result.timestamps_ns.size() >= 2) {
@@ -201,14 +247,14 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
     }
     if (submitted) device->Completed(entry->sequence->queue(), gpu_ns);
     entry->awaited.store(false);
-    if (submission != nullptr && absl::IsDeadlineExceeded(status) && submitted) {
-      // The submission still runs: it keeps its place in the tenant's quota until it completes
-      // (or the daemon's eval timeout has passed once more), not just until its eval gave up.
+    if (absl::IsDeadlineExceeded(status) && submitted && entry->sequence->IsRunning()) {
+      // The submission still runs: it keeps its place in the tenant's quota and its watchdog
+      // ticket until it completes (or the daemon's eval timeout has passed once more), not just
+      // until its eval gave up.
       instance->waiter->Watch(entry->sequence, absl::Now() + hold,
-                              [submission](absl::Status) { submission->Release(); });
-    } else if (submission != nullptr) {
-      submission->Release();
+                              [in_flight](absl::Status) mutable { in_flight.reset(); });
     }
+    in_flight.reset();
     if (status.ok()) {
       done(std::move(result));
     } else {

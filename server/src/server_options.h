@@ -31,6 +31,11 @@ struct ServerOptions {
   absl::Duration session_idle_timeout = absl::Seconds(60);
   // Bound on an eval's wait for the device when the request gives none.
   absl::Duration eval_timeout = absl::Seconds(600);
+  // The kernel watchdog (watchdog.h): a submission that runs longer is stopped and its session
+  // closed; zero: no watchdog (shaders are then not rewritten with cancel checks).
+  absl::Duration max_kernel_time = absl::Seconds(10);
+  // How often the watchdog looks.
+  absl::Duration watchdog_interval = absl::Milliseconds(100);
   // How long a unary Eval waits for its submission on the gRPC thread before handing it to the
   // device's completion waiter; zero: always hand it off.
   absl::Duration eval_inline_wait = absl::Milliseconds(2);
@@ -69,6 +74,8 @@ struct ServerOptions {
   GlslCompileLimits glsl_limits;
   // The Vulkan calls that can fail (tests inject faults); null: the real ones.
   std::shared_ptr<core::VulkanCalls> vulkan_calls;
+  // core::DeviceOptions::map_device_memory (tests; no flag).
+  bool map_device_memory = true;
 };
 
 }  // namespace komputed::server

@@ -126,7 +126,16 @@ void Session::Close() {
   // Every tensor was counted under the lock before closed_ was set.
   const uint64_t held = memory_bytes_.exchange(0, std::memory_order_relaxed);
   facts_.device->AddMemory(-static_cast<int64_t>(held));
+  for (auto& [handle, entry] : sequences) ReleaseSequence(entry);
   // The tables are freed here, outside the lock; the waiter keeps what is still in flight.
+}
+
+void Session::ReleaseSequence(const std::shared_ptr<SequenceEntry>& entry) const {
+  if (entry == nullptr || !entry->sequence->IsRunning()) return;
+  // Freed on the waiter's thread once the submission has completed (the watchdog bounds how long
+  // that takes), never by waiting on the device here.
+  facts_.instance->waiter->Watch(entry->sequence, absl::Now() + options_.eval_timeout,
+                                 [](absl::Status) {});
 }
 
 SessionSummary Session::Describe() const {
@@ -248,15 +257,16 @@ absl::Status Session::CreateTensorLocked(const TensorRequest& request) {
     if (!host_memory.ok()) return Annotate(host_memory.status(), what);
     charged->host_memory = *std::move(host_memory);
   }
-  auto tensor =
-      core::Tensor::Create(facts_.instance->device, request.type, request.count, *element_size,
-                           request.memory, request.data.empty() ? nullptr : request.data.data());
+  auto tensor = core::Tensor::Create(
+      facts_.instance->device, request.type, request.count, *element_size, request.memory,
+      request.data.empty() ? nullptr : request.data.data(), core::TensorInit::kDeferred);
   if (!tensor.ok()) {
     facts_.device->CheckLost(*facts_.instance);
     return Annotate(tensor.status(), what);
   }
   CountUpload(request.data.size());
   AddMemory(MemoryCost(**tensor));
+  if ((*tensor)->init_pending()) pending_init_.push_back(*tensor);
   charged->tensor = *std::move(tensor);
   core::Tensor* const raw = charged->tensor.get();
   tensors_.Insert(request.handle, std::shared_ptr<core::Tensor>(std::move(charged), raw));
@@ -324,7 +334,26 @@ absl::StatusOr<core::AlgorithmSpec> Session::SpecLocked(const AlgorithmRequest& 
   spec.spec_constants = request.spec_constants;
   spec.spec_constant_size = request.spec_constant_size;
   spec.push_constants = request.push_constants;
+  if (facts_.watchdog != nullptr) {
+    KD_ASSIGN_OR_RETURN(spec.cancel, CancelWordLocked());
+  }
   return spec;
+}
+
+absl::StatusOr<std::shared_ptr<core::CancelWord>> Session::CancelWordLocked() const {
+  if (cancel_ == nullptr) {
+    KD_ASSIGN_OR_RETURN(cancel_, core::CancelWord::Create(facts_.instance->device));
+  }
+  return cancel_;
+}
+
+absl::Duration Session::KernelTimeLimit() const {
+  absl::Duration limit = options_.max_kernel_time;
+  if (facts_.account != nullptr) {
+    const uint64_t ms = facts_.account->quota().kernel_time_ms;
+    if (ms != 0) limit = std::min(limit, absl::Milliseconds(static_cast<int64_t>(ms)));
+  }
+  return limit;
 }
 
 absl::Status Session::CreateAlgorithm(const AlgorithmRequest& request) {
@@ -536,7 +565,9 @@ absl::Status Session::DestroySequence(uint64_t handle) {
 
 absl::Status Session::DestroySequenceLocked(uint64_t handle) {
   // A submission in flight keeps the sequence (the waiter holds it) until it completes.
-  return sequences_.Take(handle).status();
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<SequenceEntry> entry, sequences_.Take(handle));
+  ReleaseSequence(entry);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<uint64_t>> Session::GetTimestamps(uint64_t handle) {

@@ -23,6 +23,7 @@
 #include "quota.h"
 #include "server_options.h"
 #include "session_requests.h"
+#include "watchdog.h"
 #include "work_gate.h"
 
 namespace komputed::server {
@@ -39,6 +40,8 @@ struct SessionFacts {
   std::string peer;
   // The tenant that owns the session, whose quotas bound it; null: no quotas (tests).
   std::shared_ptr<TenantAccount> account;
+  // The kernel watchdog that follows the session's submissions; null: none.
+  std::shared_ptr<Watchdog> watchdog;
 };
 
 // One client's session on one device: its handle tables (tensors, algorithms, sequences, named
@@ -69,6 +72,8 @@ class Session {
   const std::string& tenant() const;
   PooledDevice& device() const { return *facts_.device; }
   uint32_t queue_count() const { return static_cast<uint32_t>(facts_.queues.size()); }
+  // Session queue i → device queue queues()[i].
+  const std::vector<uint32_t>& queues() const { return facts_.queues; }
   absl::Time created() const { return created_; }
 
   // Liveness: every call touches the session; BeginUse/EndUse bracket a call, stream or eval in
@@ -166,6 +171,9 @@ class Session {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void AddMemory(int64_t bytes);
+  // For a sequence leaving the tables: while its submission may still run, the device's waiter
+  // holds it until that has completed, so that it is freed without waiting on the device.
+  void ReleaseSequence(const std::shared_ptr<SequenceEntry>& entry) const;
   // RESOURCE_EXHAUSTED when one more object would pass the objects_per_session quota.
   absl::Status CheckNewObjectLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when the algorithm's dispatch (workgroups × local size) is over the
@@ -174,6 +182,12 @@ class Session {
   // SpecLocked within the source_bytes (checked before compiling) and dispatch quotas.
   absl::StatusOr<core::AlgorithmSpec> QuotaCheckedSpecLocked(const AlgorithmRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The word that the session's algorithms read to be stopped (made on first use).
+  absl::StatusOr<std::shared_ptr<core::CancelWord>> CancelWordLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How long one submission may run: the daemon's max_kernel_time, lowered by the tenant's
+  // kernel_time_ms quota.
+  absl::Duration KernelTimeLimit() const;
   // Counts an algorithm build by whether its SPIR-V passed validation.
   void CountValidation(const absl::Status& build) const;
 
@@ -194,6 +208,10 @@ class Session {
   HandleTable<std::shared_ptr<core::Tensor>> tensors_ ABSL_GUARDED_BY(mu_){"tensor"};
   HandleTable<std::shared_ptr<core::Algorithm>> algorithms_ ABSL_GUARDED_BY(mu_){"algorithm"};
   HandleTable<std::shared_ptr<SequenceEntry>> sequences_ ABSL_GUARDED_BY(mu_){"sequence"};
+  // Tensors whose device memory has not had its first contents yet (core::TensorInit::kDeferred):
+  // the next submission carries their inits ahead of its commands.
+  std::vector<std::weak_ptr<core::Tensor>> pending_init_ ABSL_GUARDED_BY(mu_);
+  mutable std::shared_ptr<core::CancelWord> cancel_ ABSL_GUARDED_BY(mu_);  // made on first use
 };
 
 }  // namespace komputed::server

@@ -55,12 +55,53 @@ bool Owns(const Caller& caller, const Session& session) {
 SessionManager::SessionManager(DevicePool* pool, const ServerOptions& options, Metrics* metrics,
                                WorkGate* gate)
     : pool_(pool), options_(options), metrics_(metrics), gate_(gate) {
+  if (options_.max_kernel_time > absl::ZeroDuration()) {
+    watchdog_ = Watchdog::Create(
+        options_.watchdog_interval,
+        [this](const std::string& id, absl::Duration limit) { Overrun(id, limit); });
+  }
   reaper_ = std::thread([this] { Reap(); });
+}
+
+void SessionManager::Overrun(const std::string& id, absl::Duration limit) {
+  constexpr size_t kMaxClosedKept = 4096;
+  const std::string reason =
+      absl::StrCat("a submission ran longer than its limit of ", absl::FormatDuration(limit),
+                   " (--max_kernel_time, or the tenant's kernel_time_ms quota) and was stopped");
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(id);
+    if (it == sessions_.end()) return;  // closed already
+    session = std::move(it->second);
+    sessions_.erase(it);
+    if (closed_.try_emplace(id, Closed{session->tenant(), reason}).second) {
+      closed_order_.push_back(id);
+    }
+    while (closed_order_.size() > kMaxClosedKept) {
+      closed_.erase(closed_order_.front());
+      closed_order_.pop_front();
+    }
+  }
+  const uint64_t held = session->memory_bytes();
+  Free(*session, "kernel_time");
+  spdlog::warn("session {} of tenant {} closed by the kernel watchdog: {} (it held {} bytes)",
+               SessionLogName(id), session->tenant(), reason, held);
+}
+
+absl::Status SessionManager::Missing(absl::string_view id, const Caller& caller) const {
+  auto it = closed_.find(id);
+  if (it != closed_.end() && it->second.tenant == caller.tenant()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", id, " was closed by the daemon: ", it->second.reason, "; open a new session"));
+  }
+  return NotFound(id, options_.session_idle_timeout);
 }
 
 void SessionManager::Free(Session& session, const char* reason) {
   session.Close();
   session.device().AddSessions(-1);
+  session.device().ReleaseQueues(session.queues());
   metrics_->sessions_open().Decrement();
   if (reason != nullptr) metrics_->sessions_reaped_total(reason).Increment();
 }
@@ -75,6 +116,7 @@ void SessionManager::Shutdown() {
     sessions.swap(sessions_);
   }
   if (reaper_.joinable()) reaper_.join();
+  if (watchdog_ != nullptr) watchdog_->Stop();
   for (auto& [id, session] : sessions) {
     const uint64_t held = session->memory_bytes();
     Free(*session, "drain");
@@ -98,8 +140,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(OpenRequest reques
                      " was lost (VK_ERROR_DEVICE_LOST) and is not open again yet; try again "
                      "later or use another device"));
   }
-  KD_ASSIGN_OR_RETURN(std::vector<uint32_t> queues, device->ResolveQueues(request.queue_families));
   KD_ASSIGN_OR_RETURN(Charge charge, account.Take(Counted::kSessions, 1));
+  KD_ASSIGN_OR_RETURN(std::vector<uint32_t> queues, device->AcquireQueues(request.queue_families));
   SessionFacts facts;
   facts.id = NewSessionId();
   facts.device = device;
@@ -108,11 +150,15 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(OpenRequest reques
   facts.client_name = request.client_name;
   facts.peer = request.peer;
   facts.account = request.caller.account;
+  facts.watchdog = watchdog_;
   auto session =
       std::make_shared<Session>(std::move(facts), options_, metrics_, gate_, std::move(charge));
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::UnavailableError("the daemon is shutting down");
+    if (stopping_) {
+      device->ReleaseQueues(session->queues());
+      return absl::UnavailableError("the daemon is shutting down");
+    }
     sessions_.emplace(session->id(), session);
   }
   device->AddSessions(1);
@@ -133,9 +179,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Get(absl::string_view i
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
     // Another tenant's session does not exist for the caller: the same answer as an unknown id.
-    if (it == sessions_.end() || !Owns(caller, *it->second)) {
-      return NotFound(id, options_.session_idle_timeout);
-    }
+    if (it == sessions_.end() || !Owns(caller, *it->second)) return Missing(id, caller);
     session = it->second;
     session->BeginUse();  // under mu_: the reaper cannot take it from here on
   }
@@ -151,7 +195,7 @@ absl::Status SessionManager::Close(absl::string_view id, const Caller& caller) {
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(id);
     if (it == sessions_.end() || (!caller.admin && !Owns(caller, *it->second))) {
-      return NotFound(id, options_.session_idle_timeout);
+      return Missing(id, caller);
     }
     session = std::move(it->second);
     sessions_.erase(it);

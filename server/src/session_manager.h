@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "metrics.h"
 #include "server_options.h"
 #include "session.h"
+#include "watchdog.h"
 #include "work_gate.h"
 
 namespace komputed::server {
@@ -24,7 +26,7 @@ namespace komputed::server {
 // What OpenSession asks for.
 struct OpenRequest {
   uint32_t device_index = 0;
-  // One entry per queue: the queue family it comes from (PooledDevice::ResolveQueues).
+  // One entry per queue: the queue family it comes from (PooledDevice::AcquireQueues).
   std::vector<uint32_t> queue_families;
   std::string client_name;
   std::string peer;  // where the call came from, for logs and ListSessions
@@ -67,6 +69,13 @@ class SessionManager {
   // Frees a session taken out of the table; `reason` is a reaped_total label, or null when its
   // client closed it.
   void Free(Session& session, const char* reason);
+  // The watchdog stopped a submission of the session: closes it, and remembers why for its
+  // client's next call.
+  void Overrun(const std::string& id, absl::Duration limit);
+  // For an id not in the table: why the daemon closed it (FAILED_PRECONDITION, for its own
+  // tenant), or the NOT_FOUND of an unknown id.
+  absl::Status Missing(absl::string_view id, const Caller& caller) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   DevicePool* const pool_;
   const ServerOptions& options_;
@@ -76,7 +85,17 @@ class SessionManager {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Sessions the daemon closed (the watchdog), with the tenant and the reason: the most recent
+  // kMaxClosedKept, oldest first in closed_order_.
+  struct Closed {
+    std::string tenant;
+    std::string reason;
+  };
+  absl::flat_hash_map<std::string, Closed> closed_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> closed_order_ ABSL_GUARDED_BY(mu_);
   std::thread reaper_;
+  // Null without --max_kernel_time. Stopped by Shutdown; its tickets may outlive the manager.
+  std::shared_ptr<Watchdog> watchdog_;
 };
 
 }  // namespace komputed::server

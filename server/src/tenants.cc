@@ -178,6 +178,7 @@ const std::vector<QuotaField>& QuotaFields() {
       {"dispatch_invocations", &Quota::dispatch_invocations},
       {"source_bytes", &Quota::source_bytes},
       {"client_name_bytes", &Quota::client_name_bytes},
+      {"kernel_time_ms", &Quota::kernel_time_ms},
   };
   return *fields;
 }

@@ -46,6 +46,9 @@ struct Quota {
   uint64_t dispatch_invocations = 0;  // workgroups × local size of one dispatch
   uint64_t source_bytes = 0;          // GLSL or SPIR-V of one algorithm
   uint64_t client_name_bytes = 0;     // OpenSession's client_name
+  // Milliseconds one submission may run before the watchdog stops it; lowers the daemon's
+  // --max_kernel_time, never raises it.
+  uint64_t kernel_time_ms = 0;
 };
 
 // The quotas by name, in the order above (their names in the tenants file, in errors and in the

@@ -35,11 +35,14 @@ struct FaultyDevice {
   std::shared_ptr<Device> device;
 };
 
-absl::StatusOr<FaultyDevice> MakeFaultyDevice() {
+// map_device_memory false: device tensors need a one-off submission, as on a GPU whose device
+// memory the host cannot map.
+absl::StatusOr<FaultyDevice> MakeFaultyDevice(bool map_device_memory = false) {
   FaultyDevice f;
   f.calls = std::make_shared<FaultInjectingCalls>();
   DeviceOptions options;
   options.calls = f.calls;
+  options.map_device_memory = map_device_memory;
   absl::StatusOr<std::shared_ptr<Device>> device = Device::Create(options);
   if (!device.ok()) return device.status();
   f.device = *device;

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "komputed/core/device.h"
+#include "komputed/core/sequence.h"
 #include "support/status_matchers.h"
 #include "test_device.h"
 
@@ -41,9 +42,10 @@ std::vector<uint8_t> Pattern(size_t bytes, uint8_t seed = 1) {
   return data;
 }
 
-// The device contents of `t`, copied into a new host tensor with one-off commands.
-absl::StatusOr<std::vector<uint8_t>> ReadBack(const Tensor& t) {
-  std::shared_ptr<Device> device = TestDevice();
+// The device contents of `t`, copied into a new host tensor with one-off commands on `device`
+// (t's device).
+absl::StatusOr<std::vector<uint8_t>> ReadBack(const Tensor& t,
+                                              std::shared_ptr<Device> device = TestDevice()) {
   absl::StatusOr<std::shared_ptr<Tensor>> host = Tensor::Create(
       device, t.element_type(), t.count(),
       t.element_type() == ElementType::kBytes ? t.element_size() : 0, MemoryType::kHost, nullptr);
@@ -162,6 +164,74 @@ TEST(Tensor, StorageInitialDataIsOnTheDevice) {
   std::vector<int32_t> back(values.size());
   std::memcpy(back.data(), bytes.data(), bytes.size());
   EXPECT_EQ(back, values);
+}
+
+// A device whose device-local memory the host does not map, as on a discrete GPU: tensors in it
+// get their first contents from commands on a queue.
+std::shared_ptr<Device> UnmappedDevice() {
+  DeviceOptions options;
+  options.map_device_memory = false;
+  absl::StatusOr<std::shared_ptr<Device>> device = Device::Create(options);
+  EXPECT_TRUE(device.ok()) << device.status();
+  return device.ok() ? *device : nullptr;
+}
+
+TEST(Tensor, InitialContentsWithOneOffCommands) {
+  std::shared_ptr<Device> device = UnmappedDevice();
+  ASSERT_NE(device, nullptr);
+  const std::vector<uint8_t> data = Pattern(4096);
+  for (MemoryType memory : {MemoryType::kDevice, MemoryType::kStorage}) {
+    SCOPED_TRACE(MemoryTypeName(memory));
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> given,
+                         Tensor::Create(device, ElementType::kBytes, data.size(), 1, memory,
+                                        data.data(), TensorInit::kWait));
+    EXPECT_FALSE(given->init_pending());
+    ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> given_back, ReadBack(*given, device));
+    EXPECT_EQ(given_back, data);
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> zeros,
+                         Tensor::Create(device, ElementType::kBytes, data.size(), 1, memory,
+                                        nullptr, TensorInit::kWait));
+    ASSERT_OK_AND_ASSIGN(std::vector<uint8_t> back, ReadBack(*zeros, device));
+    EXPECT_THAT(back, Each(0));
+  }
+}
+
+TEST(Tensor, DeferredInitRunsAheadOfTheFirstSubmission) {
+  std::shared_ptr<Device> device = UnmappedDevice();
+  ASSERT_NE(device, nullptr);
+  const std::vector<uint8_t> data = Pattern(4096, 3);
+  std::vector<std::shared_ptr<Tensor>> tensors;
+  for (MemoryType memory : {MemoryType::kDevice, MemoryType::kStorage}) {
+    for (const void* initial : std::vector<const void*>{data.data(), nullptr}) {
+      ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> t,
+                           Tensor::Create(device, ElementType::kBytes, data.size(), 1, memory,
+                                          initial, TensorInit::kDeferred));
+      EXPECT_TRUE(t->init_pending());
+      tensors.push_back(std::move(t));
+    }
+  }
+  // Copies of each into a host tensor, in one sequence whose submission carries the inits.
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(device, 0, 0));
+  std::vector<std::shared_ptr<Tensor>> copies;
+  for (const auto& t : tensors) {
+    ASSERT_OK_AND_ASSIGN(
+        std::shared_ptr<Tensor> host,
+        Tensor::Create(device, ElementType::kBytes, data.size(), 1, MemoryType::kHost, nullptr));
+    ASSERT_OK(seq->Record(op::Copy{{t, host}}));
+    copies.push_back(std::move(host));
+  }
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<TensorInitBatch> batch,
+                       TensorInitBatch::Record(device, device->queue(0).family, tensors));
+  ASSERT_OK(seq->Submit(batch));
+  for (const auto& t : tensors) EXPECT_FALSE(t->init_pending());
+  ASSERT_OK(seq->Wait(kTimeout));
+  EXPECT_EQ(HostBytes(*copies[0]), data);       // device, given data
+  EXPECT_THAT(HostBytes(*copies[1]), Each(0));  // device, zeros
+  EXPECT_EQ(HostBytes(*copies[2]), data);       // storage, given data
+  EXPECT_THAT(HostBytes(*copies[3]), Each(0));  // storage, zeros
+  // Nothing is left to do: a second batch has nothing to record.
+  EXPECT_THAT(TensorInitBatch::Record(device, device->queue(0).family, tensors),
+              StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST(Tensor, ZeroCount) {

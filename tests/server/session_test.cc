@@ -58,7 +58,7 @@ class SessionTest : public ::testing::Test {
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = *std::move(pool);
     PooledDevice& device = pool_->at(0);
-    auto queues = device.ResolveQueues({});
+    auto queues = device.AcquireQueues({});
     ASSERT_TRUE(queues.ok()) << queues.status();
     SessionFacts facts;
     facts.id = "session-test";
@@ -168,6 +168,40 @@ TEST_F(SessionTest, SaxpyEvalReturnsTheResult) {
   result = Eval(plan);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_THAT(Floats(result->downloads[0].data), ElementsAre(14, 26, 38, 50));
+}
+
+// As on a GPU whose device memory the host cannot map: new tensors' first contents travel with
+// the session's next submission, so creating one waits for nothing on the device.
+class UnmappedSessionTest : public SessionTest {
+ protected:
+  void SetUp() override {
+    options_.map_device_memory = false;
+    SessionTest::SetUp();
+  }
+};
+
+TEST_F(UnmappedSessionTest, NewTensorsHaveTheirContentsOnTheDevice) {
+  // No sync to the device first: the dispatch reads what the tensors were created with.
+  ASSERT_TRUE(session_->CreateTensor(Floats32(1, x_)).ok());
+  ASSERT_TRUE(session_->CreateTensor(Floats32(2, y_, core::MemoryType::kStorage)).ok());
+  ASSERT_TRUE(session_->CreateTensor(Floats32(5, FloatBytes({9, 9, 9, 9}))).ok());
+  TensorRequest zeros = Floats32(6, "");
+  zeros.count = 4;
+  ASSERT_TRUE(session_->CreateTensor(zeros).ok());
+  absl::Status s = session_->CreateAlgorithm(Saxpy(3, 1, 2, 4, 2.0f));
+  ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(session_->CreateSequence({4, 0, 0}).ok());
+  s = session_->Record(RecordOps(
+      4, {DispatchOf(3), Op(core::OpKind::kCopy, {2, 5}), Op(core::OpKind::kSyncLocal, {5, 6})}));
+  ASSERT_TRUE(s.ok()) << s;
+  EvalPlan plan;
+  plan.sequence = 4;
+  plan.downloads = {5, 6};
+  absl::StatusOr<EvalResult> result = Eval(plan);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->downloads.size(), 2u);
+  EXPECT_THAT(Floats(result->downloads[0].data), ElementsAre(12, 24, 36, 48));
+  EXPECT_THAT(Floats(result->downloads[1].data), ElementsAre(0, 0, 0, 0));
 }
 
 TEST_F(SessionTest, CommandsOfAnEvalRunBeforeTheSubmission) {

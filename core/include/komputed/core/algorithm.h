@@ -9,6 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "komputed/core/cancel_check.h"
 #include "komputed/core/device.h"
 #include "komputed/core/handle.h"
 #include "komputed/core/tensor.h"
@@ -32,6 +33,9 @@ struct AlgorithmSpec {
   uint32_t spec_constant_size = 4;
   // One push-constant range of this many bytes (a multiple of 4), set before each dispatch.
   std::vector<uint8_t> push_constants;
+  // When set, the shader is rewritten with AddCancelChecks (cancel_check.h) and reads this word at
+  // set 1, binding 0: setting it stops the algorithm's dispatches (the daemon's kernel watchdog).
+  std::shared_ptr<CancelWord> cancel;
 };
 
 // A compute pipeline bound to its tensors (Kompute's Algorithm). Thread-safe.

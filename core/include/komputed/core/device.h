@@ -82,6 +82,9 @@ struct DeviceOptions {
   std::shared_ptr<Instance> instance;
   // The calls that can fail; unset: VulkanCalls::Default().
   std::shared_ptr<VulkanCalls> calls;
+  // Map device-local memory that the host can also see (all memory on a CPU device); false makes
+  // buffers behave as on a GPU whose device memory the host cannot reach (tests of those paths).
+  bool map_device_memory = true;
 };
 
 // One queue of a device. Submissions to it are serialised by its mutex.
@@ -115,6 +118,8 @@ class Device {
   const std::vector<std::string>& enabled_extensions() const { return enabled_extensions_; }
   const std::vector<std::string>& skipped_extensions() const { return skipped_extensions_; }
   bool float64_supported() const { return float64_; }
+  // DeviceOptions::map_device_memory.
+  bool maps_device_memory() const { return map_device_memory_; }
   // Timeline semaphores (Vulkan 1.2) are enabled: submissions can be awaited several at a time.
   bool timeline_supported() const { return timeline_; }
   VulkanCalls& calls() const { return *calls_; }
@@ -128,10 +133,12 @@ class Device {
                                           VkMemoryPropertyFlags preferred = 0) const;
   uint64_t HeapSize(uint32_t memory_type) const;
 
-  // Submits one command buffer to queue `queue` with `fence`; when `timeline` is given, the
-  // submission also signals it to `timeline_value`.
+  // Submits one command buffer to queue `queue` with `fence`, after `prologue` in the same batch
+  // when that is given; when `timeline` is given, the submission also signals it to
+  // `timeline_value`.
   absl::Status Submit(size_t queue, VkCommandBuffer command_buffer, VkFence fence,
-                      VkSemaphore timeline = VK_NULL_HANDLE, uint64_t timeline_value = 0);
+                      VkSemaphore timeline = VK_NULL_HANDLE, uint64_t timeline_value = 0,
+                      VkCommandBuffer prologue = VK_NULL_HANDLE);
   // Waits for `fence`; DEADLINE_EXCEEDED after `timeout`.
   absl::Status Wait(VkFence fence, absl::Duration timeout);
   // Records commands with `record`, runs them on queue 0 and waits (bounded by `timeout`). For
@@ -156,6 +163,7 @@ class Device {
   std::vector<std::string> enabled_extensions_;
   std::vector<std::string> skipped_extensions_;
   bool float64_ = false;
+  bool map_device_memory_ = true;
   bool timeline_ = false;
   std::atomic<bool> lost_{false};
 

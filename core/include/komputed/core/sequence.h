@@ -77,8 +77,10 @@ class Sequence {
   // Validates and records. On error nothing is recorded.
   absl::Status Record(Op op);
   // Submits what was recorded (ending the recording). OK and nothing submitted when nothing was
-  // ever recorded.
-  absl::Status Submit();
+  // ever recorded. `prologue` (nullable): tensors' deferred inits, submitted ahead of the
+  // commands in the same batch and held until the submission has completed; marked submitted
+  // when the submission is made.
+  absl::Status Submit(std::shared_ptr<TensorInitBatch> prologue = nullptr);
   // Waits for the submission; DEADLINE_EXCEEDED (still running) after `timeout`. Then runs the
   // ops' host steps. OK when nothing is in flight.
   absl::Status Wait(absl::Duration timeout);
@@ -135,7 +137,8 @@ class Sequence {
     std::shared_ptr<const void> pipeline;  // keeps the recorded pipeline alive
     uint64_t generation;                   // the build that was recorded
   };
-  std::vector<Recorded> cb_keep_ ABSL_GUARDED_BY(mu_);  // one per recorded dispatch
+  std::vector<Recorded> cb_keep_ ABSL_GUARDED_BY(mu_);              // one per recorded dispatch
+  std::shared_ptr<TensorInitBatch> prologue_ ABSL_GUARDED_BY(mu_);  // of the submission in flight
   bool recording_ ABSL_GUARDED_BY(mu_) = false;
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   uint32_t timestamps_written_ ABSL_GUARDED_BY(mu_) = 0;

@@ -2,8 +2,10 @@
 
 #include <vulkan/vulkan_core.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -38,6 +40,18 @@ class Buffer {
   VkMemoryPropertyFlags properties_ = 0;
 };
 
+// When a new tensor's device memory gets its first contents. Memory the host can map is written
+// at once either way; the choice is for device memory the host cannot reach, which a command on a
+// queue must fill.
+enum class TensorInit {
+  // Create runs the command on queue 0 and waits for it (in-process programs).
+  kWait,
+  // Create only prepares it: the tensor reports init_pending(), and the owner records the command
+  // with TensorInitBatch ahead of the first submission that may use the tensor (the daemon: no
+  // serving thread waits behind another session's work on the queue).
+  kDeferred,
+};
+
 // A typed array in device memory (Kompute's Tensor). Its host data, when it has any, stays mapped
 // for the tensor's life. Immutable shape; thread-safe except for the host data, which the owner
 // writes and reads between submissions.
@@ -50,7 +64,8 @@ class Tensor {
   static absl::StatusOr<std::shared_ptr<Tensor>> Create(std::shared_ptr<Device> device,
                                                         ElementType type, uint64_t count,
                                                         uint32_t element_size, MemoryType memory,
-                                                        const void* initial);
+                                                        const void* initial,
+                                                        TensorInit init = TensorInit::kWait);
 
   ElementType element_type() const { return type_; }
   MemoryType memory_type() const { return memory_; }
@@ -79,8 +94,15 @@ class Tensor {
                      VkPipelineStageFlags src_stage, VkPipelineStageFlags dst_stage,
                      bool primary) const;
 
+  // Created with TensorInit::kDeferred and its device memory not yet given its first contents.
+  bool init_pending() const { return init_pending_.load(std::memory_order_acquire); }
+
  private:
+  friend class TensorInitBatch;
   Tensor() = default;
+  // Records the commands that give the primary buffer its first contents (the initial data from
+  // staging or the upload buffer, else zeros).
+  void RecordInit(VkCommandBuffer cb) const;
 
   std::shared_ptr<Device> device_;
   ElementType type_ = ElementType::kFloat32;
@@ -89,6 +111,39 @@ class Tensor {
   uint32_t element_size_ = 0;
   Buffer primary_;
   Buffer staging_;
+  // A storage tensor's initial data until its deferred init has run (then the batch holds it).
+  std::shared_ptr<Buffer> upload_;
+  std::atomic<bool> init_pending_{false};
+};
+
+// The deferred inits of some tensors (TensorInit::kDeferred) recorded into one command buffer,
+// which ends with a barrier that makes them visible to every later command on its queue. Submit it
+// ahead of a submission (Sequence::Submit's prologue) and keep the batch until that submission has
+// completed; once the submission is made, Submitted() marks the tensors initialised. Holds the
+// tensors and their upload buffers. Not thread-safe.
+class TensorInitBatch {
+ public:
+  // For a queue of `queue_family`; tensors that are no longer pending are skipped. NOT_FOUND when
+  // none is pending (nothing to submit).
+  static absl::StatusOr<std::shared_ptr<TensorInitBatch>> Record(
+      std::shared_ptr<Device> device, uint32_t queue_family,
+      const std::vector<std::shared_ptr<Tensor>>& tensors);
+  ~TensorInitBatch();
+  TensorInitBatch(const TensorInitBatch&) = delete;
+  TensorInitBatch& operator=(const TensorInitBatch&) = delete;
+
+  VkCommandBuffer command_buffer() const { return cb_; }
+  // The submission that carries the batch was made: its tensors are initialised from now on.
+  void Submitted();
+
+ private:
+  TensorInitBatch() = default;
+
+  std::shared_ptr<Device> device_;
+  CommandPoolHandle pool_;
+  VkCommandBuffer cb_ = VK_NULL_HANDLE;  // freed with pool_
+  std::vector<std::shared_ptr<Tensor>> tensors_;
+  std::vector<std::shared_ptr<Buffer>> uploads_;
 };
 
 }  // namespace komputed::core

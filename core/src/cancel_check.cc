@@ -1,0 +1,418 @@
+// AddCancelChecks: a SPIR-V rewrite that makes dispatches stoppable (cancel_check.h), and the
+// CancelWord they read.
+#include "komputed/core/cancel_check.h"
+
+#include <atomic>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "komputed/core/status.h"
+
+namespace komputed::core {
+namespace {
+
+// Opcodes, enumerants and decorations of the SPIR-V specification.
+constexpr uint32_t kOpUndef = 1, kOpExtension = 10, kOpMemoryModel = 14, kOpEntryPoint = 15,
+                   kOpCapability = 17, kOpTypeBool = 20, kOpTypeInt = 21, kOpTypeStruct = 30,
+                   kOpTypePointer = 32, kOpConstant = 43, kOpFunction = 54,
+                   kOpFunctionParameter = 55, kOpFunctionEnd = 56, kOpVariable = 59, kOpLoad = 61,
+                   kOpAccessChain = 65, kOpDecorate = 71, kOpMemberDecorate = 72,
+                   kOpLogicalOr = 166, kOpLogicalNot = 168, kOpLogicalAnd = 167, kOpIEqual = 170,
+                   kOpPhi = 245, kOpLoopMerge = 246, kOpSelectionMerge = 247, kOpLabel = 248,
+                   kOpBranch = 249, kOpBranchConditional = 250, kOpSwitch = 251, kOpReturn = 253,
+                   kOpLine = 8, kOpNoLine = 317;
+constexpr uint32_t kCapabilityVulkanMemoryModel = 5345;
+constexpr uint32_t kStorageBuffer = 12, kGLCompute = 5, kAddressingLogical = 0;
+constexpr uint32_t kDecorationBlock = 2, kDecorationVolatile = 21, kDecorationBinding = 33,
+                   kDecorationDescriptorSet = 34, kDecorationOffset = 35;
+constexpr uint32_t kMemoryAccessVolatile = 1;
+
+// Layout sections before the types: capabilities ... debug names, annotations.
+bool IsBeforeTypes(uint32_t op) {
+  return (op >= 2 && op <= 7) || op == 10 || op == 11 || op == 14 || op == 15 || op == 16 ||
+         op == 17 || (op >= 71 && op <= 75) || op == 330 || op == 331 || op == 332 || op == 5632 ||
+         op == 5633;
+}
+
+bool IsTerminator(uint32_t op) {
+  return (op >= kOpBranch && op <= 255) || op == 4416 || op == 4448 || op == 4449 || op == 5294;
+}
+
+using Inst = std::vector<uint32_t>;  // one instruction, its first word (count, opcode) included
+
+Inst Make(uint32_t opcode, std::initializer_list<uint32_t> operands) {
+  Inst inst;
+  inst.reserve(operands.size() + 1);
+  inst.push_back(static_cast<uint32_t>((operands.size() + 1) << 16) | opcode);
+  inst.insert(inst.end(), operands);
+  return inst;
+}
+
+uint32_t Opcode(const Inst& inst) { return inst[0] & 0xffff; }
+
+void Append(Inst& inst, std::initializer_list<uint32_t> operands) {
+  inst.insert(inst.end(), operands);
+  inst[0] = static_cast<uint32_t>(inst.size() << 16) | Opcode(inst);
+}
+
+// A literal string as SPIR-V words (NUL-terminated, zero-padded).
+std::vector<uint32_t> Literal(absl::string_view s) {
+  std::vector<uint32_t> words(s.size() / 4 + 1, 0);
+  std::memcpy(words.data(), s.data(), s.size());
+  return words;
+}
+
+struct Block {
+  uint32_t label = 0;
+  std::vector<Inst> body;  // after the OpLabel; the terminator last
+};
+
+struct Function {
+  std::vector<Inst> head;  // OpFunction and its parameters
+  std::vector<Block> blocks;
+  Inst end;
+};
+
+class Rewriter {
+ public:
+  absl::Status Parse(absl::Span<const uint32_t> spirv);
+  absl::Status Rewrite(uint32_t set, uint32_t binding);
+  std::vector<uint32_t> Serialize() const;
+
+ private:
+  uint32_t NewId() { return bound_++; }
+  // Appends the instructions that read the cancel word; returns the id of a bool that is true
+  // while the word is zero.
+  uint32_t EmitNotCancelled(std::vector<Inst>& out);
+  uint32_t UndefOf(uint32_t type);
+  absl::Status CheckLoops(Function& f);
+  void CheckEntry(Function& f);
+
+  uint32_t header_[5] = {};
+  uint32_t bound_ = 0;
+  std::vector<Inst> globals_;  // everything before the first function
+  std::vector<Inst> added_globals_;
+  std::vector<Function> functions_;
+  uint32_t uint_ = 0, bool_ = 0, zero_ = 0, ptr_uint_ = 0, var_ = 0;
+  absl::flat_hash_map<uint32_t, uint32_t> undefs_;  // type → OpUndef of it
+};
+
+absl::Status Rewriter::Parse(absl::Span<const uint32_t> spirv) {
+  if (spirv.size() < 5) return absl::InvalidArgumentError("SPIR-V shorter than its header");
+  std::memcpy(header_, spirv.data(), sizeof(header_));
+  bound_ = header_[3];
+  Function* f = nullptr;
+  for (size_t at = 5; at < spirv.size();) {
+    const uint32_t words = spirv[at] >> 16;
+    if (words == 0 || at + words > spirv.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("malformed instruction at word ", at));
+    }
+    Inst inst(spirv.begin() + at, spirv.begin() + at + words);
+    at += words;
+    const uint32_t op = Opcode(inst);
+    if (f == nullptr) {
+      if (op != kOpFunction) {
+        globals_.push_back(std::move(inst));
+        continue;
+      }
+      functions_.emplace_back();
+      f = &functions_.back();
+      f->head.push_back(std::move(inst));
+    } else if (op == kOpFunctionParameter && f->blocks.empty()) {
+      f->head.push_back(std::move(inst));
+    } else if (op == kOpLabel && words >= 2) {
+      f->blocks.push_back({inst[1], {}});
+    } else if (op == kOpFunctionEnd) {
+      f->end = std::move(inst);
+      f = nullptr;
+    } else if (f->blocks.empty()) {
+      return absl::InvalidArgumentError("an instruction outside any block of a function");
+    } else {
+      f->blocks.back().body.push_back(std::move(inst));
+    }
+  }
+  if (f != nullptr) return absl::InvalidArgumentError("a function without OpFunctionEnd");
+  for (const Function& fn : functions_) {
+    for (const Block& b : fn.blocks) {
+      if (b.body.empty() || !IsTerminator(Opcode(b.body.back()))) {
+        return absl::InvalidArgumentError(absl::StrCat("block %", b.label, " has no terminator"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint32_t Rewriter::EmitNotCancelled(std::vector<Inst>& out) {
+  const uint32_t pointer = NewId(), word = NewId(), ok = NewId();
+  out.push_back(Make(kOpAccessChain, {ptr_uint_, pointer, var_, zero_}));
+  out.push_back(Make(kOpLoad, {uint_, word, pointer, kMemoryAccessVolatile}));
+  out.push_back(Make(kOpIEqual, {bool_, ok, word, zero_}));
+  return ok;
+}
+
+uint32_t Rewriter::UndefOf(uint32_t type) {
+  auto [it, inserted] = undefs_.try_emplace(type, 0);
+  if (inserted) {
+    it->second = NewId();
+    added_globals_.push_back(Make(kOpUndef, {type, it->second}));
+  }
+  return it->second;
+}
+
+absl::Status Rewriter::CheckLoops(Function& f) {
+  absl::flat_hash_map<uint32_t, size_t> index;       // label → block position
+  absl::flat_hash_map<uint32_t, uint32_t> merge_of;  // loop header → its merge block
+  for (size_t i = 0; i < f.blocks.size(); ++i) {
+    index[f.blocks[i].label] = i;
+    const std::vector<Inst>& body = f.blocks[i].body;
+    if (body.size() >= 2 && Opcode(body[body.size() - 2]) == kOpLoopMerge &&
+        body[body.size() - 2].size() >= 3) {
+      merge_of[f.blocks[i].label] = body[body.size() - 2][1];
+    }
+  }
+  // A branch to a loop header from the header itself or a block after it is the back edge.
+  auto back_edge = [&](uint32_t target, size_t from) {
+    auto it = index.find(target);
+    return merge_of.contains(target) && it != index.end() && it->second <= from;
+  };
+  // Blocks that gain an edge to a merge block, for its OpPhi instructions.
+  std::vector<std::pair<uint32_t, uint32_t>> new_edges;  // (from, merge)
+  for (size_t i = 0; i < f.blocks.size(); ++i) {
+    Block& b = f.blocks[i];
+    Inst& term = b.body.back();
+    const uint32_t op = Opcode(term);
+    if (op == kOpSwitch) {
+      // (The default target and every case's; a literal that happens to equal a header's id
+      // refuses the module too, which errs on the safe side.)
+      for (size_t w = 2; w < term.size(); ++w) {
+        if (back_edge(term[w], i)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("block %", b.label,
+                           " returns to its loop through OpSwitch: loops of that form "
+                           "cannot be stopped by the daemon's kernel watchdog"));
+        }
+      }
+      continue;
+    }
+    if (op != kOpBranch && op != kOpBranchConditional) continue;
+    if (op == kOpBranch && (term.size() < 2 || !back_edge(term[1], i))) continue;
+    if (op == kOpBranchConditional &&
+        (term.size() < 4 || (!back_edge(term[2], i) && !back_edge(term[3], i)))) {
+      continue;
+    }
+    const uint32_t header = op == kOpBranch ? term[1] : (back_edge(term[2], i) ? term[2] : term[3]);
+    const uint32_t merge = merge_of[header];
+    // The checks go before the block's merge instruction (a loop header that is its own back
+    // edge), else before the terminator.
+    size_t insert_at = b.body.size() - 1;
+    if (b.body.size() >= 2) {
+      const uint32_t before = Opcode(b.body[b.body.size() - 2]);
+      if (before == kOpSelectionMerge) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("block %", b.label,
+                         " is both a selection header and a loop's back edge: loops of "
+                         "that form cannot be stopped by the daemon's kernel watchdog"));
+      }
+      if (before == kOpLoopMerge) insert_at = b.body.size() - 2;
+    }
+    std::vector<Inst> check;
+    const uint32_t ok = EmitNotCancelled(check);
+    Inst branch;
+    bool adds_merge_edge = true;
+    if (op == kOpBranch || term[2] == term[3]) {
+      branch = Make(kOpBranchConditional, {ok, header, merge});
+    } else {
+      const bool header_on_true = term[2] == header;
+      const uint32_t other = header_on_true ? term[3] : term[2];
+      if (other != merge) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "block %", b.label, " returns to its loop and branches to %", other,
+            ", which is not the loop's merge block: loops of that form cannot be stopped by "
+            "the daemon's kernel watchdog"));
+      }
+      adds_merge_edge = false;
+      const uint32_t condition = NewId();
+      if (header_on_true) {
+        check.push_back(Make(kOpLogicalAnd, {bool_, condition, term[1], ok}));
+        branch = Make(kOpBranchConditional, {condition, header, merge});
+      } else {
+        const uint32_t cancelled = NewId();
+        check.push_back(Make(kOpLogicalNot, {bool_, cancelled, ok}));
+        check.push_back(Make(kOpLogicalOr, {bool_, condition, term[1], cancelled}));
+        branch = Make(kOpBranchConditional, {condition, merge, header});
+      }
+    }
+    term = std::move(branch);
+    b.body.insert(b.body.begin() + static_cast<std::ptrdiff_t>(insert_at), check.begin(),
+                  check.end());
+    if (adds_merge_edge) new_edges.emplace_back(b.label, merge);
+  }
+  // The merge blocks' OpPhi instructions take an undefined value from their new predecessors
+  // (the loop was left early: what follows it does not matter any more).
+  for (const auto& [from, merge] : new_edges) {
+    auto it = index.find(merge);
+    if (it == index.end()) continue;
+    for (Inst& inst : f.blocks[it->second].body) {
+      const uint32_t op = Opcode(inst);
+      if (op == kOpLine || op == kOpNoLine) continue;
+      if (op != kOpPhi) break;
+      bool has = false;
+      for (size_t w = 4; w < inst.size(); w += 2) has = has || inst[w] == from;
+      if (!has) Append(inst, {UndefOf(inst[1]), from});
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Rewriter::CheckEntry(Function& f) {
+  if (f.blocks.empty()) return;
+  // A new first block keeps the function's variables, reads the word and returns when it is set;
+  // the old first block, with its label, follows.
+  Block& old_first = f.blocks[0];
+  Block first{NewId(), {}};
+  size_t k = 0;
+  while (k < old_first.body.size()) {
+    const uint32_t op = Opcode(old_first.body[k]);
+    if (op != kOpVariable && op != kOpLine && op != kOpNoLine) break;
+    ++k;
+  }
+  first.body.assign(old_first.body.begin(),
+                    old_first.body.begin() + static_cast<std::ptrdiff_t>(k));
+  old_first.body.erase(old_first.body.begin(),
+                       old_first.body.begin() + static_cast<std::ptrdiff_t>(k));
+  const uint32_t ok = EmitNotCancelled(first.body);
+  Block stop{NewId(), {Make(kOpReturn, {})}};
+  first.body.push_back(Make(kOpSelectionMerge, {old_first.label, 0}));
+  first.body.push_back(Make(kOpBranchConditional, {ok, old_first.label, stop.label}));
+  f.blocks.insert(f.blocks.begin(), {std::move(first), std::move(stop)});
+}
+
+absl::Status Rewriter::Rewrite(uint32_t set, uint32_t binding) {
+  const uint32_t version = header_[1];
+  bool has_storage_buffer_ext = false, vulkan_memory_model = false;
+  absl::flat_hash_set<uint32_t> compute_entries;
+  for (const Inst& inst : globals_) {
+    const uint32_t op = Opcode(inst);
+    if (op == kOpMemoryModel && inst.size() >= 3 && inst[1] != kAddressingLogical) {
+      return absl::InvalidArgumentError("only modules with Logical addressing can be stopped");
+    }
+    if (op == kOpCapability && inst.size() >= 2 && inst[1] == kCapabilityVulkanMemoryModel) {
+      vulkan_memory_model = true;
+    }
+    if (op == kOpExtension && std::vector<uint32_t>(inst.begin() + 1, inst.end()) ==
+                                  Literal("SPV_KHR_storage_buffer_storage_class")) {
+      has_storage_buffer_ext = true;
+    }
+    if (op == kOpEntryPoint && inst.size() >= 3 && inst[1] == kGLCompute) {
+      compute_entries.insert(inst[2]);
+    }
+    if (op == kOpTypeInt && inst.size() == 4 && inst[2] == 32 && inst[3] == 0) uint_ = inst[1];
+    if (op == kOpTypeBool && inst.size() == 2) bool_ = inst[1];
+  }
+
+  // Declarations: types the module lacks, the word's block, pointer and variable.
+  if (uint_ == 0) {
+    uint_ = NewId();
+    added_globals_.push_back(Make(kOpTypeInt, {uint_, 32, 0}));
+  }
+  if (bool_ == 0) {
+    bool_ = NewId();
+    added_globals_.push_back(Make(kOpTypeBool, {bool_}));
+  }
+  const uint32_t block = NewId(), ptr_block = NewId();
+  ptr_uint_ = NewId();
+  var_ = NewId();
+  zero_ = NewId();
+  added_globals_.push_back(Make(kOpTypeStruct, {block, uint_}));
+  added_globals_.push_back(Make(kOpTypePointer, {ptr_block, kStorageBuffer, block}));
+  added_globals_.push_back(Make(kOpTypePointer, {ptr_uint_, kStorageBuffer, uint_}));
+  added_globals_.push_back(Make(kOpVariable, {ptr_block, var_, kStorageBuffer}));
+  added_globals_.push_back(Make(kOpConstant, {uint_, zero_, 0}));
+  std::vector<Inst> decorations = {
+      Make(kOpDecorate, {block, kDecorationBlock}),
+      Make(kOpMemberDecorate, {block, 0, kDecorationOffset, 0}),
+      Make(kOpDecorate, {var_, kDecorationDescriptorSet, set}),
+      Make(kOpDecorate, {var_, kDecorationBinding, binding}),
+  };
+  // (The Vulkan memory model has no Volatile decoration; the loads are volatile either way.)
+  if (!vulkan_memory_model) decorations.push_back(Make(kOpDecorate, {var_, kDecorationVolatile}));
+
+  for (Function& f : functions_) KD_RETURN_IF_ERROR(CheckLoops(f));
+  for (Function& f : functions_) {
+    if (f.head[0].size() >= 3 && compute_entries.contains(f.head[0][2])) CheckEntry(f);
+  }
+
+  // Place the new global instructions where the layout wants them.
+  size_t last_before_types = 0, last_capability = 0;
+  for (size_t i = 0; i < globals_.size(); ++i) {
+    const uint32_t op = Opcode(globals_[i]);
+    if (IsBeforeTypes(op)) last_before_types = i + 1;
+    if (op == kOpCapability) last_capability = i + 1;
+    // From SPIR-V 1.4 an entry point lists every global variable it uses.
+    if (op == kOpEntryPoint && version >= 0x00010400) Append(globals_[i], {var_});
+  }
+  globals_.insert(globals_.end(), added_globals_.begin(), added_globals_.end());
+  globals_.insert(globals_.begin() + static_cast<std::ptrdiff_t>(last_before_types),
+                  decorations.begin(), decorations.end());
+  if (version < 0x00010300 && !has_storage_buffer_ext) {
+    Inst extension = Make(kOpExtension, {});
+    for (uint32_t w : Literal("SPV_KHR_storage_buffer_storage_class")) Append(extension, {w});
+    globals_.insert(globals_.begin() + static_cast<std::ptrdiff_t>(last_capability),
+                    std::move(extension));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<uint32_t> Rewriter::Serialize() const {
+  std::vector<uint32_t> out(header_, header_ + 5);
+  out[3] = bound_;
+  auto put = [&](const Inst& inst) { out.insert(out.end(), inst.begin(), inst.end()); };
+  for (const Inst& inst : globals_) put(inst);
+  for (const Function& f : functions_) {
+    for (const Inst& inst : f.head) put(inst);
+    for (const Block& b : f.blocks) {
+      put(Make(kOpLabel, {b.label}));
+      for (const Inst& inst : b.body) put(inst);
+    }
+    put(f.end);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<uint32_t>> AddCancelChecks(absl::Span<const uint32_t> spirv,
+                                                      uint32_t set, uint32_t binding) {
+  Rewriter rewriter;
+  KD_RETURN_IF_ERROR(rewriter.Parse(spirv));
+  KD_RETURN_IF_ERROR(rewriter.Rewrite(set, binding));
+  return rewriter.Serialize();
+}
+
+absl::StatusOr<std::shared_ptr<CancelWord>> CancelWord::Create(std::shared_ptr<Device> device) {
+  auto word = std::shared_ptr<CancelWord>(new CancelWord());
+  word->device_ = std::move(device);
+  KD_ASSIGN_OR_RETURN(
+      word->buffer_,
+      Buffer::Create(*word->device_, 16, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+                     VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                     VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "a cancel word"));
+  std::memset(word->buffer_.mapped(), 0, 16);
+  return word;
+}
+
+void CancelWord::Set() {
+  std::atomic_ref<uint32_t>(*static_cast<uint32_t*>(buffer_.mapped()))
+      .store(1, std::memory_order_seq_cst);
+}
+
+bool CancelWord::set() const {
+  return std::atomic_ref<uint32_t>(*static_cast<uint32_t*>(buffer_.mapped()))
+             .load(std::memory_order_seq_cst) != 0;
+}
+
+}  // namespace komputed::core

@@ -1,0 +1,173 @@
+// Tests of AddCancelChecks and CancelWord: rewritten modules stay valid and compute the same, and a
+// set word stops a running dispatch.
+
+#include "komputed/core/cancel_check.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "komputed/core/algorithm.h"
+#include "komputed/core/sequence.h"
+#include "komputed/core/shader.h"
+#include "komputed/core/tensor.h"
+#include "support/status_matchers.h"
+#include "test_device.h"
+
+namespace komputed::core {
+namespace {
+
+using ::testing::Each;
+using ::testing::ElementsAreArray;
+
+// Loops of every form that GLSL has, with values that live across them (OpPhi in merge blocks).
+constexpr char kLoopsShader[] = R"(#version 450
+layout(local_size_x = 4) in;
+layout(set = 0, binding = 0) readonly buffer A { float a[]; };
+layout(set = 0, binding = 1) buffer B { float b[]; };
+float prefix(uint n) {
+  float s = 0.0;
+  for (uint k = 0; k < n; ++k) s += a[k];
+  return s;
+}
+void main() {
+  uint i = gl_GlobalInvocationID.x;
+  float total = prefix(i + 1);
+  uint k = 0;
+  while (k < i) { k++; if (k == 100) break; }
+  do { total += 0.0; k += 1; } while (k < i + 2);
+  for (uint x = 0; x < 3; ++x) {
+    if (x == 1) continue;
+    for (uint y = 0; y < 2; ++y) { total += 0.0; }
+    switch (x) { case 0: total += 0.0; break; default: break; }
+  }
+  for (;;) { if (k > 0) break; }
+  b[i] = total + float(k - i - 2);
+}
+)";
+
+std::vector<uint32_t> Compile(const char* source) {
+  absl::StatusOr<std::vector<uint32_t>> spirv = CompileGlsl(source);
+  EXPECT_TRUE(spirv.ok()) << spirv.status();
+  return spirv.ok() ? *spirv : std::vector<uint32_t>{};
+}
+
+std::shared_ptr<Tensor> Floats(const std::vector<float>& values, MemoryType memory) {
+  absl::StatusOr<std::shared_ptr<Tensor>> t =
+      Tensor::Create(TestDevice(), ElementType::kFloat32, values.size(), 0, memory, values.data());
+  EXPECT_TRUE(t.ok()) << t.status();
+  return t.ok() ? *t : nullptr;
+}
+
+std::vector<float> HostFloats(const Tensor& t) {
+  std::vector<float> v(t.count());
+  std::memcpy(v.data(), t.host_data(), t.byte_size());
+  return v;
+}
+
+TEST(CancelChecks, RewrittenModulesAreValid) {
+  const uint32_t api = TestDevice()->properties().apiVersion;
+  for (const char* source : {kLoopsShader, kAddShader, kAffineShader, kBusyShader}) {
+    std::vector<uint32_t> spirv = Compile(source);
+    ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> stoppable, AddCancelChecks(spirv));
+    EXPECT_GT(stoppable.size(), spirv.size());
+    ASSERT_OK(ValidateSpirv(stoppable, api));
+  }
+  for (ElementType type :
+       {ElementType::kFloat32, ElementType::kInt32, ElementType::kUInt32, ElementType::kFloat64}) {
+    ASSERT_OK_AND_ASSIGN(absl::Span<const uint32_t> multiply, MultiplyShader(type));
+    ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> stoppable, AddCancelChecks(multiply));
+    ASSERT_OK(ValidateSpirv(stoppable, api));
+  }
+}
+
+TEST(CancelChecks, MalformedModulesAreRefused) {
+  EXPECT_THAT(AddCancelChecks(std::vector<uint32_t>{0x07230203u, 0x10000}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  std::vector<uint32_t> spirv = Compile(kAddShader);
+  spirv.push_back(0xffff0000u | 59);  // an instruction that runs past the end
+  EXPECT_THAT(AddCancelChecks(spirv), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+// Runs `source` over a (read) and b (written) with the cancel word in place; returns b.
+absl::StatusOr<std::vector<float>> RunWithWord(const char* source, std::shared_ptr<CancelWord> word,
+                                               const std::vector<float>& a, uint32_t groups) {
+  std::shared_ptr<Tensor> ta = Floats(a, MemoryType::kDevice);
+  std::shared_ptr<Tensor> tb = Floats(std::vector<float>(a.size(), -1.0f), MemoryType::kDevice);
+  AlgorithmSpec spec;
+  spec.tensors = {ta, tb};
+  spec.spirv = Compile(source);
+  spec.workgroup = {groups, 1, 1};
+  spec.cancel = std::move(word);
+  absl::StatusOr<std::shared_ptr<Algorithm>> algorithm = Algorithm::Create(TestDevice(), spec);
+  if (!algorithm.ok()) return algorithm.status();
+  absl::StatusOr<std::unique_ptr<Sequence>> seq = Sequence::Create(TestDevice(), 0, 0);
+  if (!seq.ok()) return seq.status();
+  for (Op op :
+       {Op(op::SyncToDevice{{ta, tb}}), Op(op::Dispatch{*algorithm}), Op(op::SyncToHost{{tb}})}) {
+    absl::Status s = (*seq)->Record(std::move(op));
+    if (!s.ok()) return s;
+  }
+  absl::Status s = (*seq)->Eval(kTimeout);
+  if (!s.ok()) return s;
+  return HostFloats(*tb);
+}
+
+TEST(CancelChecks, ResultsAreUnchangedWhileTheWordIsClear) {
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<CancelWord> word, CancelWord::Create(TestDevice()));
+  EXPECT_FALSE(word->set());
+  std::vector<float> a(64);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 7);
+  std::vector<float> want(a.size());
+  float sum = 0;
+  for (size_t i = 0; i < a.size(); ++i) want[i] = sum += a[i];
+  ASSERT_OK_AND_ASSIGN(std::vector<float> b, RunWithWord(kLoopsShader, word, a, 16));
+  EXPECT_THAT(b, ElementsAreArray(want));
+}
+
+TEST(CancelChecks, ASetWordSkipsEveryInvocation) {
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<CancelWord> word, CancelWord::Create(TestDevice()));
+  word->Set();
+  EXPECT_TRUE(word->set());
+  // b keeps what it held: no invocation ran past its first check.
+  ASSERT_OK_AND_ASSIGN(std::vector<float> b,
+                       RunWithWord(kLoopsShader, word, std::vector<float>(64, 1.0f), 16));
+  EXPECT_THAT(b, Each(-1.0f));
+}
+
+TEST(CancelChecks, SettingTheWordStopsARunningDispatch) {
+  // Minutes of work on lavapipe (and seconds on a GPU): 65535 x 16 workgroups of 64 invocations,
+  // each looping 60000 times.
+  std::shared_ptr<Device> device = TestDevice();
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<CancelWord> word, CancelWord::Create(device));
+  std::shared_ptr<Tensor> out = Floats(std::vector<float>(4, 0.0f), MemoryType::kDevice);
+  AlgorithmSpec spec;
+  spec.tensors = {out};
+  spec.spirv = Compile(kBusyShader);
+  spec.workgroup = {65535, 16, 1};
+  const uint32_t iterations = 60000;
+  spec.push_constants.resize(4);
+  std::memcpy(spec.push_constants.data(), &iterations, 4);
+  spec.cancel = word;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm, Algorithm::Create(device, spec));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(device, 0, 0));
+  ASSERT_OK(seq->Record(op::Dispatch{algorithm}));
+  ASSERT_OK(seq->Submit());
+  EXPECT_THAT(seq->Wait(absl::Milliseconds(500)), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  const absl::Time set_at = absl::Now();
+  word->Set();
+  ASSERT_OK(seq->Wait(kTimeout));
+  std::printf("a set cancel word ended the dispatch after %s\n",
+              absl::FormatDuration(absl::Now() - set_at).c_str());
+}
+
+}  // namespace
+}  // namespace komputed::core

@@ -1,0 +1,156 @@
+// The kernel watchdog: a session whose kernel runs past --max_kernel_time is stopped and closed,
+// while health, other sessions' setup and their evaluations keep working.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "test_util.h"
+
+namespace komputed::server::testing {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Each invocation loops `iterations` times (lavapipe ends loops after ~65535 iterations: the work
+// is in the number of invocations).
+constexpr char kRunawayShader[] = R"(#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) buffer Out { float result[]; };
+layout(push_constant) uniform Params { uint iterations; } params;
+void main() {
+  float acc = float(gl_GlobalInvocationID.x + gl_GlobalInvocationID.y);
+  for (uint k = 0; k < params.iterations; ++k) acc = acc * 0.999 + 1.0;
+  if (acc == -12345.0) result[0] = acc;
+}
+)";
+
+class WatchdogTest : public ServerTest {
+ protected:
+  static constexpr absl::Duration kLimit = absl::Seconds(4);
+  ServerOptions Options() override {
+    ServerOptions options = ServerTest::Options();
+    options.max_kernel_time = kLimit;
+    return options;
+  }
+
+  uint64_t MemoryInUse() {
+    grpc::ClientContext ctx;
+    v1::ListDevicesResponse resp;
+    EXPECT_THAT(client_->devices->ListDevices(&ctx, v1::ListDevicesRequest(), &resp), IsOk());
+    return resp.devices_size() > 0 ? resp.devices(0).memory_in_use_bytes() : 0;
+  }
+};
+
+TEST_F(WatchdogTest, ARunawayKernelIsStoppedAndTheDaemonKeepsServing) {
+  const uint64_t baseline = MemoryInUse();
+  // The runaway: minutes of work on lavapipe (65535 x 64 workgroups of 64 invocations, each
+  // looping 60000 times), far more than the limit on any device.
+  const std::string a = Open("runaway");
+  ASSERT_THAT(CreateTensor(FloatTensor(a, 1, std::vector<float>(1024, 0.0f))), IsOk());
+  uint32_t iterations = 60000;
+  std::string push(4, '\0');
+  std::memcpy(push.data(), &iterations, 4);
+  v1::CreateAlgorithmRequest algorithm = GlslAlgorithm(a, 2, {1}, kRunawayShader, 65535, push);
+  algorithm.mutable_workgroup()->set_y(64);
+  ASSERT_THAT(CreateAlgorithm(algorithm), IsOk());
+  ASSERT_THAT(CreateSequence(a, 3), IsOk());
+  ASSERT_THAT(Record(a, 3, {RecordOp(Dispatch(2))}), IsOk());
+  EXPECT_GT(MemoryInUse(), baseline);
+
+  std::atomic<bool> runaway_done{false};
+  grpc::Status runaway;
+  absl::Duration runaway_took;
+  std::thread eval([&] {
+    v1::EvalRequest req;
+    req.set_session_id(a);
+    req.set_sequence(3);
+    v1::EvalResponse resp;
+    const absl::Time start = absl::Now();
+    runaway = Eval(req, &resp);
+    runaway_took = absl::Now() - start;
+    runaway_done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(500));  // the kernel runs
+
+  // While it runs: health answers, another session opens, creates tensors, an algorithm and a
+  // sequence. All of it is done before the watchdog has stopped the runaway.
+  const absl::Time start = absl::Now();
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    grpc::health::v1::HealthCheckResponse resp;
+    auto health = grpc::health::v1::Health::NewStub(client_->channel);
+    EXPECT_THAT(health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp), IsOk());
+  }
+  const std::string b = Open("neighbour");
+  MakePipeline(b, 10, 4, 3.0f);
+  const absl::Duration setup = absl::Now() - start;
+  EXPECT_FALSE(runaway_done.load())
+      << "the neighbour's setup waited for the runaway kernel (" << setup << ")";
+  std::printf("health, open, 2 tensors, an algorithm and a sequence took %s during the runaway\n",
+              absl::FormatDuration(setup).c_str());
+
+  // The neighbour's eval shares lavapipe's one queue: it completes once the runaway is stopped.
+  v1::EvalResponse resp;
+  ASSERT_THAT(Eval(PipelineEval(b, 10, {1, 2, 3, 4}), &resp), IsOk());
+  ASSERT_EQ(resp.downloads_size(), 1);
+  EXPECT_THAT(Floats(resp.downloads(0).data()), ElementsAre(3, 6, 9, 12));
+
+  eval.join();
+  EXPECT_THAT(runaway, HasCode(grpc::StatusCode::DEADLINE_EXCEEDED));
+  EXPECT_THAT(runaway.error_message(), HasSubstr("watchdog"));
+  EXPECT_THAT(runaway.error_message(), HasSubstr(absl::FormatDuration(kLimit)));
+  std::printf("the runaway's eval ended after %s (limit %s)\n",
+              absl::FormatDuration(runaway_took).c_str(), absl::FormatDuration(kLimit).c_str());
+  EXPECT_GE(runaway_took, kLimit);
+
+  // The runaway's session is closed, and its client is told why.
+  grpc::Status after = CreateTensor(FloatTensor(a, 4, {1}));
+  EXPECT_THAT(after, HasCode(grpc::StatusCode::FAILED_PRECONDITION));
+  EXPECT_THAT(after.error_message(), HasSubstr("closed by the daemon"));
+  EXPECT_THAT(after.error_message(), HasSubstr("max_kernel_time"));
+  // The neighbour keeps working; the runaway's memory is given back once its submission has
+  // ended: what the device holds is the neighbour's alone.
+  v1::EvalResponse again;
+  ASSERT_THAT(Eval(PipelineEval(b, 10, {5, 6, 7, 8}), &again), IsOk());
+  EXPECT_THAT(Floats(again.downloads(0).data()), ElementsAre(15, 18, 21, 24));
+  grpc::ClientContext ctx;
+  v1::ListSessionsResponse sessions;
+  ASSERT_THAT(client_->sessions->ListSessions(&ctx, v1::ListSessionsRequest(), &sessions), IsOk());
+  ASSERT_EQ(sessions.sessions_size(), 1);
+  const uint64_t neighbour = sessions.sessions(0).memory_bytes();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (MemoryInUse() != baseline + neighbour && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(MemoryInUse(), baseline + neighbour);
+}
+
+TEST_F(WatchdogTest, QueueWaitDoesNotCountAgainstTheLimit) {
+  // Short evaluations queued one after another run well within the limit each, though together
+  // they take longer than it.
+  const std::string s = Open("short");
+  MakePipeline(s, 1, 1024, 2.0f);
+  const absl::Time start = absl::Now();
+  int evals = 0;
+  while (absl::Now() - start < kLimit + absl::Seconds(1)) {
+    v1::EvalResponse resp;
+    ASSERT_THAT(Eval(PipelineEval(s, 1, std::vector<float>(1024, 1.0f)), &resp), IsOk());
+    ++evals;
+  }
+  EXPECT_GT(evals, 1);
+  EXPECT_THAT(CreateTensor(FloatTensor(s, 100, {1})), IsOk());
+}
+
+}  // namespace
+}  // namespace komputed::server::testing
