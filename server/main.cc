@@ -97,6 +97,8 @@ ABSL_FLAG(uint64_t, default_quota_client_name_bytes, 0,
           "bytes of OpenSession's client_name (0: no limit)");
 ABSL_FLAG(uint64_t, default_quota_kernel_time_ms, 0,
           "milliseconds one submission may run; lowers --max_kernel_time (0: that limit)");
+ABSL_FLAG(int, build_threads, 2,
+          "threads that compile GLSL and build pipelines, off the threads that serve calls");
 ABSL_FLAG(absl::Duration, max_kernel_time, absl::Seconds(10),
           "a submission that runs longer is stopped by the kernel watchdog, and its session is "
           "closed (0: no watchdog)");
@@ -184,6 +186,7 @@ int main(int argc, char** argv) {
   quota.client_name_bytes = absl::GetFlag(FLAGS_default_quota_client_name_bytes);
   quota.kernel_time_ms = absl::GetFlag(FLAGS_default_quota_kernel_time_ms);
   options.max_kernel_time = absl::GetFlag(FLAGS_max_kernel_time);
+  options.build_threads = absl::GetFlag(FLAGS_build_threads);
 
   // Every thread started from here on inherits the blocked signals; main takes them with sigwait.
   sigset_t stop_signals;

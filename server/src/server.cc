@@ -101,7 +101,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   s->sessions_ =
       std::make_unique<SessionManager>(s->pool_.get(), o, s->metrics_.get(), s->gate_.get());
 
-  ServiceContext context{s->pool_.get(), s->sessions_.get(), s->auth_.get(), &o};
+  s->builds_ = std::make_unique<BuildPool>(o.build_threads, o.max_queued_builds);
+  ServiceContext context{s->pool_.get(), s->sessions_.get(), s->auth_.get(), &o, s->builds_.get()};
   s->devices_service_ = std::make_unique<DevicesService>(context);
   s->sessions_service_ = std::make_unique<SessionsService>(context);
   s->tensors_service_ = std::make_unique<TensorsService>(context);
@@ -171,7 +172,11 @@ Server::~Server() {
     sessions_service_.reset();
     devices_service_.reset();
   });
-  TimedStep("sessions released", [this] { sessions_.reset(); });
+  // The build pool's last jobs may still hold sessions.
+  TimedStep("sessions released", [this] {
+    builds_.reset();
+    sessions_.reset();
+  });
   TimedStep("devices released", [this] { pool_.reset(); });
 }
 

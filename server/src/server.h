@@ -91,6 +91,7 @@ class Server {
 
   std::unique_ptr<DevicePool> pool_;
   std::unique_ptr<SessionManager> sessions_;
+  std::unique_ptr<BuildPool> builds_;  // its jobs finish calls and hold sessions
   std::unique_ptr<DevicesService> devices_service_;
   std::unique_ptr<SessionsService> sessions_service_;
   std::unique_ptr<TensorsService> tensors_service_;

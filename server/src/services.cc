@@ -50,6 +50,33 @@ grpc::ServerUnaryReactor* InSession(grpc::CallbackServerContext* context, absl::
   return Reply(context, method, session_id, fn(**session), &*caller);
 }
 
+// InSession with `fn` run on the build pool: the serving thread returns at once, and the job
+// finishes the call. `fn` must own what it uses of the request.
+template <typename Fn>
+grpc::ServerUnaryReactor* InSessionOnBuildPool(grpc::CallbackServerContext* context,
+                                               absl::string_view method, const ServiceContext& ctx,
+                                               const std::string& session_id, Fn fn) {
+  absl::StatusOr<Caller> caller = ctx.auth->Authenticate(*context);
+  if (!caller.ok()) return Reply(context, method, "", caller.status());
+  absl::StatusOr<std::shared_ptr<Session>> session = ctx.sessions->Get(session_id, *caller);
+  if (!session.ok()) return Reply(context, method, session_id, session.status(), &*caller);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status queued =
+      ctx.builds->Run([context, reactor, method = std::string(method), session_id, caller = *caller,
+                       session = *std::move(session), fn = std::move(fn)] {
+        const absl::Status status = fn(*session);
+        if (!status.ok()) LogFailure(method, session_id, context->peer(), status);
+        caller.account->CountError(status);
+        reactor->Finish(ToGrpcStatus(status));
+      });
+  if (!queued.ok()) {
+    LogFailure(method, session_id, context->peer(), queued);
+    caller->account->CountError(queued);
+    reactor->Finish(ToGrpcStatus(queued));
+  }
+  return reactor;
+}
+
 absl::Time Deadline(const grpc::CallbackServerContext& context) {
   const auto deadline = context.deadline();
   if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
@@ -507,15 +534,17 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* TensorsService::ReadTensor(
 grpc::ServerUnaryReactor* AlgorithmsService::CreateAlgorithm(
     grpc::CallbackServerContext* context, const v1::CreateAlgorithmRequest* request,
     v1::CreateAlgorithmResponse*) {
-  return InSession(context, "CreateAlgorithm", ctx_, request->session_id(),
-                   [&](Session& s) { return s.CreateAlgorithm(wire::FromWire(*request)); });
+  return InSessionOnBuildPool(
+      context, "CreateAlgorithm", ctx_, request->session_id(),
+      [request = wire::FromWire(*request)](Session& s) { return s.CreateAlgorithm(request); });
 }
 
 grpc::ServerUnaryReactor* AlgorithmsService::RebuildAlgorithm(
     grpc::CallbackServerContext* context, const v1::CreateAlgorithmRequest* request,
     v1::CreateAlgorithmResponse*) {
-  return InSession(context, "RebuildAlgorithm", ctx_, request->session_id(),
-                   [&](Session& s) { return s.RebuildAlgorithm(wire::FromWire(*request)); });
+  return InSessionOnBuildPool(
+      context, "RebuildAlgorithm", ctx_, request->session_id(),
+      [request = wire::FromWire(*request)](Session& s) { return s.RebuildAlgorithm(request); });
 }
 
 grpc::ServerUnaryReactor* AlgorithmsService::SetPushConstants(

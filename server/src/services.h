@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "auth.h"
+#include "build_pool.h"
 #include "device_pool.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "server_options.h"
@@ -16,6 +17,7 @@ struct ServiceContext {
   SessionManager* sessions = nullptr;
   const Authenticator* auth = nullptr;
   const ServerOptions* options = nullptr;  // the daemon's (max_message_bytes, idle timeout)
+  BuildPool* builds = nullptr;             // where algorithms are compiled and built
 };
 
 // The komputed.v1 services, on gRPC's callback API. The handlers are thin: they look the session

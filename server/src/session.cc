@@ -298,6 +298,13 @@ absl::StatusOr<std::shared_ptr<core::Tensor>> Session::HostTensor(uint64_t handl
 // Algorithms
 
 absl::StatusOr<core::AlgorithmSpec> Session::SpecLocked(const AlgorithmRequest& request) const {
+  if (facts_.account != nullptr) {
+    // Before anything is compiled.
+    KD_RETURN_IF_ERROR(facts_.account->CheckSize(
+        &Quota::source_bytes, request.shader.size(),
+        absl::StrCat(request.shader_kind == AlgorithmRequest::Shader::kGlsl ? "GLSL" : "SPIR-V",
+                     " of ", request.shader.size(), " bytes")));
+  }
   core::AlgorithmSpec spec;
   KD_ASSIGN_OR_RETURN(spec.tensors, TensorsLocked(request.tensors));
   switch (request.shader_kind) {
@@ -316,17 +323,8 @@ absl::StatusOr<core::AlgorithmSpec> Session::SpecLocked(const AlgorithmRequest& 
       std::memcpy(spec.spirv.data(), bytes.data(), bytes.size());
       break;
     }
-    case AlgorithmRequest::Shader::kGlsl: {
-      const std::string name = absl::StrCat("algorithm ", request.handle);
-      auto spirv = options_.glsl_compiler.empty()
-                       ? core::CompileGlsl(request.shader, name)
-                       : CompileGlslInChild(options_.glsl_compiler, request.shader, name,
-                                            options_.glsl_limits);
-      metrics_->shader_compilations_total(spirv.ok() ? "ok" : "error").Increment();
-      if (!spirv.ok()) return spirv.status();
-      spec.spirv = *std::move(spirv);
-      break;
-    }
+    case AlgorithmRequest::Shader::kGlsl:
+      break;  // compiled by Compiled, outside the lock
     case AlgorithmRequest::Shader::kNone:
       return absl::InvalidArgumentError("no shader given: set spirv or glsl");
   }
@@ -356,11 +354,28 @@ absl::Duration Session::KernelTimeLimit() const {
   return limit;
 }
 
-absl::Status Session::CreateAlgorithm(const AlgorithmRequest& request) {
-  Touch();
-  absl::MutexLock lock(&mu_);
-  KD_RETURN_IF_ERROR(CheckUsableLocked());
-  return CreateAlgorithmLocked(request);
+absl::StatusOr<core::AlgorithmSpec> Session::Compiled(const AlgorithmRequest& request,
+                                                      core::AlgorithmSpec spec) const {
+  if (request.shader_kind == AlgorithmRequest::Shader::kGlsl) {
+    const std::string name = absl::StrCat("algorithm ", request.handle);
+    auto spirv = options_.glsl_compiler.empty()
+                     ? core::CompileGlsl(request.shader, name)
+                     : CompileGlslInChild(options_.glsl_compiler, request.shader, name,
+                                          options_.glsl_limits);
+    metrics_->shader_compilations_total(spirv.ok() ? "ok" : "error").Increment();
+    if (!spirv.ok()) return spirv.status();
+    spec.spirv = *std::move(spirv);
+  }
+  KD_RETURN_IF_ERROR(CheckDispatchQuota(spec));
+  return spec;
+}
+
+absl::StatusOr<std::shared_ptr<core::Algorithm>> Session::Built(const AlgorithmRequest& request,
+                                                                core::AlgorithmSpec spec) const {
+  KD_ASSIGN_OR_RETURN(spec, Compiled(request, std::move(spec)));
+  auto algorithm = core::Algorithm::Create(facts_.instance->device, std::move(spec));
+  CountValidation(algorithm.status());
+  return algorithm;
 }
 
 absl::Status Session::CheckDispatchQuota(const core::AlgorithmSpec& spec) const {
@@ -381,28 +396,37 @@ absl::Status Session::CheckDispatchQuota(const core::AlgorithmSpec& spec) const 
                    invocations, ")"));
 }
 
-absl::StatusOr<core::AlgorithmSpec> Session::QuotaCheckedSpecLocked(
-    const AlgorithmRequest& request) const {
-  if (facts_.account != nullptr) {
-    // Before anything is compiled.
-    KD_RETURN_IF_ERROR(facts_.account->CheckSize(
-        &Quota::source_bytes, request.shader.size(),
-        absl::StrCat(request.shader_kind == AlgorithmRequest::Shader::kGlsl ? "GLSL" : "SPIR-V",
-                     " of ", request.shader.size(), " bytes")));
+absl::Status Session::CreateAlgorithm(const AlgorithmRequest& request) {
+  Touch();
+  const std::string what = absl::StrCat("algorithm ", request.handle, ": ");
+  absl::StatusOr<core::AlgorithmSpec> spec;
+  {
+    absl::MutexLock lock(&mu_);
+    KD_RETURN_IF_ERROR(CheckUsableLocked());
+    KD_RETURN_IF_ERROR(algorithms_.CheckNew(request.handle));
+    KD_RETURN_IF_ERROR(CheckNewObjectLocked());
+    spec = SpecLocked(request);
   }
-  KD_ASSIGN_OR_RETURN(core::AlgorithmSpec spec, SpecLocked(request));
-  KD_RETURN_IF_ERROR(CheckDispatchQuota(spec));
-  return spec;
+  if (!spec.ok()) return Annotate(spec.status(), what);
+  // Compiled and built outside the lock: the session's other calls do not wait for it.
+  auto algorithm = Built(request, *std::move(spec));
+  if (!algorithm.ok()) return Annotate(algorithm.status(), what);
+  absl::MutexLock lock(&mu_);
+  KD_RETURN_IF_ERROR(CheckUsableLocked());
+  // Checked again: another call may have taken the handle or the last object meanwhile.
+  KD_RETURN_IF_ERROR(algorithms_.CheckNew(request.handle));
+  KD_RETURN_IF_ERROR(CheckNewObjectLocked());
+  algorithms_.Insert(request.handle, *std::move(algorithm));
+  return absl::OkStatus();
 }
 
 absl::Status Session::CreateAlgorithmLocked(const AlgorithmRequest& request) {
   KD_RETURN_IF_ERROR(algorithms_.CheckNew(request.handle));
   KD_RETURN_IF_ERROR(CheckNewObjectLocked());
   const std::string what = absl::StrCat("algorithm ", request.handle, ": ");
-  auto spec = QuotaCheckedSpecLocked(request);
+  auto spec = SpecLocked(request);
   if (!spec.ok()) return Annotate(spec.status(), what);
-  auto algorithm = core::Algorithm::Create(facts_.instance->device, *std::move(spec));
-  CountValidation(algorithm.status());
+  auto algorithm = Built(request, *std::move(spec));
   if (!algorithm.ok()) return Annotate(algorithm.status(), what);
   algorithms_.Insert(request.handle, *std::move(algorithm));
   return absl::OkStatus();
@@ -410,15 +434,29 @@ absl::Status Session::CreateAlgorithmLocked(const AlgorithmRequest& request) {
 
 absl::Status Session::RebuildAlgorithm(const AlgorithmRequest& request) {
   Touch();
-  absl::MutexLock lock(&mu_);
-  KD_RETURN_IF_ERROR(CheckUsableLocked());
-  return RebuildAlgorithmLocked(request);
+  const std::string what = absl::StrCat("algorithm ", request.handle, ": ");
+  std::shared_ptr<core::Algorithm> algorithm;
+  absl::StatusOr<core::AlgorithmSpec> spec;
+  {
+    absl::MutexLock lock(&mu_);
+    KD_RETURN_IF_ERROR(CheckUsableLocked());
+    KD_ASSIGN_OR_RETURN(algorithm, algorithms_.Find(request.handle));
+    spec = SpecLocked(request);
+  }
+  if (!spec.ok()) return Annotate(spec.status(), what);
+  // Outside the lock, as for CreateAlgorithm; the algorithm swaps its build in under its own.
+  spec = Compiled(request, *std::move(spec));
+  if (!spec.ok()) return Annotate(spec.status(), what);
+  absl::Status rebuilt = algorithm->Rebuild(*std::move(spec));
+  CountValidation(rebuilt);
+  return Annotate(rebuilt, what);
 }
 
 absl::Status Session::RebuildAlgorithmLocked(const AlgorithmRequest& request) {
   KD_ASSIGN_OR_RETURN(std::shared_ptr<core::Algorithm> algorithm, algorithms_.Find(request.handle));
   const std::string what = absl::StrCat("algorithm ", request.handle, ": ");
-  auto spec = QuotaCheckedSpecLocked(request);
+  auto spec = SpecLocked(request);
+  if (spec.ok()) spec = Compiled(request, *std::move(spec));
   if (!spec.ok()) return Annotate(spec.status(), what);
   absl::Status rebuilt = algorithm->Rebuild(*std::move(spec));
   CountValidation(rebuilt);

@@ -147,6 +147,8 @@ class Session {
   // submission that timed out earlier has completed since.
   absl::Status SettleLocked(uint64_t handle, SequenceEntry& entry) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The request's spec over the session's tensors, within the source_bytes quota; GLSL is not
+  // compiled yet (Compiled does that).
   absl::StatusOr<core::AlgorithmSpec> SpecLocked(const AlgorithmRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The operation over this session's objects.
@@ -179,9 +181,13 @@ class Session {
   // RESOURCE_EXHAUSTED when the algorithm's dispatch (workgroups × local size) is over the
   // dispatch_invocations quota.
   absl::Status CheckDispatchQuota(const core::AlgorithmSpec& spec) const;
-  // SpecLocked within the source_bytes (checked before compiling) and dispatch quotas.
-  absl::StatusOr<core::AlgorithmSpec> QuotaCheckedSpecLocked(const AlgorithmRequest& request) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The spec with its GLSL compiled (no lock needed: it can take long), within the dispatch
+  // quota.
+  absl::StatusOr<core::AlgorithmSpec> Compiled(const AlgorithmRequest& request,
+                                               core::AlgorithmSpec spec) const;
+  // Compiled, then the algorithm built on the session's device.
+  absl::StatusOr<std::shared_ptr<core::Algorithm>> Built(const AlgorithmRequest& request,
+                                                         core::AlgorithmSpec spec) const;
   // The word that the session's algorithms read to be stopped (made on first use).
   absl::StatusOr<std::shared_ptr<core::CancelWord>> CancelWordLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

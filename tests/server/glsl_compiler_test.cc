@@ -2,11 +2,19 @@
 // doubles itself 21 times) fails that one request within the bound, and the daemon keeps serving.
 #include "glsl_compiler.h"
 
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "komputed/core/shader.h"
+#include "support/status_matchers.h"
 #include "test_util.h"
 
 namespace komputed::server::testing {
@@ -106,6 +114,51 @@ TEST_F(GlslDaemonTest, TheDaemonSurvivesACompilerBomb) {
   // Still serving, and compiling ordinary shaders.
   MakePipeline(session, 10, 16, 3.0f);
   ExpectPipelineWorks(session, 10, 16, 3.0f);
+}
+
+// A compiler that never answers, until the daemon's time bound stops it: while it runs, the
+// daemon serves everything else, the same session's other calls included.
+class SlowCompilerTest : public ServerTest {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions options = ServerTest::Options();
+    compiler_ = ::testing::TempDir() + "/komputed_slow_glslc.sh";
+    std::FILE* f = std::fopen(compiler_.c_str(), "w");
+    EXPECT_NE(f, nullptr);
+    if (f != nullptr) {
+      std::fputs("#!/bin/sh\nexec sleep 30\n", f);
+      std::fclose(f);
+    }
+    chmod(compiler_.c_str(), 0755);
+    options.glsl_compiler = compiler_;
+    options.glsl_limits.wall_time = absl::Seconds(4);
+    return options;
+  }
+  std::string compiler_;
+};
+
+TEST_F(SlowCompilerTest, ACompileHoldsUpNothingElse) {
+  const std::string session = Open();
+  ASSERT_THAT(CreateTensor(FloatTensor(session, 1, {1})), IsOk());
+  std::atomic<bool> compiled{false};
+  grpc::Status slow;
+  std::thread compile([&] {
+    slow = CreateAlgorithm(GlslAlgorithm(session, 2, {1}, kScaleShader, 1, PushFloat(1)));
+    compiled = true;
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  // The same session and another one, with SPIR-V (compiled here, not by the slow compiler).
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, core::CompileGlsl(kScaleShader));
+  for (const std::string& s : {session, Open("other")}) {
+    ASSERT_THAT(CreateTensor(FloatTensor(s, 10, {1, 2})), IsOk());
+    ASSERT_THAT(CreateTensor(FloatTensor(s, 11, {0, 0})), IsOk());
+    v1::CreateAlgorithmRequest req = GlslAlgorithm(s, 12, {10, 11}, "", 2, PushFloat(2));
+    req.set_spirv(spirv.data(), spirv.size() * 4);
+    ASSERT_THAT(CreateAlgorithm(req), IsOk());
+  }
+  EXPECT_FALSE(compiled.load()) << "other calls waited for the compiler";
+  compile.join();
+  EXPECT_FALSE(slow.ok());
 }
 
 }  // namespace
