@@ -518,5 +518,41 @@ TEST_P(KpTest, AlgorithmArgumentErrors) {
   EXPECT_KP_ERROR(kInvalidArgument, mgr().algorithm({}, kp::compileSource(kShader)));
 }
 
+// Shaders that do not fit their algorithm or the device are refused by either backend.
+TEST_P(KpTest, ShadersThatDoNotFitAreRefused) {
+  auto t = mgr().tensor({1, 2, 3});
+  constexpr char kBufferReference[] = R"(
+    #version 450
+    #extension GL_EXT_buffer_reference : require
+    layout(local_size_x = 1) in;
+    layout(buffer_reference, std430) buffer Floats { float v[]; };
+    layout(set = 0, binding = 0) buffer Pointers { Floats target; };
+    void main() { target.v[0] = 1.0; }
+  )";
+  EXPECT_KP_ERROR(kInvalidArgument, mgr().algorithm({t}, kp::compileSource(kBufferReference)));
+  constexpr char kSecondBinding[] = R"(
+    #version 450
+    layout(local_size_x = 1) in;
+    layout(set = 0, binding = 1) buffer Out { float out_v[]; };
+    void main() { out_v[0] = 1.0; }
+  )";
+  EXPECT_KP_ERROR(kInvalidArgument, mgr().algorithm({t}, kp::compileSource(kSecondBinding)));
+}
+
+// A push-constant block larger than the values given reads zeros past them.
+TEST_P(KpTest, PushConstantBlockLargerThanTheValuesReadsZeros) {
+  constexpr char kShader[] = R"(
+    #version 450
+    layout(local_size_x = 1) in;
+    layout(set = 0, binding = 0) buffer Out { float out_v[]; };
+    layout(push_constant) uniform Push { float a; float b; float c; } push;
+    void main() { out_v[0] = push.a; out_v[1] = push.b; out_v[2] = push.c; }
+  )";
+  auto out = mgr().tensor({-1, -1, -1});
+  auto algo = mgr().algorithm<float, float>({out}, kp::compileSource(kShader), {1, 1, 1}, {}, {5});
+  RunOnce(mgr(), algo, {out});
+  EXPECT_EQ(out->vector(), (std::vector<float>{5, 0, 0}));
+}
+
 }  // namespace
 }  // namespace kptest

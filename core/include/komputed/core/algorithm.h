@@ -30,7 +30,9 @@ struct AlgorithmSpec {
   // Specialization constant i (constant_id = i) is at byte offset i * spec_constant_size.
   std::vector<uint8_t> spec_constants;
   uint32_t spec_constant_size = 4;
-  // One push-constant range of this many bytes (a multiple of 4), set before each dispatch.
+  // The push-constant values (a multiple of 4 bytes), set before each dispatch. The pipeline's
+  // range covers them and the shader's push-constant block: bytes of the block beyond them read
+  // as zero.
   std::vector<uint8_t> push_constants;
 };
 
@@ -40,7 +42,11 @@ class Algorithm {
   // Errors (INVALID_ARGUMENT unless noted): invalid SPIR-V (never reaches the driver), push
   // constants over the device limit or not a multiple of 4, spec constants not a whole number of
   // constants, a zero workgroup or one over maxComputeWorkGroupCount, a tensor over
-  // maxStorageBufferRange, a tensor of another device (FAILED_PRECONDITION).
+  // maxStorageBufferRange, a tensor of another device (FAILED_PRECONDITION), and a shader that
+  // does not fit the algorithm or the device (CheckShader in shader_intake.h: no GLCompute
+  // "main", a capability or extension not allowed, a descriptor that is not one of the tensors,
+  // a local size over the device's limits; shared memory or a push-constant block over them is
+  // RESOURCE_EXHAUSTED).
   static absl::StatusOr<std::shared_ptr<Algorithm>> Create(std::shared_ptr<Device> device,
                                                            AlgorithmSpec spec);
   ~Algorithm();
