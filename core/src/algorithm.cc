@@ -81,14 +81,21 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
   KD_RETURN_IF_ERROR(ValidateSpirv(spec.spirv, api_version));
   const SpirvModule reflection = SpirvModule::Parse(spec.spirv);
   KD_ASSIGN_OR_RETURN(const ShaderInterface interface, CheckShader(reflection, spec, device));
+  // The driver gets the clamped module; the spec keeps the original.
+  std::vector<uint32_t> clamped;
+  if (spec.clamp_buffer_accesses) {
+    KD_ASSIGN_OR_RETURN(clamped, ClampBufferAccesses(spec.spirv, api_version));
+  }
+  const std::vector<uint32_t>& code = spec.clamp_buffer_accesses ? clamped : spec.spirv;
+
   auto p = std::make_shared<Pipeline>();
   p->tensors = spec.tensors;
   p->workgroup = spec.workgroup;
   p->push_constant_range = interface.push_constant_range;
 
   VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
-  mi.codeSize = spec.spirv.size() * sizeof(uint32_t);
-  mi.pCode = spec.spirv.data();
+  mi.codeSize = code.size() * sizeof(uint32_t);
+  mi.pCode = code.data();
   VkShaderModule module = VK_NULL_HANDLE;
   KD_RETURN_IF_ERROR(
       device.Check(vkCreateShaderModule(dev, &mi, nullptr, &module), "vkCreateShaderModule"));

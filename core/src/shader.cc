@@ -2,6 +2,7 @@
 
 #include <shaderc/shaderc.hpp>
 #include <spirv-tools/libspirv.hpp>
+#include <spirv-tools/optimizer.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "komputed/core/spirv_module.h"
@@ -72,6 +73,25 @@ absl::Status ValidateSpirv(absl::Span<const uint32_t> spirv, uint32_t vulkan_api
     return absl::InvalidArgumentError(absl::StrCat("invalid SPIR-V: ", messages));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<uint32_t>> ClampBufferAccesses(absl::Span<const uint32_t> spirv,
+                                                          uint32_t vulkan_api_version) {
+  spvtools::Optimizer optimizer(TargetFor(vulkan_api_version));
+  std::string messages;
+  optimizer.SetMessageConsumer(
+      [&](spv_message_level_t, const char*, const spv_position_t&, const char* message) {
+        absl::StrAppend(&messages, messages.empty() ? "" : "; ", message);
+      });
+  optimizer.RegisterPass(spvtools::CreateGraphicsRobustAccessPass());
+  spvtools::OptimizerOptions options;
+  options.set_run_validator(false);  // the caller validated it
+  std::vector<uint32_t> clamped;
+  if (!optimizer.Run(spirv.data(), spirv.size(), &clamped, options)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the shader's buffer accesses cannot be bounded: ", messages));
+  }
+  return clamped;
 }
 
 absl::StatusOr<absl::Span<const uint32_t>> MultiplyShader(ElementType type) {

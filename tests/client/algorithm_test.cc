@@ -1,4 +1,5 @@
 // Algorithms: push and specialization constants, workgroups, rebuild, the built-in OpMult.
+#include <algorithm>
 #include <climits>
 
 #include "kp_test.h"
@@ -552,6 +553,49 @@ TEST_P(KpTest, PushConstantBlockLargerThanTheValuesReadsZeros) {
   auto algo = mgr().algorithm<float, float>({out}, kp::compileSource(kShader), {1, 1, 1}, {}, {5});
   RunOnce(mgr(), algo, {out});
   EXPECT_EQ(out->vector(), (std::vector<float>{5, 0, 0}));
+}
+
+// A shader that reads and writes millions of elements past its small tensor, in another
+// Manager (another session of the daemon), neither changes nor sees a large tensor's secret.
+TEST_P(KpTest, OutOfBoundsAccessesStayInTheirTensors) {
+  constexpr char kShader[] = R"(
+    #version 450
+    layout(local_size_x = 64) in;
+    layout(set = 0, binding = 0) buffer Small { uint small[]; };
+    layout(set = 0, binding = 1) buffer Seen { uint seen[]; };
+    layout(push_constant) uniform Push { uint stride; } push;
+    void main() {
+      uint i = gl_GlobalInvocationID.x;
+      uint far = uint(small.length()) + i * push.stride;
+      seen[i] = small[far];
+      small[far] = 0xdeadbeefu;
+    }
+  )";
+  constexpr uint32_t kSecret = 0x5ec12e75u;
+  constexpr uint32_t kInvocations = 64 * 64;
+  auto secret = mgr().tensorT<uint32_t>(std::vector<uint32_t>(uint32_t{4} << 20, kSecret));
+  mgr().sequence()->eval<kp::OpTensorSyncDevice>(TensorList{secret});
+
+  std::unique_ptr<kp::Manager> other = MakeManager(GetParam());
+  auto small = other->tensorT<uint32_t>(std::vector<uint32_t>(64, 7));
+  auto seen = other->tensorT<uint32_t>(std::vector<uint32_t>(kInvocations, 0));
+  auto algo = other->algorithm<uint32_t, uint32_t>({small, seen}, kp::compileSource(kShader),
+                                                   {kInvocations / 64, 1, 1}, {}, {1024});
+  other->sequence()
+      ->record<kp::OpTensorSyncDevice>(TensorList{small, seen})
+      ->record<kp::OpAlgoDispatch>(algo)
+      ->record<kp::OpTensorSyncLocal>(TensorList{small, seen})
+      ->eval();
+  for (const auto& t : {small, seen}) {
+    const std::vector<uint32_t> values = t->vector();
+    EXPECT_EQ(std::count(values.begin(), values.end(), kSecret), 0);
+  }
+  // The secret tensor, brought back from the device, is whole.
+  std::fill_n(secret->data(), secret->size(), 0u);
+  mgr().sequence()->eval<kp::OpTensorSyncLocal>(TensorList{secret});
+  const std::vector<uint32_t> values = secret->vector();
+  EXPECT_EQ(std::count(values.begin(), values.end(), kSecret),
+            static_cast<ptrdiff_t>(values.size()));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -406,6 +407,16 @@ TEST(Algorithm, KeepsItsTensorsAlive) {
 // ---------------------------------------------------------------------------------------------
 // Untrusted shaders: what does not fit the algorithm or the device never reaches the driver.
 
+absl::StatusOr<std::shared_ptr<Tensor>> Uints(const std::vector<uint32_t>& values) {
+  return Tensor::Create(TestDevice(), ElementType::kUInt32, values.size(), 0, MemoryType::kDevice,
+                        values.data());
+}
+
+std::vector<uint32_t> HostUints(const Tensor& t) {
+  const uint32_t* p = static_cast<const uint32_t*>(t.host_data());
+  return std::vector<uint32_t>(p, p + t.count());
+}
+
 // A spec over `tensors` for GLSL `source`, one workgroup. (Not cached: the sources are locals.)
 absl::StatusOr<AlgorithmSpec> SpecFor(const char* source,
                                       std::vector<std::shared_ptr<Tensor>> tensors) {
@@ -646,6 +657,68 @@ TEST(Algorithm, GarbageIsRefusedQuickly) {
                 StatusIs(absl::StatusCode::kInvalidArgument));
     EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   }
+}
+
+// A shader that reads and writes millions of elements past its small buffer reaches neither a
+// large tensor beside it (unchanged) nor its secret (never seen).
+TEST(Algorithm, OutOfBoundsAccessesStayInTheirBuffers) {
+  constexpr char kShader[] = R"(#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) buffer Small { uint small[]; };
+layout(set = 0, binding = 1) buffer Seen { uint seen[]; };
+layout(push_constant) uniform Push { uint stride; } push;
+void main() {
+  uint i = gl_GlobalInvocationID.x;
+  uint far = uint(small.length()) + i * push.stride;
+  seen[i] = small[far];
+  small[far] = 0xdeadbeefu;
+  small[far + 1u] = i;
+}
+)";
+  constexpr uint32_t kSecret = 0x5ec12e75u;
+  constexpr uint32_t kInvocations = 64 * 64;
+  // The secret first and after: allocations on either side of the small buffer.
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> before,
+                       Uints(std::vector<uint32_t>(uint32_t{4} << 20, kSecret)));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> small, Uints(std::vector<uint32_t>(64, 7)));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> seen, Uints(std::vector<uint32_t>(kInvocations, 0)));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> after,
+                       Uints(std::vector<uint32_t>(uint32_t{4} << 20, kSecret)));
+  ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec, SpecFor(kShader, {small, seen}));
+  spec.workgroup = {kInvocations / 64, 1, 1};
+  spec.push_constants = Bytes(uint32_t{1024});  // indices up to 4M, 16 MiB past the buffer
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm, Algorithm::Create(TestDevice(), spec));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(TestDevice(), 0, 0));
+  ASSERT_OK(seq->Record(op::SyncToDevice{{before, small, seen, after}}));
+  ASSERT_OK(seq->Record(op::Dispatch{algorithm}));
+  ASSERT_OK(seq->Eval(kTimeout));
+  // Clear the host copies, then bring back what the device holds.
+  for (const auto& t : {before, after}) std::memset(t->host_data(), 0, t->byte_size());
+  ASSERT_OK(seq->Clear());
+  ASSERT_OK(seq->Record(op::SyncToHost{{before, small, seen, after}}));
+  ASSERT_OK(seq->Eval(kTimeout));
+  for (const auto& t : {before, after}) {
+    const std::vector<uint32_t> values = HostUints(*t);
+    EXPECT_EQ(std::count(values.begin(), values.end(), kSecret),
+              static_cast<ptrdiff_t>(values.size()));
+  }
+  for (const auto& t : {small, seen}) {
+    const std::vector<uint32_t> values = HostUints(*t);
+    EXPECT_EQ(std::count(values.begin(), values.end(), kSecret), 0);
+  }
+  // Clamped writes land on the small buffer's last element at most.
+  const std::vector<uint32_t> small_values = HostUints(*small);
+  EXPECT_EQ(std::count(small_values.begin(), small_values.end() - 1, 7u), 63);
+}
+
+// Measurements compare the clamped shader with the original: the original still builds.
+TEST(Algorithm, ClampingCanBeLeftOutForMeasurements) {
+  ASSERT_OK_AND_ASSIGN(Fixture f, PushFixture());
+  f.spec.clamp_buffer_accesses = false;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm,
+                       Algorithm::Create(TestDevice(), f.spec));
+  ASSERT_OK(RoundTrip(algorithm, {f.a, f.b}));
+  EXPECT_THAT(HostFloats(*f.b), ElementsAre(2.5f, 4.5f, 6.5f, 8.5f));
 }
 
 }  // namespace

@@ -283,5 +283,18 @@ TEST(SpirvModule, AnyWordsAreReadWithoutFaulting) {
   m.SharedMemoryBytes({});
 }
 
+// The clamped module is valid and keeps what it declares.
+TEST(Shader, ClampBufferAccessesKeepsAValidModule) {
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, CompileGlsl(kAffineShader));
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> clamped,
+                       ClampBufferAccesses(spirv, VK_API_VERSION_1_1));
+  EXPECT_NE(clamped, spirv);
+  ASSERT_OK(ValidateSpirv(clamped, VK_API_VERSION_1_1));
+  const SpirvModule before = SpirvModule::Parse(spirv), after = SpirvModule::Parse(clamped);
+  EXPECT_EQ(after.bindings().size(), before.bindings().size());
+  EXPECT_EQ(after.PushConstantBytes({}), before.PushConstantBytes({}));
+  EXPECT_THAT(after.capabilities(), Not(Contains(5347u)));
+}
+
 }  // namespace
 }  // namespace komputed::core

@@ -34,6 +34,10 @@ struct AlgorithmSpec {
   // range covers them and the shader's push-constant block: bytes of the block beyond them read
   // as zero.
   std::vector<uint8_t> push_constants;
+  // Whether the shader's buffer accesses are clamped into their buffers (ClampBufferAccesses)
+  // before it reaches the driver. Only measurements turn it off: the daemon and the kp API
+  // always clamp.
+  bool clamp_buffer_accesses = true;
 };
 
 // A compute pipeline bound to its tensors (Kompute's Algorithm). Thread-safe.
@@ -46,7 +50,7 @@ class Algorithm {
   // does not fit the algorithm or the device (CheckShader in shader_intake.h: no GLCompute
   // "main", a capability or extension not allowed, a descriptor that is not one of the tensors,
   // a local size over the device's limits; shared memory or a push-constant block over them is
-  // RESOURCE_EXHAUSTED).
+  // RESOURCE_EXHAUSTED). The shader's buffer accesses are clamped into the tensors' buffers.
   static absl::StatusOr<std::shared_ptr<Algorithm>> Create(std::shared_ptr<Device> device,
                                                            AlgorithmSpec spec);
   ~Algorithm();

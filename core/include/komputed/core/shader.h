@@ -22,6 +22,14 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlsl(absl::string_view source,
 // carries the validator's message.
 absl::Status ValidateSpirv(absl::Span<const uint32_t> spirv, uint32_t vulkan_api_version);
 
+// Rewrites a valid module so that every indexed access into a buffer, an array or a vector
+// (access chains) is clamped into its bounds, runtime arrays by their buffer's length
+// (SPIRV-Tools' graphics robust-access pass): a shader cannot reach memory outside the buffers
+// bound to it. INVALID_ARGUMENT with the pass's messages where it cannot (variable pointers, a
+// non-logical addressing model). Thread-safe.
+absl::StatusOr<std::vector<uint32_t>> ClampBufferAccesses(absl::Span<const uint32_t> spirv,
+                                                          uint32_t vulkan_api_version);
+
 // The local size (invocations per workgroup in x, y, z) of a compute shader's entry point "main"
 // (SpirvModule::LocalSize): its WorkgroupSize built-in constant when it has one (specialization
 // constants taken from `spec_constants`, by SpecId, at `spec_constant_size` bytes each), else
