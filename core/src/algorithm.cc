@@ -1,9 +1,13 @@
 #include "komputed/core/algorithm.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "komputed/core/op_semantics.h"
 #include "komputed/core/shader.h"
+#include "komputed/core/spirv_module.h"
 #include "komputed/core/status.h"
+#include "shader_intake.h"
 
 namespace komputed::core {
 
@@ -20,6 +24,7 @@ struct Algorithm::Pipeline {
   PipelineLayoutHandle layout;
   PipelineHandle pipeline;
   Workgroup workgroup;
+  uint32_t push_constant_range = 0;  // bytes of the layout's push-constant range
 };
 
 Algorithm::Algorithm(std::shared_ptr<Device> device) : device_(std::move(device)) {}
@@ -75,22 +80,30 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
         "specialization constants of ", spec.spec_constants.size(),
         " bytes are not a whole number of ", spec.spec_constant_size, "-byte constants"));
   }
-  KD_RETURN_IF_ERROR(ValidateSpirv(spec.spirv, device.properties().apiVersion));
-  std::vector<uint32_t> stoppable;
+  const uint32_t api_version = device.properties().apiVersion;
+  KD_RETURN_IF_ERROR(ValidateSpirv(spec.spirv, api_version));
+  const SpirvModule reflection = SpirvModule::Parse(spec.spirv);
+  KD_ASSIGN_OR_RETURN(const ShaderInterface interface, CheckShader(reflection, spec, device));
+  // The driver gets the clamped module, with the watchdog's cancel checks when it has a word; the
+  // spec keeps the original.
+  std::vector<uint32_t> code = spec.spirv;
+  if (spec.clamp_buffer_accesses) {
+    KD_ASSIGN_OR_RETURN(code, ClampBufferAccesses(code, api_version));
+  }
   if (spec.cancel != nullptr) {
-    KD_ASSIGN_OR_RETURN(stoppable, AddCancelChecks(spec.spirv));
-    absl::Status valid = ValidateSpirv(stoppable, device.properties().apiVersion);
+    KD_ASSIGN_OR_RETURN(code, AddCancelChecks(code));
+    absl::Status valid = ValidateSpirv(code, api_version);
     if (!valid.ok()) {
       return absl::InternalError(absl::StrCat(
           "the shader with the watchdog's cancel checks added is not valid: ", valid.message()));
     }
   }
-  const std::vector<uint32_t>& code = spec.cancel != nullptr ? stoppable : spec.spirv;
 
   auto p = std::make_shared<Pipeline>();
   p->tensors = spec.tensors;
   p->workgroup = spec.workgroup;
   p->cancel = spec.cancel;
+  p->push_constant_range = interface.push_constant_range;
 
   VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
   mi.codeSize = code.size() * sizeof(uint32_t);
@@ -177,14 +190,13 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
     vkUpdateDescriptorSets(dev, n, writes.data(), 0, nullptr);
   }
 
-  VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0,
-                            static_cast<uint32_t>(spec.push_constants.size())};
+  VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0, p->push_constant_range};
   static_assert(kCancelSet == 1, "the cancel word's set follows the tensors'");
   const VkDescriptorSetLayout layouts[2] = {set_layout, p->cancel_layout.get()};
   VkPipelineLayoutCreateInfo pli{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
   pli.setLayoutCount = p->cancel != nullptr ? 2 : 1;
   pli.pSetLayouts = layouts;
-  pli.pushConstantRangeCount = spec.push_constants.empty() ? 0 : 1;
+  pli.pushConstantRangeCount = p->push_constant_range == 0 ? 0 : 1;
   pli.pPushConstantRanges = &range;
   VkPipelineLayout layout = VK_NULL_HANDLE;
   KD_RETURN_IF_ERROR(
@@ -264,10 +276,13 @@ std::shared_ptr<const void> Algorithm::RecordDispatch(VkCommandBuffer cb,
     vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout.get(), kCancelSet, 1,
                             &p.cancel_set, 0, nullptr);
   }
-  if (!spec_.push_constants.empty()) {
-    vkCmdPushConstants(cb, p.layout.get(), VK_SHADER_STAGE_COMPUTE_BIT, 0,
-                       static_cast<uint32_t>(spec_.push_constants.size()),
-                       spec_.push_constants.data());
+  if (p.push_constant_range > 0) {
+    // The whole range, the algorithm's values first: the rest of the shader's block reads zero.
+    std::vector<uint8_t> values(p.push_constant_range, 0);
+    std::copy_n(spec_.push_constants.begin(),
+                std::min<size_t>(spec_.push_constants.size(), values.size()), values.begin());
+    vkCmdPushConstants(cb, p.layout.get(), VK_SHADER_STAGE_COMPUTE_BIT, 0, p.push_constant_range,
+                       values.data());
   }
   vkCmdDispatch(cb, p.workgroup.x, p.workgroup.y, p.workgroup.z);
   if (generation != nullptr) *generation = generation_;

@@ -24,11 +24,12 @@ constexpr uint32_t kOpUndef = 1, kOpExtension = 10, kOpMemoryModel = 14, kOpEntr
                    kOpLogicalOr = 166, kOpLogicalNot = 168, kOpLogicalAnd = 167, kOpIEqual = 170,
                    kOpPhi = 245, kOpLoopMerge = 246, kOpSelectionMerge = 247, kOpLabel = 248,
                    kOpBranch = 249, kOpBranchConditional = 250, kOpSwitch = 251, kOpReturn = 253,
-                   kOpLine = 8, kOpNoLine = 317;
+                   kOpReturnValue = 254, kOpUnreachable = 255, kOpTypeVoid = 19, kOpLine = 8,
+                   kOpNoLine = 317;
 constexpr uint32_t kCapabilityVulkanMemoryModel = 5345;
 constexpr uint32_t kStorageBuffer = 12, kGLCompute = 5, kAddressingLogical = 0;
-constexpr uint32_t kDecorationBlock = 2, kDecorationVolatile = 21, kDecorationBinding = 33,
-                   kDecorationDescriptorSet = 34, kDecorationOffset = 35;
+constexpr uint32_t kDecorationBlock = 2, kDecorationVolatile = 21, kDecorationCoherent = 23,
+                   kDecorationBinding = 33, kDecorationDescriptorSet = 34, kDecorationOffset = 35;
 constexpr uint32_t kMemoryAccessVolatile = 1;
 
 // Layout sections before the types: capabilities ... debug names, annotations.
@@ -98,6 +99,7 @@ class Rewriter {
   std::vector<Inst> added_globals_;
   std::vector<Function> functions_;
   uint32_t uint_ = 0, bool_ = 0, zero_ = 0, ptr_uint_ = 0, var_ = 0;
+  absl::flat_hash_set<uint32_t> void_types_;
   absl::flat_hash_map<uint32_t, uint32_t> undefs_;  // type → OpUndef of it
 };
 
@@ -252,10 +254,17 @@ absl::Status Rewriter::CheckLoops(Function& f) {
     if (adds_merge_edge) new_edges.emplace_back(b.label, merge);
   }
   // The merge blocks' OpPhi instructions take an undefined value from their new predecessors
-  // (the loop was left early: what follows it does not matter any more).
+  // (the loop was left early: what follows it does not matter any more). The merge block of a
+  // loop that never ended is unreachable: it returns instead.
   for (const auto& [from, merge] : new_edges) {
     auto it = index.find(merge);
     if (it == index.end()) continue;
+    Inst& last = f.blocks[it->second].body.back();
+    if (Opcode(last) == kOpUnreachable) {
+      const uint32_t result_type = f.head[0][1];
+      last = void_types_.contains(result_type) ? Make(kOpReturn, {})
+                                               : Make(kOpReturnValue, {UndefOf(result_type)});
+    }
     for (Inst& inst : f.blocks[it->second].body) {
       const uint32_t op = Opcode(inst);
       if (op == kOpLine || op == kOpNoLine) continue;
@@ -312,6 +321,7 @@ absl::Status Rewriter::Rewrite(uint32_t set, uint32_t binding) {
     }
     if (op == kOpTypeInt && inst.size() == 4 && inst[2] == 32 && inst[3] == 0) uint_ = inst[1];
     if (op == kOpTypeBool && inst.size() == 2) bool_ = inst[1];
+    if (op == kOpTypeVoid && inst.size() == 2) void_types_.insert(inst[1]);
   }
 
   // Declarations: types the module lacks, the word's block, pointer and variable.
@@ -339,7 +349,10 @@ absl::Status Rewriter::Rewrite(uint32_t set, uint32_t binding) {
       Make(kOpDecorate, {var_, kDecorationBinding, binding}),
   };
   // (The Vulkan memory model has no Volatile decoration; the loads are volatile either way.)
-  if (!vulkan_memory_model) decorations.push_back(Make(kOpDecorate, {var_, kDecorationVolatile}));
+  if (!vulkan_memory_model) {
+    decorations.push_back(Make(kOpDecorate, {var_, kDecorationVolatile}));
+    decorations.push_back(Make(kOpDecorate, {var_, kDecorationCoherent}));
+  }
 
   for (Function& f : functions_) KD_RETURN_IF_ERROR(CheckLoops(f));
   for (Function& f : functions_) {
@@ -400,7 +413,10 @@ absl::StatusOr<std::shared_ptr<CancelWord>> CancelWord::Create(std::shared_ptr<D
       word->buffer_,
       Buffer::Create(*word->device_, 16, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
                      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
-                     VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "a cancel word"));
+                     // Host memory, not device memory the host can map: a GPU's caches may keep
+                     // a line of its own memory while a kernel spins on it and never see the
+                     // host's write (seen on NVIDIA), whereas host memory is read over the bus.
+                     VK_MEMORY_PROPERTY_HOST_CACHED_BIT, "a cancel word"));
   std::memset(word->buffer_.mapped(), 0, 16);
   return word;
 }

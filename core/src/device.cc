@@ -289,28 +289,54 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
   }
   for (const std::string& e : device->enabled_extensions_) extension_names.push_back(e.c_str());
 
-  // Features that shaders commonly need, where the device has them.
+  // Features that shaders commonly need, where the device has them, and robust buffer access
+  // (out-of-bounds accesses stay inside the buffer's memory) for shaders of untrusted clients.
   VkPhysicalDeviceFeatures supported{};
   vkGetPhysicalDeviceFeatures(device->physical_device_, &supported);
   VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  features.features.robustBufferAccess = supported.robustBufferAccess;
   features.features.shaderFloat64 = supported.shaderFloat64;
   features.features.shaderInt64 = supported.shaderInt64;
   features.features.shaderInt16 = supported.shaderInt16;
-  device->float64_ = supported.shaderFloat64 == VK_TRUE;
+  device->robust_buffer_access_ = supported.robustBufferAccess == VK_TRUE;
+  ShaderFeatures& enabled = device->features_;
+  enabled.float64 = supported.shaderFloat64 == VK_TRUE;
+  enabled.int64 = supported.shaderInt64 == VK_TRUE;
+  enabled.int16 = supported.shaderInt16 == VK_TRUE;
+  VkPhysicalDeviceVulkan11Features v11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+  VkPhysicalDeviceVulkan11Features v11_enable{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
   VkPhysicalDeviceVulkan12Features v12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
   VkPhysicalDeviceVulkan12Features v12_enable{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
   bool have_v12 = info.properties.apiVersion >= VK_API_VERSION_1_2;
   if (have_v12) {
     VkPhysicalDeviceFeatures2 query{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-    query.pNext = &v12;
+    query.pNext = &v11;
+    v11.pNext = &v12;
     vkGetPhysicalDeviceFeatures2(device->physical_device_, &query);
+    v11_enable.storageBuffer16BitAccess = v11.storageBuffer16BitAccess;
     v12_enable.storageBuffer8BitAccess = v12.storageBuffer8BitAccess;
     v12_enable.shaderInt8 = v12.shaderInt8;
     v12_enable.shaderFloat16 = v12.shaderFloat16;
     v12_enable.timelineSemaphore = v12.timelineSemaphore;
+    enabled.storage_buffer_16bit = v11.storageBuffer16BitAccess == VK_TRUE;
+    enabled.storage_buffer_8bit = v12.storageBuffer8BitAccess == VK_TRUE;
+    enabled.int8 = v12.shaderInt8 == VK_TRUE;
+    enabled.float16 = v12.shaderFloat16 == VK_TRUE;
     device->timeline_ = v12.timelineSemaphore == VK_TRUE;
-    features.pNext = &v12_enable;
+    features.pNext = &v11_enable;
+    v11_enable.pNext = &v12_enable;
+  }
+  if (info.properties.apiVersion >= VK_API_VERSION_1_1) {
+    VkPhysicalDeviceSubgroupProperties subgroup{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+    VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+    p2.pNext = &subgroup;
+    vkGetPhysicalDeviceProperties2(device->physical_device_, &p2);
+    if (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) {
+      enabled.subgroup_operations = subgroup.supportedOperations;
+    }
   }
 
   VkDeviceCreateInfo create{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};

@@ -1,11 +1,11 @@
 #include "komputed/core/shader.h"
 
-#include <cstring>
 #include <shaderc/shaderc.hpp>
 #include <spirv-tools/libspirv.hpp>
+#include <spirv-tools/optimizer.hpp>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "komputed/core/spirv_module.h"
 
 namespace komputed::core {
 namespace {
@@ -75,6 +75,25 @@ absl::Status ValidateSpirv(absl::Span<const uint32_t> spirv, uint32_t vulkan_api
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<uint32_t>> ClampBufferAccesses(absl::Span<const uint32_t> spirv,
+                                                          uint32_t vulkan_api_version) {
+  spvtools::Optimizer optimizer(TargetFor(vulkan_api_version));
+  std::string messages;
+  optimizer.SetMessageConsumer(
+      [&](spv_message_level_t, const char*, const spv_position_t&, const char* message) {
+        absl::StrAppend(&messages, messages.empty() ? "" : "; ", message);
+      });
+  optimizer.RegisterPass(spvtools::CreateGraphicsRobustAccessPass());
+  spvtools::OptimizerOptions options;
+  options.set_run_validator(false);  // the caller validated it
+  std::vector<uint32_t> clamped;
+  if (!optimizer.Run(spirv.data(), spirv.size(), &clamped, options)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the shader's buffer accesses cannot be bounded: ", messages));
+  }
+  return clamped;
+}
+
 absl::StatusOr<absl::Span<const uint32_t>> MultiplyShader(ElementType type) {
   switch (type) {
     case ElementType::kFloat32:
@@ -94,75 +113,7 @@ absl::StatusOr<absl::Span<const uint32_t>> MultiplyShader(ElementType type) {
 std::array<uint64_t, 3> ShaderLocalSize(absl::Span<const uint32_t> spirv,
                                         absl::Span<const uint8_t> spec_constants,
                                         uint32_t spec_constant_size) {
-  // Opcodes, decorations and execution modes of the SPIR-V specification.
-  constexpr uint32_t kOpEntryPoint = 15, kOpExecutionMode = 16, kOpConstant = 43,
-                     kOpConstantComposite = 44, kOpSpecConstant = 50, kOpSpecConstantComposite = 51,
-                     kOpDecorate = 71, kOpExecutionModeId = 331;
-  constexpr uint32_t kGLCompute = 5;
-  constexpr uint32_t kDecorationSpecId = 1, kDecorationBuiltIn = 11, kBuiltInWorkgroupSize = 25;
-  constexpr uint32_t kModeLocalSize = 17, kModeLocalSizeId = 38;
-
-  // The entry point the pipeline uses ("main", GLCompute): only its execution modes count.
-  uint32_t main_id = 0;
-  for (size_t at = 5; at < spirv.size();) {
-    const uint32_t words = spirv[at] >> 16, opcode = spirv[at] & 0xffff;
-    if (words == 0 || at + words > spirv.size()) break;
-    // "main" is the literal's first word; the second starts with its terminating NUL.
-    if (opcode == kOpEntryPoint && words >= 5 && spirv[at + 1] == kGLCompute &&
-        std::memcmp(&spirv[at + 3], "main", 4) == 0 && (spirv[at + 4] & 0xff) == 0) {
-      main_id = spirv[at + 2];
-    }
-    at += words;
-  }
-  std::array<uint64_t, 3> literal = {1, 1, 1};
-  std::array<uint32_t, 3> size_ids = {0, 0, 0};  // LocalSizeId's constants
-  uint32_t workgroup_size_id = 0;                // the WorkgroupSize built-in's composite
-  absl::flat_hash_map<uint32_t, uint32_t> spec_ids;
-  absl::flat_hash_map<uint32_t, uint64_t> scalars;
-  absl::flat_hash_map<uint32_t, std::array<uint32_t, 3>> composites;
-  for (size_t at = 5; at < spirv.size();) {
-    const uint32_t words = spirv[at] >> 16, opcode = spirv[at] & 0xffff;
-    if (words == 0 || at + words > spirv.size()) break;
-    const uint32_t* w = &spirv[at];
-    const bool main_mode = (opcode == kOpExecutionMode || opcode == kOpExecutionModeId) &&
-                           words >= 6 && w[1] == main_id;
-    if (main_mode && w[2] == kModeLocalSize) {
-      literal = {w[3], w[4], w[5]};
-    } else if (main_mode && w[2] == kModeLocalSizeId) {
-      size_ids = {w[3], w[4], w[5]};
-    } else if (opcode == kOpDecorate && words >= 4 && w[2] == kDecorationBuiltIn &&
-               w[3] == kBuiltInWorkgroupSize) {
-      workgroup_size_id = w[1];
-    } else if (opcode == kOpDecorate && words >= 4 && w[2] == kDecorationSpecId) {
-      spec_ids[w[1]] = w[3];
-    } else if ((opcode == kOpConstant || opcode == kOpSpecConstant) && words >= 4) {
-      scalars[w[2]] = w[3];
-    } else if ((opcode == kOpConstantComposite || opcode == kOpSpecConstantComposite) &&
-               words >= 6) {
-      composites[w[2]] = {w[3], w[4], w[5]};
-    }
-    at += words;
-  }
-  // A constant's value, with its specialization applied; one it cannot work out (the result of an
-  // OpSpecConstantOp, say) counts as the largest there is, so that a bound errs on the safe side.
-  auto value = [&](uint32_t id) -> uint64_t {
-    if (auto spec = spec_ids.find(id); spec != spec_ids.end() && spec_constant_size >= 4) {
-      const uint64_t offset = static_cast<uint64_t>(spec->second) * spec_constant_size;
-      if (offset + 4 <= spec_constants.size()) {
-        uint32_t v = 0;
-        std::memcpy(&v, spec_constants.data() + offset, sizeof(v));
-        return v;
-      }
-    }
-    auto scalar = scalars.find(id);
-    return scalar == scalars.end() ? uint64_t{UINT32_MAX} : scalar->second;
-  };
-  if (auto c = composites.find(workgroup_size_id);
-      workgroup_size_id != 0 && c != composites.end()) {
-    return {value(c->second[0]), value(c->second[1]), value(c->second[2])};
-  }
-  if (size_ids[0] != 0) return {value(size_ids[0]), value(size_ids[1]), value(size_ids[2])};
-  return literal;
+  return SpirvModule::Parse(spirv).LocalSize({spec_constants, spec_constant_size});
 }
 
 }  // namespace komputed::core

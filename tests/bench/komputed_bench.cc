@@ -8,6 +8,9 @@
 //     memcpy included; bytes_per_second.
 //  3. saxpy_<N>MiB/kp: y = a*x + y over two vectors of N MiB of floats; bytes_per_second counts
 //     3 x 4 bytes per element (x read, y read, y written).
+//  3b. The cost of clamping shaders' buffer accesses (core::ClampBufferAccesses, which every
+//     algorithm gets): tiny/core_unclamped against tiny/core, and saxpy_<N>MiB/core{,_unclamped}
+//     (one pair of tensors, an algorithm with and one without the clamping).
 //
 // Remote (remote_bench.cc): a komputed daemon started in this process (Server::Start on
 // 127.0.0.1:0, serving the same device) and a second kp::Manager connected to it over TCP
@@ -21,7 +24,8 @@
 //     round robin with evalAwait and submitted again; items_per_second = completed evals.
 //  8. upload_256MiB/remote, download_256MiB/remote: as the kp ones, through the remote Manager.
 //
-// After the run it prints ratios taken from the run's own results: kp/raw and core/raw; remote
+// After the run it prints ratios taken from the run's own results: kp/raw and core/raw;
+// clamped/unclamped (tiny and saxpy); remote
 // tiny eval / (in-process + ping); remote / in-process async evals; remote transfers / TCP
 // loopback and / in-process kp.
 // --benchmark_out=FILE (with --benchmark_out_format) writes the results as usual; the console
@@ -51,6 +55,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -522,6 +527,16 @@ struct CoreTiny {
   std::unique_ptr<core::Sequence> sequence;
 };
 
+// saxpy through core over one pair of tensors: [0] clamped (as every algorithm is), [1] not.
+struct CoreSaxpy {
+  uint64_t count = 0;
+  std::shared_ptr<core::Tensor> x;
+  std::shared_ptr<core::Tensor> y;
+  std::shared_ptr<core::Algorithm> algorithm[2];
+  std::unique_ptr<core::Sequence> sequence[2];  // one dispatch each, recorded once
+  uint64_t dispatches = 0;                      // so far, by both
+};
+
 struct KpSaxpy {
   uint64_t count = 0;
   std::shared_ptr<kp::TensorT<float>> x;
@@ -541,6 +556,8 @@ struct Env {
   RawVulkan raw;
   std::unique_ptr<RawTiny> raw_tiny;
   CoreTiny core_tiny;
+  CoreTiny core_tiny_unclamped;
+  std::unique_ptr<CoreSaxpy> core_saxpy;  // made by the first run of either
   std::unique_ptr<kp::Manager> mgr;
   KpTiny kp_tiny;
   std::unique_ptr<KpSaxpy> saxpy;                       // made by its first run
@@ -551,9 +568,12 @@ struct Env {
     saxpy.reset();
     kp_tiny = KpTiny{};
     mgr.reset();
-    core_tiny.sequence.reset();
-    core_tiny.algorithm.reset();
-    core_tiny.tensor.reset();
+    core_saxpy.reset();
+    for (CoreTiny* t : {&core_tiny, &core_tiny_unclamped}) {
+      t->sequence.reset();
+      t->algorithm.reset();
+      t->tensor.reset();
+    }
     core_device.reset();
     raw_tiny.reset();
     raw.Close();
@@ -561,6 +581,24 @@ struct Env {
 };
 
 Env* g_env = nullptr;
+
+// The tiny sequence through core, its shader clamped or not.
+absl::Status MakeCoreTiny(Env& env, bool clamp, CoreTiny* tiny) {
+  KD_ASSIGN_OR_RETURN(tiny->tensor,
+                      core::Tensor::Create(env.core_device, core::ElementType::kFloat32, kTinyCount,
+                                           0, core::MemoryType::kDevice, nullptr));
+  core::AlgorithmSpec spec;
+  spec.tensors = {tiny->tensor};
+  spec.spirv = env.tiny_spirv;
+  spec.workgroup = {kTinyCount / kTinyLocalSize, 1, 1};
+  spec.clamp_buffer_accesses = clamp;
+  KD_ASSIGN_OR_RETURN(tiny->algorithm, core::Algorithm::Create(env.core_device, std::move(spec)));
+  KD_ASSIGN_OR_RETURN(tiny->sequence, core::Sequence::Create(env.core_device, 0, 0));
+  core::Sequence& seq = *tiny->sequence;
+  KD_RETURN_IF_ERROR(seq.Record(core::op::SyncToDevice{{tiny->tensor}}));
+  KD_RETURN_IF_ERROR(seq.Record(core::op::Dispatch{tiny->algorithm, std::nullopt}));
+  return seq.Record(core::op::SyncToHost{{tiny->tensor}});
+}
 
 absl::Status SetUp(Env& env) {
   KD_ASSIGN_OR_RETURN(env.tiny_spirv, core::CompileGlsl(kTinyShader, "tiny.comp"));
@@ -572,20 +610,8 @@ absl::Status SetUp(Env& env) {
   KD_ASSIGN_OR_RETURN(env.core_device, core::Device::Create(options));
   const core::Device& device = *env.core_device;
   env.device_name = device.properties().deviceName;
-  KD_ASSIGN_OR_RETURN(env.core_tiny.tensor,
-                      core::Tensor::Create(env.core_device, core::ElementType::kFloat32, kTinyCount,
-                                           0, core::MemoryType::kDevice, nullptr));
-  core::AlgorithmSpec spec;
-  spec.tensors = {env.core_tiny.tensor};
-  spec.spirv = env.tiny_spirv;
-  spec.workgroup = {kTinyCount / kTinyLocalSize, 1, 1};
-  KD_ASSIGN_OR_RETURN(env.core_tiny.algorithm,
-                      core::Algorithm::Create(env.core_device, std::move(spec)));
-  KD_ASSIGN_OR_RETURN(env.core_tiny.sequence, core::Sequence::Create(env.core_device, 0, 0));
-  core::Sequence& seq = *env.core_tiny.sequence;
-  KD_RETURN_IF_ERROR(seq.Record(core::op::SyncToDevice{{env.core_tiny.tensor}}));
-  KD_RETURN_IF_ERROR(seq.Record(core::op::Dispatch{env.core_tiny.algorithm, std::nullopt}));
-  KD_RETURN_IF_ERROR(seq.Record(core::op::SyncToHost{{env.core_tiny.tensor}}));
+  KD_RETURN_IF_ERROR(MakeCoreTiny(env, /*clamp=*/true, &env.core_tiny));
+  KD_RETURN_IF_ERROR(MakeCoreTiny(env, /*clamp=*/false, &env.core_tiny_unclamped));
 
   // raw: its own VkDevice on the same physical device and queue family as core's queue 0.
   KD_RETURN_IF_ERROR(env.raw.Open(device.physical_device(), device.queue(0).family));
@@ -643,9 +669,9 @@ void BM_TinyRaw(benchmark::State& state) {
   }
 }
 
-void BM_TinyCore(benchmark::State& state) {
-  core::Sequence& seq = *g_env->core_tiny.sequence;
-  float* data = static_cast<float*>(g_env->core_tiny.tensor->host_data());
+void RunCoreTiny(benchmark::State& state, CoreTiny& tiny) {
+  core::Sequence& seq = *tiny.sequence;
+  float* data = static_cast<float*>(tiny.tensor->host_data());
   const absl::Duration timeout = absl::Nanoseconds(static_cast<int64_t>(kTimeoutNs));
   uint64_t i = 0;
   for (auto _ : state) {
@@ -661,6 +687,11 @@ void BM_TinyCore(benchmark::State& state) {
       break;
     }
   }
+}
+
+void BM_TinyCore(benchmark::State& state) { RunCoreTiny(state, g_env->core_tiny); }
+void BM_TinyCoreUnclamped(benchmark::State& state) {
+  RunCoreTiny(state, g_env->core_tiny_unclamped);
 }
 
 void BM_TinyKp(benchmark::State& state) { komputed_bench::RunKpTiny(state, g_env->kp_tiny, "kp"); }
@@ -777,6 +808,73 @@ void BM_SaxpyKp(benchmark::State& state) {
   }
 }
 
+// Makes the core saxpy pair on first use.
+absl::Status MakeCoreSaxpy(Env& env) {
+  if (env.core_saxpy != nullptr) return absl::OkStatus();
+  auto s = std::make_unique<CoreSaxpy>();
+  s->count = env.config.saxpy_mb * (uint64_t{1} << 20) / sizeof(float);
+  const std::vector<float> ones(s->count, 1.0f), zeros(s->count, 0.0f);
+  KD_ASSIGN_OR_RETURN(
+      s->x, core::Tensor::Create(env.core_device, core::ElementType::kFloat32, s->count, 0,
+                                 core::MemoryType::kDevice, ones.data()));
+  KD_ASSIGN_OR_RETURN(
+      s->y, core::Tensor::Create(env.core_device, core::ElementType::kFloat32, s->count, 0,
+                                 core::MemoryType::kDevice, zeros.data()));
+  const kp::Workgroup wg = SaxpyWorkgroup(s->count);
+  for (int unclamped = 0; unclamped < 2; ++unclamped) {
+    core::AlgorithmSpec spec;
+    spec.tensors = {s->x, s->y};
+    spec.spirv = env.saxpy_spirv;
+    spec.workgroup = {wg[0], wg[1], wg[2]};
+    spec.push_constants.resize(sizeof(kSaxpyA));
+    std::memcpy(spec.push_constants.data(), &kSaxpyA, sizeof(kSaxpyA));
+    spec.clamp_buffer_accesses = unclamped == 0;
+    KD_ASSIGN_OR_RETURN(s->algorithm[unclamped],
+                        core::Algorithm::Create(env.core_device, std::move(spec)));
+    KD_ASSIGN_OR_RETURN(s->sequence[unclamped], core::Sequence::Create(env.core_device, 0, 0));
+    KD_RETURN_IF_ERROR(
+        s->sequence[unclamped]->Record(core::op::Dispatch{s->algorithm[unclamped], std::nullopt}));
+  }
+  env.core_saxpy = std::move(s);
+  return absl::OkStatus();
+}
+
+void RunCoreSaxpy(benchmark::State& state, bool clamped) {
+  if (absl::Status s = MakeCoreSaxpy(*g_env); !s.ok()) {
+    state.SkipWithError(s.ToString().c_str());
+    return;
+  }
+  CoreSaxpy& s = *g_env->core_saxpy;
+  core::Sequence& seq = *s.sequence[clamped ? 0 : 1];
+  const absl::Duration timeout = absl::Nanoseconds(static_cast<int64_t>(kTimeoutNs));
+  for (auto _ : state) {
+    if (absl::Status st = seq.Eval(timeout); !st.ok()) {
+      state.SkipWithError(st.ToString().c_str());
+      return;
+    }
+    ++s.dispatches;
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(3 * s.count * sizeof(float)));
+  // Untimed: y = a * 1 * dispatches everywhere (exact while below 2^24).
+  absl::StatusOr<std::unique_ptr<core::Sequence>> check =
+      core::Sequence::Create(g_env->core_device, 0, 0);
+  absl::Status st = check.status();
+  if (st.ok()) st = (*check)->Record(core::op::SyncToHost{{s.y}});
+  if (st.ok()) st = (*check)->Eval(timeout);
+  const float expected = kSaxpyA * static_cast<float>(s.dispatches);
+  const float* y = static_cast<const float*>(s.y->host_data());
+  if (!st.ok()) {
+    state.SkipWithError(st.ToString().c_str());
+  } else if (y[0] != expected || y[s.count - 1] != expected) {
+    state.SkipWithError(absl::StrCat("core saxpy: wrong result: y[last] = ", y[s.count - 1],
+                                     ", expected ", expected)
+                            .c_str());
+  }
+}
+
+void BM_SaxpyCore(benchmark::State& state) { RunCoreSaxpy(state, /*clamped=*/true); }
+void BM_SaxpyCoreUnclamped(benchmark::State& state) { RunCoreSaxpy(state, /*clamped=*/false); }
+
 // ---------------------------------------------------------------------------------------------
 // Reporting: the console output, plus the run's results kept for the summary.
 
@@ -885,6 +983,7 @@ std::string PerSecond(std::optional<double> items_per_second) {
 // The benchmark names, which are also the summary's keys.
 constexpr char kTinyRaw[] = "tiny/raw";
 constexpr char kTinyCore[] = "tiny/core";
+constexpr char kTinyCoreUnclamped[] = "tiny/core_unclamped";
 constexpr char kTinyKp[] = "tiny/kp";
 constexpr char kUploadRaw[] = "upload_256MiB/raw";
 constexpr char kUploadKp[] = "upload_256MiB/kp";
@@ -892,7 +991,8 @@ constexpr char kDownloadRaw[] = "download_256MiB/raw";
 constexpr char kDownloadKp[] = "download_256MiB/kp";
 
 // True when every target was met.
-bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name) {
+bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
+                  const std::string& saxpy_core, const std::string& saxpy_core_unclamped) {
   const auto raw = r.MeanSeconds(kTinyRaw);
   const auto core_s = r.MeanSeconds(kTinyCore);
   const auto kp_s = r.MeanSeconds(kTinyKp);
@@ -905,6 +1005,14 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name) {
             << GBps(r.MeanBytesPerSecond(kDownloadKp)) << "\n";
   std::cout << "saxpy " << g_env->config.saxpy_mb << " MiB (3 x 4 bytes per element): kp "
             << GBps(r.MeanBytesPerSecond(saxpy_name)) << "\n";
+  const auto core_unclamped = r.MeanSeconds(kTinyCoreUnclamped);
+  const auto saxpy_clamped_s = r.MeanSeconds(saxpy_core);
+  const auto saxpy_unclamped_s = r.MeanSeconds(saxpy_core_unclamped);
+  std::cout << "clamped buffer accesses: tiny core " << Micros(core_s) << " vs unclamped "
+            << Micros(core_unclamped) << "; saxpy core " << GBps(r.MeanBytesPerSecond(saxpy_core))
+            << " vs unclamped " << GBps(r.MeanBytesPerSecond(saxpy_core_unclamped)) << "\n";
+  PrintInfoRatio("clamped/unclamped (tiny sequence time)", Ratio(core_s, core_unclamped));
+  PrintInfoRatio("clamped/unclamped (saxpy time)", Ratio(saxpy_clamped_s, saxpy_unclamped_s));
   bool met = true;
   met &= PrintRatio("core/raw (tiny sequence)", Ratio(core_s, raw), true, 1.10);
   met &= PrintRatio("kp/raw (tiny sequence)", Ratio(kp_s, raw), true, 1.10);
@@ -983,11 +1091,17 @@ int main(int argc, char** argv) {
 
   const Config& c = env.config;
   const std::string saxpy_name = absl::StrCat("saxpy_", c.saxpy_mb, "MiB/kp");
+  const std::string saxpy_core = absl::StrCat("saxpy_", c.saxpy_mb, "MiB/core");
+  const std::string saxpy_core_unclamped = absl::StrCat("saxpy_", c.saxpy_mb, "MiB/core_unclamped");
   benchmark::RegisterBenchmark(kTinyRaw, BM_TinyRaw)
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark(kTinyCore, BM_TinyCore)
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(kTinyCoreUnclamped, BM_TinyCoreUnclamped)
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
@@ -1016,6 +1130,17 @@ int main(int argc, char** argv) {
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMillisecond);
+  struct Named {
+    const std::string* name;
+    void (*fn)(benchmark::State&);
+  };
+  for (const Named& b :
+       {Named{&saxpy_core, BM_SaxpyCore}, Named{&saxpy_core_unclamped, BM_SaxpyCoreUnclamped}}) {
+    benchmark::RegisterBenchmark(b.name->c_str(), b.fn)
+        ->UseRealTime()
+        ->MinTime(c.min_time_s)
+        ->Unit(benchmark::kMillisecond);
+  }
 
   const bool color = isatty(STDOUT_FILENO) != 0;
   SummaryReporter reporter(color ? benchmark::ConsoleReporter::OO_ColorTabular
@@ -1023,7 +1148,7 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
 
-  const bool met = PrintSummary(reporter, saxpy_name);
+  const bool met = PrintSummary(reporter, saxpy_name, saxpy_core, saxpy_core_unclamped);
   env.Teardown();
   g_env = nullptr;
   const uint64_t validation_errors = core::ValidationErrorCount();

@@ -1,4 +1,5 @@
 // Algorithms: push and specialization constants, workgroups, rebuild, the built-in OpMult.
+#include <algorithm>
 #include <climits>
 
 #include "kp_test.h"
@@ -516,6 +517,85 @@ TEST_P(KpTest, AlgorithmArgumentErrors) {
       (mgr().algorithm<float, uint8_t>({t}, kp::compileSource(kShader), {1, 1, 1}, {}, {1, 2, 3})));
   // Workgroup x = 0 needs a tensor to take the size from.
   EXPECT_KP_ERROR(kInvalidArgument, mgr().algorithm({}, kp::compileSource(kShader)));
+}
+
+// Shaders that do not fit their algorithm or the device are refused by either backend.
+TEST_P(KpTest, ShadersThatDoNotFitAreRefused) {
+  auto t = mgr().tensor({1, 2, 3});
+  constexpr char kBufferReference[] = R"(
+    #version 450
+    #extension GL_EXT_buffer_reference : require
+    layout(local_size_x = 1) in;
+    layout(buffer_reference, std430) buffer Floats { float v[]; };
+    layout(set = 0, binding = 0) buffer Pointers { Floats target; };
+    void main() { target.v[0] = 1.0; }
+  )";
+  EXPECT_KP_ERROR(kInvalidArgument, mgr().algorithm({t}, kp::compileSource(kBufferReference)));
+  constexpr char kSecondBinding[] = R"(
+    #version 450
+    layout(local_size_x = 1) in;
+    layout(set = 0, binding = 1) buffer Out { float out_v[]; };
+    void main() { out_v[0] = 1.0; }
+  )";
+  EXPECT_KP_ERROR(kInvalidArgument, mgr().algorithm({t}, kp::compileSource(kSecondBinding)));
+}
+
+// A push-constant block larger than the values given reads zeros past them.
+TEST_P(KpTest, PushConstantBlockLargerThanTheValuesReadsZeros) {
+  constexpr char kShader[] = R"(
+    #version 450
+    layout(local_size_x = 1) in;
+    layout(set = 0, binding = 0) buffer Out { float out_v[]; };
+    layout(push_constant) uniform Push { float a; float b; float c; } push;
+    void main() { out_v[0] = push.a; out_v[1] = push.b; out_v[2] = push.c; }
+  )";
+  auto out = mgr().tensor({-1, -1, -1});
+  auto algo = mgr().algorithm<float, float>({out}, kp::compileSource(kShader), {1, 1, 1}, {}, {5});
+  RunOnce(mgr(), algo, {out});
+  EXPECT_EQ(out->vector(), (std::vector<float>{5, 0, 0}));
+}
+
+// A shader that reads and writes millions of elements past its small tensor, in another
+// Manager (another session of the daemon), neither changes nor sees a large tensor's secret.
+TEST_P(KpTest, OutOfBoundsAccessesStayInTheirTensors) {
+  constexpr char kShader[] = R"(
+    #version 450
+    layout(local_size_x = 64) in;
+    layout(set = 0, binding = 0) buffer Small { uint small[]; };
+    layout(set = 0, binding = 1) buffer Seen { uint seen[]; };
+    layout(push_constant) uniform Push { uint stride; } push;
+    void main() {
+      uint i = gl_GlobalInvocationID.x;
+      uint far = uint(small.length()) + i * push.stride;
+      seen[i] = small[far];
+      small[far] = 0xdeadbeefu;
+    }
+  )";
+  constexpr uint32_t kSecret = 0x5ec12e75u;
+  constexpr uint32_t kInvocations = 64 * 64;
+  auto secret = mgr().tensorT<uint32_t>(std::vector<uint32_t>(uint32_t{4} << 20, kSecret));
+  mgr().sequence()->eval<kp::OpTensorSyncDevice>(TensorList{secret});
+
+  std::unique_ptr<kp::Manager> other = MakeManager(GetParam());
+  auto small = other->tensorT<uint32_t>(std::vector<uint32_t>(64, 7));
+  auto seen = other->tensorT<uint32_t>(std::vector<uint32_t>(kInvocations, 0));
+  auto algo = other->algorithm<uint32_t, uint32_t>({small, seen}, kp::compileSource(kShader),
+                                                   {kInvocations / 64, 1, 1}, {}, {1024});
+  other->sequence()
+      ->record<kp::OpTensorSyncDevice>(TensorList{small, seen})
+      ->record<kp::OpAlgoDispatch>(algo)
+      ->record<kp::OpTensorSyncLocal>(TensorList{small, seen})
+      ->eval();
+  for (const auto& t : {small, seen}) {
+    const std::vector<uint32_t> values = t->vector();
+    EXPECT_EQ(std::count(values.begin(), values.end(), kSecret), 0);
+  }
+  // The secret tensor, brought back from the device, is whole.
+  std::fill_n(secret->data(), secret->size(), 0u);
+  mgr().sequence()->eval<kp::OpTensorSyncLocal>(TensorList{secret});
+  const std::vector<uint32_t> values = secret->vector();
+  EXPECT_EQ(std::count(values.begin(), values.end(), kSecret),
+            static_cast<ptrdiff_t>(values.size()));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "komputed/core/device.h"
 #include "komputed/core/sequence.h"
@@ -400,6 +402,323 @@ TEST(Algorithm, KeepsItsTensorsAlive) {
   std::shared_ptr<Tensor> b = weak_b.lock();
   ASSERT_OK(RoundTrip(algorithm, {a, b}));
   EXPECT_THAT(HostFloats(*b), ElementsAreArray({2.5f, 4.5f, 6.5f, 8.5f}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Untrusted shaders: what does not fit the algorithm or the device never reaches the driver.
+
+absl::StatusOr<std::shared_ptr<Tensor>> Uints(const std::vector<uint32_t>& values) {
+  return Tensor::Create(TestDevice(), ElementType::kUInt32, values.size(), 0, MemoryType::kDevice,
+                        values.data());
+}
+
+std::vector<uint32_t> HostUints(const Tensor& t) {
+  const uint32_t* p = static_cast<const uint32_t*>(t.host_data());
+  return std::vector<uint32_t>(p, p + t.count());
+}
+
+// A spec over `tensors` for GLSL `source`, one workgroup. (Not cached: the sources are locals.)
+absl::StatusOr<AlgorithmSpec> SpecFor(const char* source,
+                                      std::vector<std::shared_ptr<Tensor>> tensors) {
+  absl::StatusOr<std::vector<uint32_t>> spirv = CompileGlsl(source);
+  if (!spirv.ok()) return spirv.status();
+  AlgorithmSpec spec;
+  spec.tensors = std::move(tensors);
+  spec.spirv = *std::move(spirv);
+  return spec;
+}
+
+TEST(Algorithm, BufferReferencesAreRefused) {
+  constexpr char kShader[] = R"(#version 450
+#extension GL_EXT_buffer_reference : require
+layout(local_size_x = 1) in;
+layout(buffer_reference, std430) buffer Floats { float v[]; };
+layout(set = 0, binding = 0) buffer Pointers { Floats target; };
+void main() { target.v[gl_GlobalInvocationID.x] = 1.0; }
+)";
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> t, Floats({0, 0}));
+  ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec, SpecFor(kShader, {t}));
+  EXPECT_THAT(Algorithm::Create(TestDevice(), spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("PhysicalStorageBufferAddresses"),
+                             HasSubstr("buffer device address"))));
+}
+
+TEST(Algorithm, ShaderWithoutComputeMainIsRefused) {
+  ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec, SpecFor(kNoBufferShader, {}));
+  // Rename the entry point: "main" → "mian" (still valid SPIR-V).
+  uint32_t main_word = 0;
+  std::memcpy(&main_word, "main", 4);
+  uint32_t mian_word = 0;
+  std::memcpy(&mian_word, "mian", 4);
+  for (size_t at = 5; at < spec.spirv.size(); at += spec.spirv[at] >> 16) {
+    if ((spec.spirv[at] & 0xffff) == 15 && spec.spirv[at + 3] == main_word) {
+      spec.spirv[at + 3] = mian_word;
+    }
+  }
+  ASSERT_OK(ValidateSpirv(spec.spirv, VK_API_VERSION_1_1));
+  EXPECT_THAT(Algorithm::Create(TestDevice(), spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("no GLCompute entry point named 'main'"),
+                             HasSubstr("'mian' (GLCompute)"))));
+}
+
+TEST(Algorithm, DescriptorsMustBeTheTensors) {
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> a, Floats({1, 2}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> b, Floats({0, 0}));
+  // A binding past the tensors.
+  constexpr char kBindingTwo[] = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer A { float a[]; };
+layout(set = 0, binding = 2) buffer C { float c[]; };
+void main() { c[gl_GlobalInvocationID.x] = a[gl_GlobalInvocationID.x]; }
+)";
+  ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec, SpecFor(kBindingTwo, {a, b}));
+  EXPECT_THAT(
+      Algorithm::Create(TestDevice(), spec),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("storage buffer (set 0, binding 2)"), HasSubstr("has no tensor"),
+                     HasSubstr("2 tensor(s)"), HasSubstr("bindings 0..1"))));
+  // Set 1 is the daemon's.
+  constexpr char kSetOne[] = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 1, binding = 0) buffer W { uint word; };
+layout(set = 0, binding = 0) buffer A { float a[]; };
+void main() { a[0] = float(word); }
+)";
+  ASSERT_OK_AND_ASSIGN(spec, SpecFor(kSetOne, {a}));
+  EXPECT_THAT(Algorithm::Create(TestDevice(), spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("descriptor set 1"), HasSubstr("reserved"))));
+  // A uniform buffer has no descriptor.
+  constexpr char kUniform[] = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) uniform U { float scale; } params;
+layout(set = 0, binding = 1) buffer B { float b[]; };
+void main() { b[0] = params.scale; }
+)";
+  ASSERT_OK_AND_ASSIGN(spec, SpecFor(kUniform, {a, b}));
+  EXPECT_THAT(Algorithm::Create(TestDevice(), spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("uniform buffer 'params' (set 0, binding 0)"),
+                             HasSubstr("storage buffers"))));
+  // An array of buffers at one binding.
+  constexpr char kArray[] = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer B { float v[]; } buffers[2];
+void main() { buffers[1].v[0] = buffers[0].v[0]; }
+)";
+  ASSERT_OK_AND_ASSIGN(spec, SpecFor(kArray, {a, b}));
+  EXPECT_THAT(Algorithm::Create(TestDevice(), spec),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("array of 2 buffers")));
+  // Declared and unused, the same bindings are no error.
+  constexpr char kUnused[] = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 1, binding = 5) buffer W { uint word; };
+layout(set = 0, binding = 0) uniform U { float scale; };
+layout(set = 0, binding = 1) buffer B { float b[]; };
+void main() { b[0] = 4.0; }
+)";
+  ASSERT_OK_AND_ASSIGN(spec, SpecFor(kUnused, {a, b}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm, Algorithm::Create(TestDevice(), spec));
+  ASSERT_OK(RoundTrip(algorithm, {a, b}));
+  EXPECT_THAT(HostFloats(*b), ElementsAre(4.0f, 0.0f));
+}
+
+TEST(Algorithm, LocalSizeOverTheDeviceLimits) {
+  constexpr char kShader[] = R"(#version 450
+layout(local_size_x_id = 0, local_size_y_id = 1) in;
+layout(set = 0, binding = 0) buffer B { float b[]; };
+void main() { b[0] = 1.0; }
+)";
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> b, Floats({0}));
+  ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec, SpecFor(kShader, {b}));
+  const VkPhysicalDeviceLimits& limits = TestDevice()->limits();
+  const uint32_t max_x = limits.maxComputeWorkGroupSize[0];
+  spec.spec_constants = Bytes(max_x + 1, uint32_t{1});
+  EXPECT_THAT(Algorithm::Create(TestDevice(), spec),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(absl::StrCat("local size x=", max_x + 1)),
+                             HasSubstr(absl::StrCat("maxComputeWorkGroupSize x (", max_x)))));
+  spec.spec_constants = Bytes(uint32_t{1}, uint32_t{0});
+  EXPECT_THAT(Algorithm::Create(TestDevice(), spec),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("local size y=0")));
+  const uint32_t max_y = limits.maxComputeWorkGroupSize[1];
+  if (uint64_t{max_x} * max_y > limits.maxComputeWorkGroupInvocations) {
+    spec.spec_constants = Bytes(max_x, max_y);
+    EXPECT_THAT(Algorithm::Create(TestDevice(), spec),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr(absl::StrCat(max_x, "x", max_y, "x1")),
+                               HasSubstr("maxComputeWorkGroupInvocations"))));
+  }
+  // Within the limits it builds and runs.
+  spec.spec_constants = Bytes(uint32_t{4}, uint32_t{2});
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm, Algorithm::Create(TestDevice(), spec));
+  ASSERT_OK(RoundTrip(algorithm, {b}));
+  EXPECT_THAT(HostFloats(*b), ElementsAre(1.0f));
+}
+
+TEST(Algorithm, SharedMemoryOverTheDeviceLimit) {
+  constexpr char kShader[] = R"(#version 450
+layout(local_size_x = 1) in;
+layout(constant_id = 0) const uint kCount = 16;
+layout(set = 0, binding = 0) buffer B { float b[]; };
+shared float big[kCount];
+void main() {
+  big[gl_LocalInvocationIndex] = 2.0;
+  barrier();
+  b[0] = big[0];
+}
+)";
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> b, Floats({0}));
+  ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec, SpecFor(kShader, {b}));
+  const uint32_t limit = TestDevice()->limits().maxComputeSharedMemorySize;
+  spec.spec_constants = Bytes(limit / 4 + 1);
+  EXPECT_THAT(Algorithm::Create(TestDevice(), spec),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr(absl::StrCat((limit / 4 + 1) * 4, " bytes")),
+                             HasSubstr(absl::StrCat("maxComputeSharedMemorySize (", limit)))));
+  spec.spec_constants = Bytes(limit / 8);
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm, Algorithm::Create(TestDevice(), spec));
+  ASSERT_OK(RoundTrip(algorithm, {b}));
+  EXPECT_THAT(HostFloats(*b), ElementsAre(2.0f));
+}
+
+// A shader whose push-constant block is larger than the values given reads zeros past them
+// (the pipeline's range covers the block; without that the dispatch is invalid usage).
+TEST(Algorithm, PushConstantBlockLargerThanTheValuesReadsZeros) {
+  constexpr char kShader[] = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer Out { float o[]; };
+layout(push_constant) uniform Push { float a; float b; float c; } push;
+void main() { o[0] = push.a; o[1] = push.b; o[2] = push.c; }
+)";
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> out, Floats({-1, -1, -1}));
+  ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec, SpecFor(kShader, {out}));
+  spec.push_constants = Bytes(5.0f);
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> four, Algorithm::Create(TestDevice(), spec));
+  EXPECT_EQ(four->push_constant_size(), 4u);  // what the algorithm takes is unchanged
+  ASSERT_OK(RoundTrip(four, {out}));
+  EXPECT_THAT(HostFloats(*out), ElementsAre(5.0f, 0.0f, 0.0f));
+  // None given: all zeros.
+  spec.push_constants.clear();
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> none, Algorithm::Create(TestDevice(), spec));
+  ASSERT_OK(RoundTrip(none, {out}));
+  EXPECT_THAT(HostFloats(*out), ElementsAre(0.0f, 0.0f, 0.0f));
+  // More than the block: the range is the values'.
+  spec.push_constants = Bytes(1.0f, 2.0f, 3.0f, 4.0f);
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> more, Algorithm::Create(TestDevice(), spec));
+  ASSERT_OK(RoundTrip(more, {out}));
+  EXPECT_THAT(HostFloats(*out), ElementsAre(1.0f, 2.0f, 3.0f));
+}
+
+TEST(Algorithm, PushConstantBlockOverTheDeviceLimit) {
+  const uint32_t limit = TestDevice()->limits().maxPushConstantsSize;
+  const std::string source = absl::StrCat(R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer Out { float o[]; };
+layout(push_constant) uniform Push { float v[)",
+                                          limit / 4 + 1, R"(]; } push;
+void main() { o[0] = push.v[0]; }
+)");
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, CompileGlsl(source));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> out, Floats({0}));
+  AlgorithmSpec spec;
+  spec.tensors = {out};
+  spec.spirv = spirv;
+  EXPECT_THAT(Algorithm::Create(TestDevice(), spec),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr(absl::StrCat("spans ", limit + 4, " bytes")),
+                             HasSubstr(absl::StrCat("maxPushConstantsSize (", limit)))));
+}
+
+// 64 MiB of garbage words: refused by the validator within seconds, whatever the first word.
+TEST(Algorithm, GarbageIsRefusedQuickly) {
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> t, Floats({0}));
+  AlgorithmSpec spec;
+  spec.tensors = {t};
+  spec.spirv.resize((uint64_t{64} << 20) / 4);
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  for (uint32_t& w : spec.spirv) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    w = static_cast<uint32_t>(x >> 11);
+  }
+  for (bool with_header : {false, true}) {
+    SCOPED_TRACE(with_header ? "with a SPIR-V header" : "raw");
+    if (with_header) {
+      spec.spirv[0] = 0x07230203u;
+      spec.spirv[1] = 0x00010300u;
+      spec.spirv[2] = 0;
+      spec.spirv[3] = 1000;
+      spec.spirv[4] = 0;
+    }
+    const absl::Time start = absl::Now();
+    EXPECT_THAT(Algorithm::Create(TestDevice(), spec),
+                StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  }
+}
+
+// A shader that reads and writes millions of elements past its small buffer reaches neither a
+// large tensor beside it (unchanged) nor its secret (never seen).
+TEST(Algorithm, OutOfBoundsAccessesStayInTheirBuffers) {
+  constexpr char kShader[] = R"(#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) buffer Small { uint small[]; };
+layout(set = 0, binding = 1) buffer Seen { uint seen[]; };
+layout(push_constant) uniform Push { uint stride; } push;
+void main() {
+  uint i = gl_GlobalInvocationID.x;
+  uint far = uint(small.length()) + i * push.stride;
+  seen[i] = small[far];
+  small[far] = 0xdeadbeefu;
+  small[far + 1u] = i;
+}
+)";
+  constexpr uint32_t kSecret = 0x5ec12e75u;
+  constexpr uint32_t kInvocations = 64 * 64;
+  // The secret first and after: allocations on either side of the small buffer.
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> before,
+                       Uints(std::vector<uint32_t>(uint32_t{4} << 20, kSecret)));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> small, Uints(std::vector<uint32_t>(64, 7)));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> seen, Uints(std::vector<uint32_t>(kInvocations, 0)));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> after,
+                       Uints(std::vector<uint32_t>(uint32_t{4} << 20, kSecret)));
+  ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec, SpecFor(kShader, {small, seen}));
+  spec.workgroup = {kInvocations / 64, 1, 1};
+  spec.push_constants = Bytes(uint32_t{1024});  // indices up to 4M, 16 MiB past the buffer
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm, Algorithm::Create(TestDevice(), spec));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(TestDevice(), 0, 0));
+  ASSERT_OK(seq->Record(op::SyncToDevice{{before, small, seen, after}}));
+  ASSERT_OK(seq->Record(op::Dispatch{algorithm}));
+  ASSERT_OK(seq->Eval(kTimeout));
+  // Clear the host copies, then bring back what the device holds.
+  for (const auto& t : {before, after}) std::memset(t->host_data(), 0, t->byte_size());
+  ASSERT_OK(seq->Clear());
+  ASSERT_OK(seq->Record(op::SyncToHost{{before, small, seen, after}}));
+  ASSERT_OK(seq->Eval(kTimeout));
+  for (const auto& t : {before, after}) {
+    const std::vector<uint32_t> values = HostUints(*t);
+    EXPECT_EQ(std::count(values.begin(), values.end(), kSecret),
+              static_cast<ptrdiff_t>(values.size()));
+  }
+  for (const auto& t : {small, seen}) {
+    const std::vector<uint32_t> values = HostUints(*t);
+    EXPECT_EQ(std::count(values.begin(), values.end(), kSecret), 0);
+  }
+  // Clamped writes land on the small buffer's last element at most.
+  const std::vector<uint32_t> small_values = HostUints(*small);
+  EXPECT_EQ(std::count(small_values.begin(), small_values.end() - 1, 7u), 63);
+}
+
+// Measurements compare the clamped shader with the original: the original still builds.
+TEST(Algorithm, ClampingCanBeLeftOutForMeasurements) {
+  ASSERT_OK_AND_ASSIGN(Fixture f, PushFixture());
+  f.spec.clamp_buffer_accesses = false;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm,
+                       Algorithm::Create(TestDevice(), f.spec));
+  ASSERT_OK(RoundTrip(algorithm, {f.a, f.b}));
+  EXPECT_THAT(HostFloats(*f.b), ElementsAre(2.5f, 4.5f, 6.5f, 8.5f));
 }
 
 }  // namespace

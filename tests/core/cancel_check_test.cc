@@ -54,6 +54,15 @@ void main() {
 }
 )";
 
+// A loop that never ends (on a GPU; lavapipe ends any loop after about 65535 iterations).
+constexpr char kEndlessShader[] = R"(#version 450
+layout(local_size_x = 32) in;
+layout(set = 0, binding = 0) buffer Out { uint v[]; };
+void main() {
+  for (;;) {}
+}
+)";
+
 std::vector<uint32_t> Compile(const char* source) {
   absl::StatusOr<std::vector<uint32_t>> spirv = CompileGlsl(source);
   EXPECT_TRUE(spirv.ok()) << spirv.status();
@@ -75,7 +84,8 @@ std::vector<float> HostFloats(const Tensor& t) {
 
 TEST(CancelChecks, RewrittenModulesAreValid) {
   const uint32_t api = TestDevice()->properties().apiVersion;
-  for (const char* source : {kLoopsShader, kAddShader, kAffineShader, kBusyShader}) {
+  for (const char* source :
+       {kLoopsShader, kAddShader, kAffineShader, kBusyShader, kEndlessShader}) {
     std::vector<uint32_t> spirv = Compile(source);
     ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> stoppable, AddCancelChecks(spirv));
     EXPECT_GT(stoppable.size(), spirv.size());
@@ -166,6 +176,31 @@ TEST(CancelChecks, SettingTheWordStopsARunningDispatch) {
   word->Set();
   ASSERT_OK(seq->Wait(kTimeout));
   std::printf("a set cancel word ended the dispatch after %s\n",
+              absl::FormatDuration(absl::Now() - set_at).c_str());
+}
+
+TEST(CancelChecks, SettingTheWordEndsAnEndlessLoop) {
+  std::shared_ptr<Device> device = TestDevice();
+  if (device->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) {
+    GTEST_SKIP() << "lavapipe ends every loop by itself";
+  }
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<CancelWord> word, CancelWord::Create(device));
+  std::shared_ptr<Tensor> out = Floats(std::vector<float>(4, 0.0f), MemoryType::kDevice);
+  AlgorithmSpec spec;
+  spec.tensors = {out};
+  spec.spirv = Compile(kEndlessShader);
+  spec.workgroup = {1024, 1, 1};
+  spec.cancel = word;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm, Algorithm::Create(device, spec));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(device, 0, 0));
+  ASSERT_OK(seq->Record(op::Dispatch{algorithm}));
+  ASSERT_OK(seq->Submit());
+  absl::Status early = seq->Wait(absl::Seconds(1));
+  const absl::Time set_at = absl::Now();
+  word->Set();  // always, so that a failure here does not leave the kernel running
+  EXPECT_THAT(early, StatusIs(absl::StatusCode::kDeadlineExceeded));
+  ASSERT_OK(seq->Wait(absl::Seconds(20)));
+  std::printf("a set cancel word ended an endless loop after %s\n",
               absl::FormatDuration(absl::Now() - set_at).c_str());
 }
 

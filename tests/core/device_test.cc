@@ -44,6 +44,23 @@ TEST(Device, CreateWithDefaults) {
   RecordProperty("device", device->properties().deviceName);
 }
 
+// Robust buffer access and the shader features are enabled where the device has them.
+TEST(Device, EnablesWhatShadersMayUse) {
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Device> device, Device::Create({}));
+  VkPhysicalDeviceFeatures supported{};
+  vkGetPhysicalDeviceFeatures(device->physical_device(), &supported);
+  EXPECT_EQ(device->robust_buffer_access(), supported.robustBufferAccess == VK_TRUE);
+  const ShaderFeatures& f = device->shader_features();
+  EXPECT_EQ(f.float64, supported.shaderFloat64 == VK_TRUE);
+  EXPECT_EQ(f.int64, supported.shaderInt64 == VK_TRUE);
+  EXPECT_EQ(f.int16, supported.shaderInt16 == VK_TRUE);
+  EXPECT_EQ(device->float64_supported(), f.float64);
+  if (device->properties().apiVersion >= VK_API_VERSION_1_1) {
+    // Every Vulkan 1.1 device has basic subgroup operations in compute shaders.
+    EXPECT_NE(f.subgroup_operations & VK_SUBGROUP_FEATURE_BASIC_BIT, 0u);
+  }
+}
+
 TEST(Device, ListDescribesEveryPhysicalDevice) {
   ASSERT_OK_AND_ASSIGN(std::vector<PhysicalDeviceInfo> all, Device::List());
   ASSERT_FALSE(all.empty());

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "komputed/core/spirv_module.h"
 #include "support/status_matchers.h"
 #include "test_device.h"
 
@@ -21,7 +22,9 @@ namespace komputed::core {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr uint32_t kSpirvMagic = 0x07230203u;
 
@@ -162,6 +165,135 @@ void main() { b[gl_GlobalInvocationID.x] = 1.0; }
   std::vector<uint32_t> junk(64, 0xffffffffu);
   ShaderLocalSize(junk, {}, 4);
   EXPECT_EQ(ShaderLocalSize({}, {}, 4), (std::array<uint64_t, 3>{1, 1, 1}));
+}
+
+// The reflection of a module: what the intake checks read.
+TEST(SpirvModule, ReadsWhatTheChecksNeed) {
+  constexpr char kShader[] = R"(#version 450
+layout(local_size_x = 16, local_size_y = 2) in;
+layout(set = 0, binding = 0) readonly buffer In { float values[]; } in_buffer;
+layout(set = 0, binding = 3) buffer Out { float out_values[4]; };
+layout(set = 2, binding = 1) uniform Params { float unused_scale; };
+struct Inner { vec2 pair; float tail; };
+layout(push_constant) uniform Push {
+  vec3 v;        // offset 0, 12 bytes
+  float f;       // offset 12
+  mat4 m;        // offset 16, 64 bytes
+  float list[3]; // offset 80, stride 4
+  Inner inner;   // offset 96: pair at 96, tail at 104
+} push;
+shared float tile[64];
+shared uvec4 quads[8];
+void main() {
+  uint i = gl_LocalInvocationIndex;
+  tile[i % 64] = in_buffer.values[i];
+  quads[i % 8] = uvec4(i);
+  barrier();
+  out_values[i % 4] = tile[(i + 1) % 64] * push.f + push.m[0][0] + push.list[2] + push.inner.tail +
+                      float(quads[0].x) + push.v.x;
+}
+)";
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, CompileGlsl(kShader));
+  const SpirvModule m = SpirvModule::Parse(spirv);
+  EXPECT_EQ(m.version(), spirv[1]);
+  EXPECT_THAT(m.capabilities(), Contains(1u));  // Shader
+  EXPECT_EQ(m.addressing_model(), 0u);          // Logical
+  EXPECT_THAT(m.ext_inst_imports(), Contains("GLSL.std.450"));
+  ASSERT_NE(m.ComputeMain(), nullptr);
+  EXPECT_EQ(m.ComputeMain()->name, "main");
+  EXPECT_FALSE(m.uses_physical_storage_buffer());
+  ASSERT_EQ(m.bindings().size(), 3u);
+  const SpirvBinding& in = m.bindings()[0];
+  EXPECT_EQ(in.name, "in_buffer");
+  EXPECT_EQ(in.set, 0u);
+  EXPECT_EQ(in.binding, 0u);
+  EXPECT_EQ(in.kind, DescriptorKind::kStorageBuffer);
+  EXPECT_TRUE(in.runtime_array);
+  EXPECT_TRUE(in.used);
+  EXPECT_EQ(in.descriptor_count, 1u);
+  const SpirvBinding& out = m.bindings()[1];
+  EXPECT_EQ(out.binding, 3u);
+  EXPECT_FALSE(out.runtime_array);
+  EXPECT_TRUE(out.used);
+  const SpirvBinding& params = m.bindings()[2];
+  EXPECT_EQ(params.set, 2u);
+  EXPECT_EQ(params.binding, 1u);
+  EXPECT_EQ(params.kind, DescriptorKind::kUniformBuffer);
+  EXPECT_FALSE(params.used);
+  EXPECT_TRUE(m.has_push_constants());
+  EXPECT_EQ(m.PushConstantBytes({}), 108u);
+  EXPECT_EQ(m.SharedMemoryBytes({}), 64u * 4 + 8u * 16);
+  EXPECT_EQ(m.LocalSize({}), (std::array<uint64_t, 3>{16, 2, 1}));
+}
+
+TEST(SpirvModule, SpecializedSizes) {
+  constexpr char kShader[] = R"(#version 450
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint kTile = 32;
+layout(constant_id = 2) const uint kRows = 2;
+layout(set = 0, binding = 0) buffer Out { float out_values[]; };
+shared float tile[kTile * kRows + 1u];
+void main() {
+  tile[gl_LocalInvocationIndex] = 1.0;
+  barrier();
+  out_values[gl_GlobalInvocationID.x] = tile[0];
+}
+)";
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, CompileGlsl(kShader));
+  const SpirvModule m = SpirvModule::Parse(spirv);
+  EXPECT_EQ(m.SharedMemoryBytes({}), (32u * 2 + 1) * 4);
+  const uint32_t values[] = {128, 100, 3};
+  const SpecConstants spec{{reinterpret_cast<const uint8_t*>(values), sizeof(values)}, 4};
+  EXPECT_EQ(m.SharedMemoryBytes(spec), (100u * 3 + 1) * 4);
+  EXPECT_EQ(m.LocalSize(spec), (std::array<uint64_t, 3>{128, 1, 1}));
+  EXPECT_FALSE(m.has_push_constants());
+  EXPECT_EQ(m.PushConstantBytes(spec), 0u);
+}
+
+TEST(SpirvModule, BufferReferencesAreSeen) {
+  constexpr char kShader[] = R"(#version 450
+#extension GL_EXT_buffer_reference : require
+layout(local_size_x = 1) in;
+layout(buffer_reference, std430) buffer Floats { float v[]; };
+layout(push_constant) uniform Push { Floats target; } push;
+void main() { push.target.v[gl_GlobalInvocationID.x] = 1.0; }
+)";
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, CompileGlsl(kShader));
+  const SpirvModule m = SpirvModule::Parse(spirv);
+  EXPECT_TRUE(m.uses_physical_storage_buffer());
+  EXPECT_THAT(m.capabilities(), Contains(5347u));  // PhysicalStorageBufferAddresses
+  EXPECT_EQ(m.PushConstantBytes({}), 8u);
+}
+
+TEST(SpirvModule, AnyWordsAreReadWithoutFaulting) {
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, CompileGlsl(kAddShader));
+  for (size_t keep = 0; keep < spirv.size(); keep += 3) {
+    const SpirvModule m = SpirvModule::Parse(absl::MakeConstSpan(spirv).first(keep));
+    m.LocalSize({});
+    m.PushConstantBytes({});
+    m.SharedMemoryBytes({});
+  }
+  std::vector<uint32_t> junk(4096);
+  uint32_t x = 12345;
+  for (uint32_t& w : junk) w = (x = x * 1103515245u + 12345u);
+  junk[0] = kSpirvMagic;
+  const SpirvModule m = SpirvModule::Parse(junk);
+  m.LocalSize({});
+  m.PushConstantBytes({});
+  m.SharedMemoryBytes({});
+}
+
+// The clamped module is valid and keeps what it declares.
+TEST(Shader, ClampBufferAccessesKeepsAValidModule) {
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, CompileGlsl(kAffineShader));
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> clamped,
+                       ClampBufferAccesses(spirv, VK_API_VERSION_1_1));
+  EXPECT_NE(clamped, spirv);
+  ASSERT_OK(ValidateSpirv(clamped, VK_API_VERSION_1_1));
+  const SpirvModule before = SpirvModule::Parse(spirv), after = SpirvModule::Parse(clamped);
+  EXPECT_EQ(after.bindings().size(), before.bindings().size());
+  EXPECT_EQ(after.PushConstantBytes({}), before.PushConstantBytes({}));
+  EXPECT_THAT(after.capabilities(), Not(Contains(5347u)));
 }
 
 }  // namespace

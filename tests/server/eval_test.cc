@@ -356,6 +356,40 @@ TEST_P(EvalTest, WorkgroupBeyondTheDeviceLimitIsRejected) {
   ExpectWorks();
 }
 
+// Shaders are checked against their algorithm and the device in the daemon too.
+TEST_P(EvalTest, ShadersThatDoNotFitAreRejected) {
+  const std::string buffer_reference = R"(#version 450
+#extension GL_EXT_buffer_reference : require
+layout(local_size_x = 1) in;
+layout(buffer_reference, std430) buffer Floats { float v[]; };
+layout(set = 0, binding = 0) buffer Pointers { Floats target; };
+void main() { target.v[0] = 1.0; }
+)";
+  grpc::Status s = CreateAlgorithm(GlslAlgorithm(session_, 84, {1}, buffer_reference, 1, ""));
+  EXPECT_THAT(s, HasCode(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(s.error_message(), HasSubstr("PhysicalStorageBufferAddresses"));
+
+  const std::string third_binding = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 2) buffer Out { float out_v[]; };
+void main() { out_v[0] = 1.0; }
+)";
+  s = CreateAlgorithm(GlslAlgorithm(session_, 85, {1, 2}, third_binding, 1, ""));
+  EXPECT_THAT(s, HasCode(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(s.error_message(), HasSubstr("binding 2) has no tensor"));
+
+  const std::string huge_shared = R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer Out { float out_v[]; };
+shared float big[16777216];
+void main() { big[0] = 1.0; barrier(); out_v[0] = big[0]; }
+)";
+  s = CreateAlgorithm(GlslAlgorithm(session_, 86, {1}, huge_shared, 1, ""));
+  EXPECT_THAT(s, HasCode(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  EXPECT_THAT(s.error_message(), HasSubstr("maxComputeSharedMemorySize"));
+  ExpectWorks();
+}
+
 TEST_P(EvalTest, SequenceQueueOutOfRangeIsRejected) {
   grpc::Status s = CreateSequence(session_, 90, /*queue=*/1);
   EXPECT_THAT(s, HasCode(grpc::StatusCode::INVALID_ARGUMENT));

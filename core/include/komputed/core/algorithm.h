@@ -31,11 +31,17 @@ struct AlgorithmSpec {
   // Specialization constant i (constant_id = i) is at byte offset i * spec_constant_size.
   std::vector<uint8_t> spec_constants;
   uint32_t spec_constant_size = 4;
-  // One push-constant range of this many bytes (a multiple of 4), set before each dispatch.
+  // The push-constant values (a multiple of 4 bytes), set before each dispatch. The pipeline's
+  // range covers them and the shader's push-constant block: bytes of the block beyond them read
+  // as zero.
   std::vector<uint8_t> push_constants;
   // When set, the shader is rewritten with AddCancelChecks (cancel_check.h) and reads this word at
   // set 1, binding 0: setting it stops the algorithm's dispatches (the daemon's kernel watchdog).
   std::shared_ptr<CancelWord> cancel;
+  // Whether the shader's buffer accesses are clamped into their buffers (ClampBufferAccesses)
+  // before it reaches the driver. Only measurements turn it off: the daemon and the kp API
+  // always clamp.
+  bool clamp_buffer_accesses = true;
 };
 
 // A compute pipeline bound to its tensors (Kompute's Algorithm). Thread-safe.
@@ -44,7 +50,11 @@ class Algorithm {
   // Errors (INVALID_ARGUMENT unless noted): invalid SPIR-V (never reaches the driver), push
   // constants over the device limit or not a multiple of 4, spec constants not a whole number of
   // constants, a zero workgroup or one over maxComputeWorkGroupCount, a tensor over
-  // maxStorageBufferRange, a tensor of another device (FAILED_PRECONDITION).
+  // maxStorageBufferRange, a tensor of another device (FAILED_PRECONDITION), and a shader that
+  // does not fit the algorithm or the device (CheckShader in shader_intake.h: no GLCompute
+  // "main", a capability or extension not allowed, a descriptor that is not one of the tensors,
+  // a local size over the device's limits; shared memory or a push-constant block over them is
+  // RESOURCE_EXHAUSTED). The shader's buffer accesses are clamped into the tensors' buffers.
   static absl::StatusOr<std::shared_ptr<Algorithm>> Create(std::shared_ptr<Device> device,
                                                            AlgorithmSpec spec);
   ~Algorithm();

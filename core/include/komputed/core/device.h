@@ -87,6 +87,20 @@ struct DeviceOptions {
   bool map_device_memory = true;
 };
 
+// What shaders may use on a device: the features that Device::Create enabled on it.
+struct ShaderFeatures {
+  bool float64 = false;               // shaderFloat64
+  bool float16 = false;               // shaderFloat16
+  bool int64 = false;                 // shaderInt64
+  bool int16 = false;                 // shaderInt16
+  bool int8 = false;                  // shaderInt8
+  bool storage_buffer_8bit = false;   // storageBuffer8BitAccess
+  bool storage_buffer_16bit = false;  // storageBuffer16BitAccess
+  // The subgroup operations (VkSubgroupFeatureFlags) of compute shaders; 0 when the device has
+  // none in the compute stage.
+  uint32_t subgroup_operations = 0;
+};
+
 // One queue of a device. Submissions to it are serialised by its mutex.
 struct Queue {
   VkQueue handle = VK_NULL_HANDLE;
@@ -117,7 +131,10 @@ class Device {
   const VkPhysicalDeviceLimits& limits() const { return info_.properties.limits; }
   const std::vector<std::string>& enabled_extensions() const { return enabled_extensions_; }
   const std::vector<std::string>& skipped_extensions() const { return skipped_extensions_; }
-  bool float64_supported() const { return float64_; }
+  bool float64_supported() const { return features_.float64; }
+  const ShaderFeatures& shader_features() const { return features_; }
+  // robustBufferAccess is enabled: out-of-bounds buffer accesses cannot reach other memory.
+  bool robust_buffer_access() const { return robust_buffer_access_; }
   // DeviceOptions::map_device_memory.
   bool maps_device_memory() const { return map_device_memory_; }
   // Timeline semaphores (Vulkan 1.2) are enabled: submissions can be awaited several at a time.
@@ -162,7 +179,8 @@ class Device {
   std::vector<std::unique_ptr<Queue>> queues_;
   std::vector<std::string> enabled_extensions_;
   std::vector<std::string> skipped_extensions_;
-  bool float64_ = false;
+  ShaderFeatures features_;
+  bool robust_buffer_access_ = false;
   bool map_device_memory_ = true;
   bool timeline_ = false;
   std::atomic<bool> lost_{false};

@@ -22,12 +22,20 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlsl(absl::string_view source,
 // carries the validator's message.
 absl::Status ValidateSpirv(absl::Span<const uint32_t> spirv, uint32_t vulkan_api_version);
 
-// The local size (invocations per workgroup in x, y, z) of a compute shader's entry point "main":
-// its WorkgroupSize built-in constant when it has one (specialization constants taken from
-// `spec_constants`, by SpecId, at `spec_constant_size` bytes each), else main's LocalSizeId or
-// LocalSize execution mode; {1, 1, 1} for a module that declares none. A component it cannot work
-// out (an OpSpecConstantOp result) counts as UINT32_MAX. Reads any words without faulting (a
-// malformed module gives some size; validation rejects it).
+// Rewrites a valid module so that every indexed access into a buffer, an array or a vector
+// (access chains) is clamped into its bounds, runtime arrays by their buffer's length
+// (SPIRV-Tools' graphics robust-access pass): a shader cannot reach memory outside the buffers
+// bound to it. INVALID_ARGUMENT with the pass's messages where it cannot (variable pointers, a
+// non-logical addressing model). Thread-safe.
+absl::StatusOr<std::vector<uint32_t>> ClampBufferAccesses(absl::Span<const uint32_t> spirv,
+                                                          uint32_t vulkan_api_version);
+
+// The local size (invocations per workgroup in x, y, z) of a compute shader's entry point "main"
+// (SpirvModule::LocalSize): its WorkgroupSize built-in constant when it has one (specialization
+// constants taken from `spec_constants`, by SpecId, at `spec_constant_size` bytes each), else
+// main's LocalSizeId or LocalSize execution mode; {1, 1, 1} for a module that declares none. A
+// component it cannot work out (an unsupported OpSpecConstantOp) counts as UINT32_MAX. Reads any
+// words without faulting (a malformed module gives some size; validation rejects it).
 std::array<uint64_t, 3> ShaderLocalSize(absl::Span<const uint32_t> spirv,
                                         absl::Span<const uint8_t> spec_constants,
                                         uint32_t spec_constant_size);
