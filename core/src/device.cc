@@ -97,7 +97,29 @@ absl::StatusOr<std::shared_ptr<Instance>> Instance::Create(bool validation) {
     extensions.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
   }
 
+  // With validation, synchronization validation too (hazards between recorded commands), where
+  // the layer offers it.
+  const VkValidationFeatureEnableEXT enables[] = {
+      VK_VALIDATION_FEATURE_ENABLE_SYNCHRONIZATION_VALIDATION_EXT};
+  VkValidationFeaturesEXT validation_features{VK_STRUCTURE_TYPE_VALIDATION_FEATURES_EXT};
+  validation_features.enabledValidationFeatureCount = 1;
+  validation_features.pEnabledValidationFeatures = enables;
+  bool sync_validation = false;
+  if (validation) {
+    uint32_t count = 0;
+    vkEnumerateInstanceExtensionProperties(kValidationLayer, &count, nullptr);
+    std::vector<VkExtensionProperties> layer_extensions(count);
+    vkEnumerateInstanceExtensionProperties(kValidationLayer, &count, layer_extensions.data());
+    layer_extensions.resize(count);
+    sync_validation = std::any_of(
+        layer_extensions.begin(), layer_extensions.end(), [](const VkExtensionProperties& e) {
+          return std::strcmp(e.extensionName, VK_EXT_VALIDATION_FEATURES_EXTENSION_NAME) == 0;
+        });
+    if (sync_validation) extensions.push_back(VK_EXT_VALIDATION_FEATURES_EXTENSION_NAME);
+  }
+
   VkInstanceCreateInfo info{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+  info.pNext = sync_validation ? &validation_features : nullptr;
   info.pApplicationInfo = &app;
   info.enabledLayerCount = static_cast<uint32_t>(layers.size());
   info.ppEnabledLayerNames = layers.data();

@@ -44,6 +44,8 @@ absl::Status ValidateOp(const Op& op, const Device& device) {
     facts.push_back(t->facts());
   }
   KD_RETURN_IF_ERROR(ValidateOpTensors(op.kind, facts));
+  // A barrier over no tensors records nothing, so its masks do not matter.
+  if (op.kind == OpKind::kBarrier && !op.tensors.empty()) return ValidateBarrierMasks(op.barrier);
   if (op.kind != OpKind::kDispatch) return absl::OkStatus();
   if (op.algorithm == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": no algorithm"));

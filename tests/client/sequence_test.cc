@@ -312,5 +312,29 @@ TEST_P(KpTest, SequencesOnTwoQueues) {
   EXPECT_KP_ERROR(kInvalidArgument, mgr2->sequence(2));
 }
 
+// A barrier whose access masks do not suit its stages is refused when it is recorded.
+TEST_P(KpTest, BarrierWithMismatchedMasksIsRefused) {
+  auto t = mgr().tensor({1, 2});
+  auto seq = mgr().sequence();
+  EXPECT_KP_ERROR(kInvalidArgument,
+                  seq->record<kp::OpMemoryBarrier>(TensorList{t}, vk::AccessFlagBits::eShaderWrite,
+                                                   vk::AccessFlagBits::eShaderRead,
+                                                   vk::PipelineStageFlagBits::eTransfer,
+                                                   vk::PipelineStageFlagBits::eComputeShader));
+  EXPECT_KP_ERROR(kInvalidArgument,
+                  seq->record<kp::OpMemoryBarrier>(TensorList{t}, vk::AccessFlagBits::eShaderWrite,
+                                                   vk::AccessFlagBits::eColorAttachmentRead,
+                                                   vk::PipelineStageFlagBits::eComputeShader,
+                                                   vk::PipelineStageFlagBits::eFragmentShader));
+  // The sequence still records and runs.
+  seq->record<kp::OpTensorSyncDevice>(TensorList{t})
+      ->record<kp::OpMemoryBarrier>(
+          TensorList{t}, vk::AccessFlagBits::eTransferWrite, vk::AccessFlagBits::eShaderRead,
+          vk::PipelineStageFlagBits::eTransfer, vk::PipelineStageFlagBits::eComputeShader)
+      ->record<kp::OpTensorSyncLocal>(TensorList{t})
+      ->eval();
+  EXPECT_EQ(t->vector(), (std::vector<float>{1, 2}));
+}
+
 }  // namespace
 }  // namespace kptest

@@ -5,6 +5,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <vulkan/vulkan_core.h>
 
 #include <optional>
 #include <vector>
@@ -15,6 +16,7 @@
 namespace komputed::core {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -150,6 +152,65 @@ TEST(TensorShape, BadShapesNameWhatIsWrong) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown element type 9")));
   EXPECT_THAT(CheckTensorShape(ElementType::kBool, static_cast<MemoryType>(7), 1, 0).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown memory type 7")));
+}
+
+// Each access mask against the stages it is paired with (Vulkan's "supported access types").
+TEST(OpSemantics, BarrierMasksMatchTheirStages) {
+  constexpr uint32_t kCompute = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT;
+  constexpr uint32_t kTransfer = VK_PIPELINE_STAGE_TRANSFER_BIT;
+  constexpr uint32_t kHost = VK_PIPELINE_STAGE_HOST_BIT;
+  constexpr uint32_t kAll = VK_PIPELINE_STAGE_ALL_COMMANDS_BIT;
+  constexpr uint32_t kTop = VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT;
+  constexpr uint32_t kBottom = VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT;
+  constexpr uint32_t kShaderRw = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
+  // Accepted: each access with a stage that supports it.
+  for (const BarrierMasks& ok : {
+           BarrierMasks{VK_ACCESS_SHADER_WRITE_BIT, kShaderRw, kCompute, kCompute},
+           BarrierMasks{VK_ACCESS_TRANSFER_WRITE_BIT, VK_ACCESS_SHADER_READ_BIT, kTransfer,
+                        kCompute},
+           BarrierMasks{VK_ACCESS_SHADER_WRITE_BIT, VK_ACCESS_HOST_READ_BIT, kCompute, kHost},
+           BarrierMasks{VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                        VK_ACCESS_UNIFORM_READ_BIT | VK_ACCESS_TRANSFER_READ_BIT,
+                        kCompute | kTransfer, kAll},
+           BarrierMasks{0, 0, kTop, kBottom},
+           BarrierMasks{VK_ACCESS_MEMORY_WRITE_BIT, VK_ACCESS_MEMORY_READ_BIT, kAll, kCompute},
+           BarrierMasks{VK_ACCESS_HOST_WRITE_BIT, VK_ACCESS_INDIRECT_COMMAND_READ_BIT, kHost,
+                        VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT},
+       }) {
+    ASSERT_OK(ValidateBarrierMasks(ok));
+  }
+  // A shader write paired with the transfer stage.
+  EXPECT_THAT(
+      ValidateBarrierMasks({VK_ACCESS_SHADER_WRITE_BIT, kShaderRw, kTransfer, kCompute}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("OpMemoryBarrier"), HasSubstr("srcAccessMask 0x40 (SHADER_WRITE)"),
+                     HasSubstr("srcStageMask 0x1000 (TRANSFER)"), HasSubstr("has bits 0x40"))));
+  // The destination side, with one bit of two at fault.
+  EXPECT_THAT(ValidateBarrierMasks({VK_ACCESS_SHADER_WRITE_BIT,
+                                    VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_HOST_READ_BIT, kCompute,
+                                    kTransfer}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("dstAccessMask 0x2800 (TRANSFER_READ|HOST_READ)"),
+                             HasSubstr("has bits 0x2000 (HOST_READ)"))));
+  // Top of pipe supports no access of its own.
+  EXPECT_THAT(ValidateBarrierMasks({VK_ACCESS_SHADER_WRITE_BIT, 0, kTop, kCompute}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("TOP_OF_PIPE")));
+  // Graphics-only accesses have no stage on a compute queue, not even ALL_COMMANDS.
+  EXPECT_THAT(ValidateBarrierMasks({VK_ACCESS_COLOR_ATTACHMENT_WRITE_BIT, 0, kAll, kCompute}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("COLOR_ATTACHMENT_WRITE")));
+  // Graphics and unknown stages are refused.
+  EXPECT_THAT(ValidateBarrierMasks(
+                  {0, VK_ACCESS_SHADER_READ_BIT, kCompute, VK_PIPELINE_STAGE_FRAGMENT_SHADER_BIT}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("dstStageMask"), HasSubstr("FRAGMENT_SHADER"),
+                             HasSubstr("not stages of a compute queue"))));
+  EXPECT_THAT(ValidateBarrierMasks({0, 0, kCompute | 0x40000000u, kCompute}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0x40000000")));
+  EXPECT_THAT(ValidateBarrierMasks({0x80000000u, 0, kAll, kCompute}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("0x80000000")));
+  // A stage mask of 0 names no stage.
+  EXPECT_THAT(ValidateBarrierMasks({0, 0, 0, kCompute}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("srcStageMask is 0")));
 }
 
 }  // namespace

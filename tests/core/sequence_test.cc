@@ -221,6 +221,26 @@ TEST(Sequence, BarrierBetweenDependentDispatches) {
   ASSERT_OK(seq->Record(op::MemoryBarrier{}));
 }
 
+// A barrier's access masks must suit its stages; a mismatch is refused and records nothing.
+TEST(Sequence, BarrierWithMismatchedMasksIsRefused) {
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> b, Floats({0, 0}));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(TestDevice(), 0, 0));
+  op::MemoryBarrier barrier;
+  barrier.tensors = {b};
+  barrier.src_access = VK_ACCESS_SHADER_WRITE_BIT;
+  barrier.dst_access = VK_ACCESS_SHADER_READ_BIT;
+  barrier.src_stage = VK_PIPELINE_STAGE_TRANSFER_BIT;
+  barrier.dst_stage = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT;
+  EXPECT_THAT(seq->Record(barrier), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             AllOf(HasSubstr("srcAccessMask 0x40 (SHADER_WRITE)"),
+                                                   HasSubstr("srcStageMask 0x1000 (TRANSFER)"))));
+  barrier.src_stage = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT;
+  barrier.dst_stage = VK_PIPELINE_STAGE_VERTEX_SHADER_BIT;
+  EXPECT_THAT(seq->Record(barrier),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("VERTEX_SHADER")));
+  EXPECT_FALSE(seq->IsRecording());
+}
+
 TEST(Sequence, MultiplyShaderForEveryNumericType) {
   struct Case {
     ElementType type;

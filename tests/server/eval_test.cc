@@ -4,6 +4,7 @@
 namespace komputed::server::testing {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
@@ -387,6 +388,24 @@ void main() { big[0] = 1.0; barrier(); out_v[0] = big[0]; }
   s = CreateAlgorithm(GlslAlgorithm(session_, 86, {1}, huge_shared, 1, ""));
   EXPECT_THAT(s, HasCode(grpc::StatusCode::RESOURCE_EXHAUSTED));
   EXPECT_THAT(s.error_message(), HasSubstr("maxComputeSharedMemorySize"));
+  ExpectWorks();
+}
+
+TEST_P(EvalTest, BarrierWithMismatchedMasksIsRejected) {
+  v1::Operation barrier;
+  v1::Barrier* b = barrier.mutable_barrier();
+  b->add_tensors(2);
+  b->set_src_access(VK_ACCESS_SHADER_WRITE_BIT);
+  b->set_dst_access(VK_ACCESS_HOST_READ_BIT);
+  b->set_src_stage(VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT);
+  b->set_dst_stage(VK_PIPELINE_STAGE_TRANSFER_BIT);
+  b->set_primary(true);
+  grpc::Status s = Record(session_, 4, {RecordOp(barrier)});
+  EXPECT_THAT(s, HasCode(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(s.error_message(),
+              AllOf(HasSubstr("dstAccessMask 0x2000 (HOST_READ)"), HasSubstr("TRANSFER")));
+  b->set_dst_access(VK_ACCESS_TRANSFER_READ_BIT);
+  EXPECT_THAT(Record(session_, 4, {RecordOp(barrier)}), IsOk());
   ExpectWorks();
 }
 

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -22,8 +24,45 @@
 #include "support/process.h"
 
 namespace komputed::test_support {
+namespace {
+
+// The daemons alive, and the validation errors of those gone.
+struct Registry {
+  std::mutex mu;
+  std::set<const DaemonProcess*> alive;
+  uint64_t gone_errors = 0;
+};
+Registry& Daemons() {
+  static Registry* registry = new Registry();
+  return *registry;
+}
+
+// How the daemon logs a validation layer's error (core's message, spdlog's level name).
+uint64_t CountValidationErrors(const std::string& log) {
+  uint64_t n = 0;
+  for (size_t at = log.find("[error] vulkan validation"); at != std::string::npos;
+       at = log.find("[error] vulkan validation", at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+uint64_t DaemonProcess::ValidationErrors() {
+  Registry& r = Daemons();
+  std::lock_guard<std::mutex> lock(r.mu);
+  uint64_t n = r.gone_errors;
+  for (const DaemonProcess* d : r.alive) n += CountValidationErrors(d->Log());
+  return n;
+}
 
 DaemonProcess::DaemonProcess(const std::vector<std::string>& flags) {
+  {
+    Registry& r = Daemons();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.alive.insert(this);
+  }
   char log_template[] = "/tmp/komputed-log-XXXXXX";
   const int log_fd = mkostemp(log_template, O_CLOEXEC);
   if (log_fd < 0) {
@@ -60,6 +99,12 @@ DaemonProcess::~DaemonProcess() {
   if (pid_ > 0) {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
+  }
+  {
+    Registry& r = Daemons();
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.alive.erase(this);
+    r.gone_errors += CountValidationErrors(Log());
   }
   if (stdout_fd_ >= 0) close(stdout_fd_);
   if (!log_path_.empty()) unlink(log_path_.c_str());

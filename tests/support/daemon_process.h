@@ -40,6 +40,10 @@ class DaemonProcess {
   // Waits until the log contains `text`; false after `timeout`.
   bool WaitForLog(const std::string& text, absl::Duration timeout) const;
 
+  // The errors that VK_LAYER_KHRONOS_validation reported (as the daemon logs them) in every
+  // daemon this process started, running or gone. Thread-safe.
+  static uint64_t ValidationErrors();
+
  private:
   pid_t pid_ = -1;
   int stdout_fd_ = -1;  // the read end of its stdout, open while the object lives

@@ -61,6 +61,9 @@ absl::Status RemoteSequence::Record(const Op& op) {
   r.op.barrier = op.barrier;
   KD_ASSIGN_OR_RETURN(r.op.tensors, Unwrap(owner(), op.tensors));
   KD_RETURN_IF_ERROR(core::ValidateOpTensors(op.kind, FactsOf(r.op.tensors)));
+  if (op.kind == core::OpKind::kBarrier && !op.tensors.empty()) {
+    KD_RETURN_IF_ERROR(core::ValidateBarrierMasks(op.barrier));
+  }
   if (op.kind == core::OpKind::kDispatch) {
     KD_ASSIGN_OR_RETURN(r.op.algorithm, Unwrap(owner(), op.algorithm));
   }

@@ -42,7 +42,8 @@ struct PhysicalDeviceInfo {
 // A Vulkan instance, shared by every Device made from it. Thread-safe.
 class Instance {
  public:
-  // validation: enable VK_LAYER_KHRONOS_validation (an error when it is not installed).
+  // validation: enable VK_LAYER_KHRONOS_validation (an error when it is not installed), with its
+  // synchronization validation where the layer has VK_EXT_validation_features.
   static absl::StatusOr<std::shared_ptr<Instance>> Create(bool validation);
   // The instance of this process: validation is on when the environment variable
   // KOMPUTED_VALIDATION is set to 1. Created on first use, lives until exit.

@@ -71,6 +71,17 @@ using HandleOp = OpDesc<uint64_t, uint64_t>;
 // INVALID_ARGUMENT naming the operation, the tensor (by its index) and the values at fault.
 absl::Status ValidateOpTensors(OpKind kind, absl::Span<const TensorFacts> tensors);
 
+// The barrier rule (Vulkan's "supported access types", VUID-vkCmdPipelineBarrier-srcAccessMask-
+// 02815 and -dstAccessMask-02816): each stage mask is non-zero and names only stages of a compute
+// queue (TOP_OF_PIPE, DRAW_INDIRECT, COMPUTE_SHADER, TRANSFER, BOTTOM_OF_PIPE, HOST,
+// ALL_COMMANDS), and every bit of its access mask is supported by one of those stages:
+// COMPUTE_SHADER ↔ SHADER_READ, SHADER_WRITE, UNIFORM_READ; DRAW_INDIRECT ↔
+// INDIRECT_COMMAND_READ; TRANSFER ↔ TRANSFER_READ, TRANSFER_WRITE; HOST ↔ HOST_READ,
+// HOST_WRITE; ALL_COMMANDS ↔ any of these; MEMORY_READ and MEMORY_WRITE with any stage;
+// TOP_OF_PIPE and BOTTOM_OF_PIPE ↔ nothing else. INVALID_ARGUMENT naming the mask, the stage
+// and the offending bits. (A barrier over no tensors records nothing: callers skip the check.)
+absl::Status ValidateBarrierMasks(const BarrierMasks& masks);
+
 // The push-constant size rule: values given for an algorithm (by SetPushConstants or a dispatch's
 // override) must have the size that it was built with. INVALID_ARGUMENT otherwise.
 absl::Status CheckPushConstantSize(size_t given_bytes, size_t built_bytes);
