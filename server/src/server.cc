@@ -1,5 +1,6 @@
 #include "server.h"
 
+#include <google/protobuf/descriptor.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
@@ -9,7 +10,9 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "komputed/core/status.h"
@@ -36,6 +39,24 @@ void TimedStep(const char* what, Step step) {
   const absl::Time start = absl::Now();
   step();
   spdlog::debug("komputed stopping: {} in {}", what, SecondsSince(start));
+}
+
+// The methods of the services the daemon serves, as the metrics label them
+// ("komputed.v1.Sequences/Eval"), from the services' descriptors: komputed's, health's, and server
+// reflection's.
+absl::flat_hash_set<std::string> ServedMethods(std::vector<std::string> services) {
+  services.push_back(grpc::health::v1::Health::service_full_name());
+  services.push_back("grpc.reflection.v1alpha.ServerReflection");
+  absl::flat_hash_set<std::string> methods;
+  const google::protobuf::DescriptorPool* pool = google::protobuf::DescriptorPool::generated_pool();
+  for (const std::string& name : services) {
+    const google::protobuf::ServiceDescriptor* service = pool->FindServiceByName(name);
+    if (service == nullptr) continue;  // not linked in: its calls count as unknown
+    for (int i = 0; i < service->method_count(); ++i) {
+      methods.insert(absl::StrCat(name, "/", service->method(i)->name()));
+    }
+  }
+  return methods;
 }
 
 // A listen address (host:port) with the port actually bound.
@@ -126,7 +147,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   builder.RegisterService(s->sequences_service_.get());
   builder.RegisterService(s->health_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(std::make_unique<RpcMetricsFactory>(s->metrics_.get(), s->gate_.get()));
+  interceptors.push_back(std::make_unique<RpcMetricsFactory>(s->metrics_.get(), s->gate_.get(),
+                                                             ServedMethods(services)));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   s->grpc_server_ = builder.BuildAndStart();
   if (s->grpc_server_ == nullptr || s->port_ == 0) {
