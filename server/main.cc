@@ -83,6 +83,10 @@ ABSL_FLAG(uint64_t, grpc_memory_bytes, uint64_t{1} << 30,
           "memory gRPC may use for connection buffers and messages being received; under "
           "pressure it shrinks flow-control windows, past it streams are cancelled "
           "(RESOURCE_EXHAUSTED); at least twice --max_message_bytes; 0: no bound");
+ABSL_FLAG(int, execute_window, 64,
+          "requests of one Execute stream that may be evaluating or waiting for their event to "
+          "be written; while it is full the stream's next request is not read (gRPC's flow "
+          "control holds the client back)");
 ABSL_FLAG(std::string, tenants_file, "",
           "YAML file of the tenants allowed to call (name, token_sha256, certificate_names, "
           "admin, quota); read again on SIGHUP and when it changes; empty: no tenants (callers "
@@ -182,6 +186,7 @@ int main(int argc, char** argv) {
   options.keepalive_max_ping_strikes = absl::GetFlag(FLAGS_keepalive_max_ping_strikes);
   options.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle);
   options.grpc_memory_bytes = absl::GetFlag(FLAGS_grpc_memory_bytes);
+  options.execute_window = absl::GetFlag(FLAGS_execute_window);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.device_recovery_interval = absl::GetFlag(FLAGS_device_recovery_interval);
   options.glsl_compiler = absl::GetFlag(FLAGS_glsl_compiler);

@@ -84,6 +84,7 @@ absl::Status CheckGrpcLimits(const ServerOptions& o) {
                      " cannot hold two messages of max_message_bytes ", o.max_message_bytes,
                      ": give at least ", least_memory, " (or 0: no bound)"));
   }
+  if (o.execute_window < 1) return absl::InvalidArgumentError("execute_window must be at least 1");
   return absl::OkStatus();
 }
 
@@ -182,7 +183,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   s->sessions_ =
       std::make_unique<SessionManager>(s->pool_.get(), o, s->metrics_.get(), s->gate_.get());
 
-  ServiceContext context{s->pool_.get(), s->sessions_.get(), s->auth_.get(), &o};
+  ServiceContext context{s->pool_.get(), s->sessions_.get(), s->auth_.get(), &o, s->metrics_.get()};
   s->devices_service_ = std::make_unique<DevicesService>(context);
   s->sessions_service_ = std::make_unique<SessionsService>(context);
   s->tensors_service_ = std::make_unique<TensorsService>(context);

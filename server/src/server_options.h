@@ -64,6 +64,11 @@ struct ServerOptions {
   // cancels streams (RESOURCE_EXHAUSTED) rather than grow. 0: no bound; else at least
   // 2 * max_message_bytes.
   uint64_t grpc_memory_bytes = uint64_t{1} << 30;
+  // Execute: requests of one stream that are being evaluated or whose events are not written yet,
+  // at most. While the window is full the stream's next request is not read, so that a client
+  // that does not read its events is held back by gRPC's flow control instead of growing the
+  // daemon's memory.
+  int execute_window = 64;
   // How long Drain waits for evaluations in flight.
   absl::Duration drain_timeout = absl::Seconds(25);
   // A lost device is opened again this long after the loss; while that fails, again after twice

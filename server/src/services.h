@@ -5,6 +5,7 @@
 #include "auth.h"
 #include "device_pool.h"
 #include "komputed/v1/komputed.grpc.pb.h"
+#include "metrics.h"
 #include "server_options.h"
 #include "session_manager.h"
 
@@ -16,6 +17,7 @@ struct ServiceContext {
   SessionManager* sessions = nullptr;
   const Authenticator* auth = nullptr;
   const ServerOptions* options = nullptr;  // the daemon's (max_message_bytes, idle timeout)
+  Metrics* metrics = nullptr;
 };
 
 // The komputed.v1 services, on gRPC's callback API. The handlers are thin: they look the session
