@@ -56,8 +56,8 @@ absl::Time Deadline(const grpc::CallbackServerContext& context) {
   return absl::FromChrono(deadline);
 }
 
-// WriteTensor: the chunks go into the tensor's host data as they arrive, each copied once, from
-// the received message (TensorWrite::Parse).
+// WriteTensor: the chunks are staged as they arrive, each copied once from the received message,
+// and go into the tensor's host data together once the client has sent them all (TensorWrite).
 class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   WriteTensorReactor(SessionManager* sessions, absl::StatusOr<Caller> caller,
@@ -138,8 +138,8 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
   std::unique_ptr<TensorWrite> write_;
 };
 
-// ReadTensor: one chunk in flight at a time, each a serialized TensorChunk that refers to the
-// tensor's data (TensorRead::Next).
+// ReadTensor: one chunk in flight at a time, each a serialized TensorChunk with a copy of its
+// part of the tensor's data (TensorRead::Next).
 class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   ReadTensorReactor(SessionManager* sessions, const absl::StatusOr<Caller>& caller,
@@ -171,6 +171,8 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
       return;
     }
     read_ = *std::move(read);
+    session_id_ = request.session_id();
+    account_ = caller->account;
     Next();
   }
 
@@ -190,11 +192,20 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
       Finish(grpc::Status::OK);
       return;
     }
-    chunk_ = read_->Next();
+    absl::StatusOr<grpc::ByteBuffer> chunk = read_->Next();
+    if (!chunk.ok()) {  // the tensor cannot be read whole
+      account_->CountError(chunk.status());
+      LogFailure("ReadTensor", session_id_, "", chunk.status());
+      Finish(ToGrpcStatus(chunk.status()));
+      return;
+    }
+    chunk_ = *std::move(chunk);
     StartWrite(&chunk_);
   }
 
   std::unique_ptr<TensorRead> read_;
+  std::string session_id_;
+  std::shared_ptr<TenantAccount> account_;
   grpc::ByteBuffer chunk_;
 };
 

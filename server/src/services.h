@@ -58,9 +58,10 @@ class SessionsService final : public v1::Sessions::CallbackService {
   ServiceContext ctx_;
 };
 
-// WriteTensor and ReadTensor are served raw (grpc::ByteBuffer), so that tensor data is copied once
-// on its way in (from the received message into the tensor) and not at all on its way out (the
-// chunks lend the tensor's data to gRPC), instead of passing through protobuf strings.
+// WriteTensor and ReadTensor are served raw (grpc::ByteBuffer), so that tensor data does not pass
+// through protobuf strings: on its way in it is copied from the received messages into staging and
+// from there into the tensor at the end (a call is all or nothing); on its way out each chunk is
+// copied once from the tensor, into the message that gRPC sends (tensor_io.h).
 class TensorsService final
     : public v1::Tensors::WithRawCallbackMethod_WriteTensor<
           v1::Tensors::WithRawCallbackMethod_ReadTensor<v1::Tensors::CallbackService>> {
