@@ -62,6 +62,31 @@ ABSL_FLAG(absl::Duration, device_recovery_interval, absl::Seconds(5),
 ABSL_FLAG(int, max_message_bytes, 64 << 20,
           "largest gRPC message received or sent, in bytes (at least 4096); larger tensor data "
           "moves in chunks (WriteTensor, ReadTensor)");
+ABSL_FLAG(int, max_concurrent_streams, 1024,
+          "calls in progress (HTTP/2 streams) on one client connection; further calls wait for "
+          "a free one; 0: no limit");
+ABSL_FLAG(absl::Duration, keepalive_time, absl::Seconds(60),
+          "ping a client connection that has sent nothing for this long, and close it when the "
+          "ping is not answered within --keepalive_timeout (a vanished client's streams and "
+          "sessions are let go); 0: no pings");
+ABSL_FLAG(absl::Duration, keepalive_timeout, absl::Seconds(20),
+          "how long a ping of --keepalive_time may go unanswered");
+ABSL_FLAG(absl::Duration, keepalive_min_client_interval, absl::Seconds(10),
+          "a client's keepalive pings while it sends no data must be at least this far apart: "
+          "each ping sooner is a strike");
+ABSL_FLAG(int, keepalive_max_ping_strikes, 2,
+          "a client connection with more strikes is closed (GOAWAY too_many_pings); 0: no limit");
+ABSL_FLAG(absl::Duration, max_connection_idle, absl::Minutes(10),
+          "close a client connection without a call for this long (its client reconnects on its "
+          "next call); 0: never");
+ABSL_FLAG(uint64_t, grpc_memory_bytes, uint64_t{1} << 30,
+          "memory gRPC may use for connection buffers and messages being received; under "
+          "pressure it shrinks flow-control windows, past it streams are cancelled "
+          "(RESOURCE_EXHAUSTED); at least twice --max_message_bytes; 0: no bound");
+ABSL_FLAG(int, execute_window, 64,
+          "requests of one Execute stream that may be evaluating or waiting for their event to "
+          "be written; while it is full the stream's next request is not read (gRPC's flow "
+          "control holds the client back)");
 ABSL_FLAG(std::string, tenants_file, "",
           "YAML file of the tenants allowed to call (name, token_sha256, certificate_names, "
           "admin, quota); read again on SIGHUP and when it changes; empty: no tenants (callers "
@@ -161,6 +186,14 @@ int main(int argc, char** argv) {
   options.eval_inline_wait = absl::GetFlag(FLAGS_eval_inline_wait);
   options.eval_spin = absl::GetFlag(FLAGS_eval_spin);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
+  options.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
+  options.keepalive_min_client_interval = absl::GetFlag(FLAGS_keepalive_min_client_interval);
+  options.keepalive_max_ping_strikes = absl::GetFlag(FLAGS_keepalive_max_ping_strikes);
+  options.max_connection_idle = absl::GetFlag(FLAGS_max_connection_idle);
+  options.grpc_memory_bytes = absl::GetFlag(FLAGS_grpc_memory_bytes);
+  options.execute_window = absl::GetFlag(FLAGS_execute_window);
   options.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
   options.device_recovery_interval = absl::GetFlag(FLAGS_device_recovery_interval);
   options.glsl_compiler = absl::GetFlag(FLAGS_glsl_compiler);

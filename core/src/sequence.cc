@@ -368,6 +368,11 @@ bool Sequence::IsRunning() const {
   return running_;
 }
 
+std::vector<Op> Sequence::RecordedOps() const {
+  absl::MutexLock lock(&mu_);
+  return cb_ops_;
+}
+
 bool Sequence::Poll(absl::Duration limit) const {
   const Completion completion = InFlight();
   if (completion.fence == VK_NULL_HANDLE) return true;

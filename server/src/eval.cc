@@ -3,11 +3,12 @@
 #include "eval.h"
 
 #include <algorithm>
-#include <cstring>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "host_data.h"
+#include "host_writes.h"
 #include "komputed/core/status.h"
 #include "session.h"
 #include "status.h"
@@ -21,12 +22,14 @@ constexpr uint64_t kMessageOverhead = 4096;
 // The tensors whose host data comes back, by handle.
 using Downloads = std::vector<std::pair<uint64_t, std::shared_ptr<core::Tensor>>>;
 
-// Copies the downloads' host data into the result; returns their bytes.
-uint64_t CollectDownloads(const Downloads& downloads, EvalResult& result) {
+// Copies the downloads' host data into the result, each tensor's whole (HostWrites::Copy);
+// returns their bytes.
+uint64_t CollectDownloads(const Downloads& downloads, const HostWrites& writes,
+                          EvalResult& result) {
   uint64_t bytes = 0;
   result.downloads.reserve(downloads.size());
   for (const auto& [handle, tensor] : downloads) {
-    result.downloads.push_back({handle, std::string(HostData(*tensor), tensor->byte_size())});
+    result.downloads.push_back({handle, writes.Copy(*tensor)});
     bytes += tensor->byte_size();
   }
   return bytes;
@@ -42,6 +45,8 @@ struct Session::Prepared {
   bool submitted = false;  // a command buffer went to the device queue
   Downloads downloads;
   std::shared_ptr<core::CancelWord> cancel;  // what the watchdog sets to stop it (null: none yet)
+  // Held while the submission may change host data (HostWrites), until the device has finished it.
+  HostWrites::Token host_writes;
 };
 
 namespace {
@@ -51,6 +56,7 @@ namespace {
 struct InFlight {
   Charge submission;
   std::unique_ptr<Watchdog::Ticket> ticket;
+  HostWrites::Token host_writes;  // the tensors it may change stay marked
 };
 
 }  // namespace
@@ -119,12 +125,13 @@ absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const EvalPlan& pla
 
   for (size_t i = 0; i < plan.uploads.size(); ++i) {
     const EvalPlan::Upload& upload = plan.uploads[i];
-    std::memcpy(HostData(*upload_tensors[i]) + upload.offset, upload.data.data(),
-                upload.data.size());
+    host_writes_->Write(*upload_tensors[i], upload.offset, upload.data);
     CountUpload(upload.data.size());
   }
   if (prepared.sequence != nullptr) {
     core::Sequence& sequence = *prepared.sequence->sequence;
+    // Marked before the submission: the device may change host data from its first moment.
+    prepared.host_writes = host_writes_->Submitting(HostDataWritten(sequence.RecordedOps()));
     std::shared_ptr<core::TensorInitBatch> inits;
     if (!pending_init_.empty()) {
       std::vector<std::shared_ptr<core::Tensor>> pending;
@@ -151,7 +158,11 @@ absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const EvalPlan& pla
     // Nothing is submitted for a sequence that never recorded anything.
     prepared.submitted = sequence.IsRunning();
     if (prepared.submitted && inits != nullptr) pending_init_.clear();
-    if (prepared.submitted) facts_.device->Submitted(sequence.queue());
+    if (prepared.submitted) {
+      facts_.device->Submitted(sequence.queue());
+    } else {
+      prepared.host_writes.reset();
+    }
     prepared.cancel = cancel_;
     prepared.sequence->awaited.store(true);
   }
@@ -193,7 +204,7 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
   }
   if (prepared->sequence == nullptr) {
     EvalResult result;
-    CountDownload(CollectDownloads(prepared->downloads, result));
+    CountDownload(CollectDownloads(prepared->downloads, *host_writes_, result));
     done(std::move(result));
     return;
   }
@@ -217,8 +228,10 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
   // What runs once the submission has completed (or failed, or run past the deadline).
   const absl::Duration hold = options_.eval_timeout;
   const std::string session_id = facts_.id;
+  in_flight->host_writes = std::move(prepared->host_writes);
   auto finish = [entry, handle, timeout, hold, submitted, device, instance, downloaded, in_flight,
-                 cancel, kernel_limit, session_id, downloads = std::move(prepared->downloads),
+                 cancel, kernel_limit, session_id, writes = host_writes_,
+                 downloads = std::move(prepared->downloads),
                  done = std::move(done)](absl::Status status) mutable {
     uint64_t gpu_ns = 0;
     EvalResult result;
@@ -229,7 +242,7 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
           session_id, " ran longer than its limit of ", absl::FormatDuration(kernel_limit),
           " (--max_kernel_time, or the tenant's kernel_time_ms quota); the session is closed"));
     } else if (status.ok()) {
-      downloaded->Increment(static_cast<double>(CollectDownloads(downloads, result)));
+      downloaded->Increment(static_cast<double>(CollectDownloads(downloads, *writes, result)));
       result.timestamps_ns = entry->sequence->Timestamps();
       if (result.timestamps_ns.size() >= 2) {
         gpu_ns = result.timestamps_ns.back() - result.timestamps_ns.front();
@@ -248,9 +261,9 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
     if (submitted) device->Completed(entry->sequence->queue(), gpu_ns);
     entry->awaited.store(false);
     if (absl::IsDeadlineExceeded(status) && submitted && entry->sequence->IsRunning()) {
-      // The submission still runs: it keeps its place in the tenant's quota and its watchdog
-      // ticket until it completes (or the daemon's eval timeout has passed once more), not just
-      // until its eval gave up.
+      // The submission still runs: it keeps its place in the tenant's quota, its watchdog ticket
+      // and the marks on the tensors it may change until it completes (or the daemon's eval
+      // timeout has passed once more), not just until its eval gave up.
       instance->waiter->Watch(entry->sequence, absl::Now() + hold,
                               [in_flight](absl::Status) mutable { in_flight.reset(); });
     }

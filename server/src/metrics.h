@@ -71,6 +71,9 @@ inline const prometheus::Histogram::BucketBoundaries kRpcDurationBuckets = {
           "Tensor data moved between clients and the daemon, in bytes: Eval uploads and "         \
           "downloads, CreateTensor data, WriteTensor and ReadTensor chunks.",                     \
           "direction")                                                                            \
+  GAUGE(execute_queued_bytes, "komputed_execute_queued_bytes",                                    \
+        "Bytes of Execute events waiting to be written to their clients (being written "          \
+        "included), all streams together; each stream holds at most --execute_window events.")    \
   COUNTER(shader_compilations_total, "komputed_shader_compilations_total",                        \
           "GLSL compute shaders compiled to SPIR-V, by result.", "result")                        \
   COUNTER(shader_validations_total, "komputed_shader_validations_total",                          \

@@ -41,6 +41,7 @@ grpc::experimental::Interceptor* RpcMetricsFactory::CreateServerInterceptor(
 RpcMetricsFactory::MethodSeries& RpcMetricsFactory::SeriesFor(const char* method) {
   absl::string_view name(method);
   if (!name.empty() && name.front() == '/') name.remove_prefix(1);
+  if (!known_.contains(name)) name = kUnknownMethod;
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = methods_.try_emplace(std::string(name));
   MethodSeries& series = it->second;

@@ -6,9 +6,12 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "metrics.h"
 #include "work_gate.h"
@@ -19,10 +22,17 @@ namespace komputed::server {
 // (komputed_rpcs_total) and times it from its arrival to its status
 // (komputed_rpc_duration_seconds): every service, health and reflection included, whatever
 // reactor finishes it. It also tells the gate of each arrival (for the drain's quiet period).
+// A call of a method that the server does not serve (any path a client makes up) counts under the
+// one method label kUnknownMethod, so that such calls cannot create series without bound.
 // `metrics` and `gate` must outlive the gRPC server. Thread-safe.
 class RpcMetricsFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  RpcMetricsFactory(Metrics* metrics, WorkGate* gate) : metrics_(metrics), gate_(gate) {}
+  // The method label of every call to a method outside `methods`.
+  static constexpr absl::string_view kUnknownMethod = "unknown";
+
+  // `methods`: the methods the server serves, as labelled ("komputed.v1.Sequences/Eval").
+  RpcMetricsFactory(Metrics* metrics, WorkGate* gate, absl::flat_hash_set<std::string> methods)
+      : metrics_(metrics), gate_(gate), known_(std::move(methods)) {}
 
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override;
@@ -41,6 +51,7 @@ class RpcMetricsFactory final : public grpc::experimental::ServerInterceptorFact
 
   Metrics* const metrics_;
   WorkGate* const gate_;
+  const absl::flat_hash_set<std::string> known_;
   absl::Mutex mu_;
   // Node map: the series stay where they are while the map grows.
   absl::node_hash_map<std::string, MethodSeries> methods_ ABSL_GUARDED_BY(mu_);

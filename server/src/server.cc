@@ -1,15 +1,23 @@
 #include "server.h"
 
+#include <google/protobuf/descriptor.h>
+#include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <limits>
 #include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "komputed/core/status.h"
@@ -36,6 +44,79 @@ void TimedStep(const char* what, Step step) {
   const absl::Time start = absl::Now();
   step();
   spdlog::debug("komputed stopping: {} in {}", what, SecondsSince(start));
+}
+
+// The methods of the services the daemon serves, as the metrics label them
+// ("komputed.v1.Sequences/Eval"), from the services' descriptors: komputed's, health's, and server
+// reflection's.
+absl::flat_hash_set<std::string> ServedMethods(std::vector<std::string> services) {
+  services.push_back(grpc::health::v1::Health::service_full_name());
+  services.push_back("grpc.reflection.v1alpha.ServerReflection");
+  absl::flat_hash_set<std::string> methods;
+  const google::protobuf::DescriptorPool* pool = google::protobuf::DescriptorPool::generated_pool();
+  for (const std::string& name : services) {
+    const google::protobuf::ServiceDescriptor* service = pool->FindServiceByName(name);
+    if (service == nullptr) continue;  // not linked in: its calls count as unknown
+    for (int i = 0; i < service->method_count(); ++i) {
+      methods.insert(absl::StrCat(name, "/", service->method(i)->name()));
+    }
+  }
+  return methods;
+}
+
+absl::Status CheckGrpcLimits(const ServerOptions& o) {
+  if (o.max_concurrent_streams < 0) {
+    return absl::InvalidArgumentError("max_concurrent_streams must not be negative");
+  }
+  if (o.keepalive_time < absl::ZeroDuration() || o.keepalive_timeout <= absl::ZeroDuration() ||
+      o.keepalive_min_client_interval < absl::ZeroDuration() || o.keepalive_max_ping_strikes < 0) {
+    return absl::InvalidArgumentError(
+        "keepalive_time, keepalive_min_client_interval and keepalive_max_ping_strikes must not be "
+        "negative, and keepalive_timeout must be positive");
+  }
+  if (o.max_connection_idle < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("max_connection_idle must not be negative");
+  }
+  const uint64_t least_memory = 2 * static_cast<uint64_t>(o.max_message_bytes);
+  if (o.grpc_memory_bytes != 0 && o.grpc_memory_bytes < least_memory) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("grpc_memory_bytes ", o.grpc_memory_bytes,
+                     " cannot hold two messages of max_message_bytes ", o.max_message_bytes,
+                     ": give at least ", least_memory, " (or 0: no bound)"));
+  }
+  if (o.execute_window < 1) return absl::InvalidArgumentError("execute_window must be at least 1");
+  return absl::OkStatus();
+}
+
+// A duration as the milliseconds of a gRPC argument (an int), at least 1 ms.
+int ArgMilliseconds(absl::Duration d) {
+  return static_cast<int>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, std::numeric_limits<int>::max()));
+}
+
+// gRPC's limits on each connection (ServerOptions), for one listener.
+void ApplyGrpcLimits(const ServerOptions& o, grpc::ServerBuilder& builder) {
+  if (o.max_concurrent_streams > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, o.max_concurrent_streams);
+  }
+  // The daemon's own pings: INT_MAX milliseconds turns them off.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, o.keepalive_time == absl::ZeroDuration()
+                                                             ? std::numeric_limits<int>::max()
+                                                             : ArgMilliseconds(o.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ArgMilliseconds(o.keepalive_timeout));
+  // A stream that carries no data (an Execute stream waiting for work) still gets pinged: that
+  // is how a vanished client is noticed.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+      static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(o.keepalive_min_client_interval),
+                                         std::numeric_limits<int>::max())));
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, o.keepalive_max_ping_strikes);
+  if (o.max_connection_idle > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                               ArgMilliseconds(o.max_connection_idle));
+  }
 }
 
 // A listen address (host:port) with the port actually bound.
@@ -72,6 +153,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.device_recovery_interval < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the device recovery interval must not be negative");
   }
+  KD_RETURN_IF_ERROR(CheckGrpcLimits(options));
   KD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                       ServerCredentialsFor(options));
   if (!options.glsl_compiler.empty()) {
@@ -102,7 +184,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
       std::make_unique<SessionManager>(s->pool_.get(), o, s->metrics_.get(), s->gate_.get());
 
   s->builds_ = std::make_unique<BuildPool>(o.build_threads, o.max_queued_builds);
-  ServiceContext context{s->pool_.get(), s->sessions_.get(), s->auth_.get(), &o, s->builds_.get()};
+  ServiceContext context{s->pool_.get(), s->sessions_.get(), s->auth_.get(), &o,
+                         s->metrics_.get(), s->builds_.get()};
   s->devices_service_ = std::make_unique<DevicesService>(context);
   s->sessions_service_ = std::make_unique<SessionsService>(context);
   s->tensors_service_ = std::make_unique<TensorsService>(context);
@@ -120,6 +203,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   builder.AddListeningPort(o.listen, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(o.max_message_bytes);
   builder.SetMaxSendMessageSize(o.max_message_bytes);
+  ApplyGrpcLimits(o, builder);
+  if (o.grpc_memory_bytes != 0) {  // the plain health listener's few bytes are not counted
+    grpc::ResourceQuota quota("komputed");
+    quota.Resize(static_cast<size_t>(o.grpc_memory_bytes));
+    builder.SetResourceQuota(quota);  // the builder holds a reference of its own
+  }
   builder.RegisterService(s->devices_service_.get());
   builder.RegisterService(s->sessions_service_.get());
   builder.RegisterService(s->tensors_service_.get());
@@ -127,7 +216,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   builder.RegisterService(s->sequences_service_.get());
   builder.RegisterService(s->health_.get());
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(std::make_unique<RpcMetricsFactory>(s->metrics_.get(), s->gate_.get()));
+  interceptors.push_back(std::make_unique<RpcMetricsFactory>(s->metrics_.get(), s->gate_.get(),
+                                                             ServedMethods(services)));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   s->grpc_server_ = builder.BuildAndStart();
   if (s->grpc_server_ == nullptr || s->port_ == 0) {
@@ -137,6 +227,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (s->plain_health_ != nullptr) {
     grpc::ServerBuilder health;
     health.AddListeningPort(o.health_listen, grpc::InsecureServerCredentials(), &s->health_port_);
+    ApplyGrpcLimits(o, health);
     health.RegisterService(s->plain_health_.get());
     s->health_server_ = health.BuildAndStart();
     if (s->health_server_ == nullptr || s->health_port_ == 0) {

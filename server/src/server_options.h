@@ -51,6 +51,33 @@ struct ServerOptions {
   absl::Duration eval_spin = absl::Microseconds(50);
   // Largest message received or sent.
   int max_message_bytes = 64 << 20;
+  // gRPC's limits on each client connection (Server::Start applies them to every listener).
+  // Streams (calls in progress) on one connection; further calls wait for a free one. 0: gRPC's
+  // default (no limit).
+  int max_concurrent_streams = 1024;
+  // The daemon pings a connection that has sent nothing for keepalive_time, and closes it when the
+  // ping is not answered within keepalive_timeout: a client that vanished without closing its
+  // connection lets go of its streams (and so its sessions) within their sum. Zero: no pings.
+  absl::Duration keepalive_time = absl::Seconds(60);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
+  // Clients' keepalive pings: a client that pings more often than this while it sends no data
+  // gets a strike, and after keepalive_max_ping_strikes strikes its connection is closed
+  // (GOAWAY "too_many_pings"). Pings are allowed on connections without calls too.
+  absl::Duration keepalive_min_client_interval = absl::Seconds(10);
+  int keepalive_max_ping_strikes = 2;
+  // A connection without a call for this long is closed (GOAWAY; its client reconnects on its
+  // next call). Zero: never.
+  absl::Duration max_connection_idle = absl::Minutes(10);
+  // The memory gRPC may use for every connection's buffers and the messages being received
+  // (grpc::ResourceQuota): under pressure it shrinks flow-control windows, and over the budget it
+  // cancels streams (RESOURCE_EXHAUSTED) rather than grow. 0: no bound; else at least
+  // 2 * max_message_bytes.
+  uint64_t grpc_memory_bytes = uint64_t{1} << 30;
+  // Execute: requests of one stream that are being evaluated or whose events are not written yet,
+  // at most. While the window is full the stream's next request is not read, so that a client
+  // that does not read its events is held back by gRPC's flow control instead of growing the
+  // daemon's memory.
+  int execute_window = 64;
   // How long Drain waits for evaluations in flight.
   absl::Duration drain_timeout = absl::Seconds(25);
   // A lost device is opened again this long after the loss; while that fails, again after twice

@@ -83,8 +83,8 @@ absl::Time Deadline(const grpc::CallbackServerContext& context) {
   return absl::FromChrono(deadline);
 }
 
-// WriteTensor: the chunks go into the tensor's host data as they arrive, each copied once, from
-// the received message (TensorWrite::Parse).
+// WriteTensor: the chunks are staged as they arrive, each copied once from the received message,
+// and go into the tensor's host data together once the client has sent them all (TensorWrite).
 class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   WriteTensorReactor(SessionManager* sessions, absl::StatusOr<Caller> caller,
@@ -165,8 +165,8 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
   std::unique_ptr<TensorWrite> write_;
 };
 
-// ReadTensor: one chunk in flight at a time, each a serialized TensorChunk that refers to the
-// tensor's data (TensorRead::Next).
+// ReadTensor: one chunk in flight at a time, each a serialized TensorChunk with a copy of its
+// part of the tensor's data (TensorRead::Next).
 class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   ReadTensorReactor(SessionManager* sessions, const absl::StatusOr<Caller>& caller,
@@ -198,6 +198,8 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
       return;
     }
     read_ = *std::move(read);
+    session_id_ = request.session_id();
+    account_ = caller->account;
     Next();
   }
 
@@ -217,15 +219,31 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
       Finish(grpc::Status::OK);
       return;
     }
-    chunk_ = read_->Next();
+    absl::StatusOr<grpc::ByteBuffer> chunk = read_->Next();
+    if (!chunk.ok()) {  // the tensor cannot be read whole
+      account_->CountError(chunk.status());
+      LogFailure("ReadTensor", session_id_, "", chunk.status());
+      Finish(ToGrpcStatus(chunk.status()));
+      return;
+    }
+    chunk_ = *std::move(chunk);
     StartWrite(&chunk_);
   }
 
   std::unique_ptr<TensorRead> read_;
+  std::string session_id_;
+  std::shared_ptr<TenantAccount> account_;
   grpc::ByteBuffer chunk_;
 };
 
 // Execute: each request runs like Eval; its event is written when it completes.
+//
+// Backpressure: the stream's window (ServerOptions::execute_window) bounds its requests that are
+// being evaluated (pending_) or whose events wait to be written (events_, and current_ while it is
+// written). The next request is read only while the window has room: a full window leaves the
+// read unstarted (read_paused_) until a completion or a finished write makes room, so that a
+// client that sends without reading its events is held back by gRPC's flow control, and the
+// daemon holds at most a window of events per stream.
 //
 // Lifetime: the reactor owns everything the stream needs and is deleted in OnDone, which gRPC
 // calls only after Finish. Finish is called only once (a) the client has stopped sending (half
@@ -233,13 +251,19 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
 // completed (pending_ == 0), and (c) no write is outstanding. So every completion callback, which
 // points at the reactor, fires while the reactor is alive, and a client that disappears mid-stream
 // only makes the remaining events be dropped; the reactor then finishes when the last submission
-// completes (bounded by the eval timeout). The session is held in use (so it is not reaped) from
-// the first request until OnDone.
+// completes (bounded by the eval timeout). A paused read is resumed when the stream is cancelled
+// (the read then fails at once and ends the reads). The session is held in use (so it is not
+// reaped) from the first request until OnDone.
 class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent> {
  public:
   ExecuteReactor(SessionManager* sessions, const Authenticator* auth,
-                 const grpc::CallbackServerContext* context, absl::StatusOr<Caller> caller)
-      : sessions_(sessions), auth_(auth), context_(context) {
+                 const grpc::CallbackServerContext* context, absl::StatusOr<Caller> caller,
+                 int window, prometheus::Gauge* queued_bytes)
+      : sessions_(sessions),
+        auth_(auth),
+        context_(context),
+        window_(window),
+        queued_bytes_gauge_(queued_bytes) {
     if (!caller.ok()) {
       {
         absl::MutexLock lock(&mu_);
@@ -253,18 +277,18 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   }
 
   void OnReadDone(bool ok) override {
+    Step next;
     if (!ok) {
-      Step next;
-      {
-        absl::MutexLock lock(&mu_);
-        reads_done_ = true;
-        next = NextStepLocked();
-      }
-      Take(next);
-      return;
+      absl::MutexLock lock(&mu_);
+      reads_done_ = true;
+      next = NextStepLocked();
+    } else {
+      Submit(request_.eval());  // reads everything it needs from request_
+      absl::MutexLock lock(&mu_);
+      read_paused_ = true;  // the next read starts now if the window has room, else later
+      next = NextStepLocked();
     }
-    Submit(request_.eval());
-    StartRead(&request_);  // Submit read everything it needed from request_
+    Take(next);
   }
 
   void OnWriteDone(bool ok) override {
@@ -272,6 +296,8 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
     {
       absl::MutexLock lock(&mu_);
       writing_ = false;
+      Unqueue(current_bytes_);
+      current_bytes_ = 0;
       current_.reset();
       if (!ok) Drop();  // the stream is broken: nobody will read further events
       next = NextStepLocked();
@@ -292,11 +318,16 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   void OnDone() override { delete this; }  // releases session_
 
  private:
-  // What to do after a change of state: write an event, finish, or nothing.
+  // What to do after a change of state: start the next read, write an event, or finish.
   struct Step {
+    bool read = false;
     v1::ExecuteEvent* write = nullptr;
     bool finish = false;
     grpc::Status status;
+  };
+  struct Queued {
+    std::shared_ptr<v1::ExecuteEvent> event;
+    uint64_t bytes = 0;
   };
 
   // Runs one eval; its event is queued from the completion callback (possibly at once).
@@ -357,30 +388,53 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
       event->set_code(static_cast<int32_t>(status.code()));
       event->set_message(std::string(status.message()));
     }
+    const uint64_t bytes = event->ByteSizeLong();
     Step next;
     {
       absl::MutexLock lock(&mu_);
       --pending_;
-      if (!dropping_) events_.push_back(std::move(event));
+      if (!dropping_) {
+        events_.push_back({std::move(event), bytes});
+        queued_bytes_gauge_->Increment(static_cast<double>(bytes));
+      }
       next = NextStepLocked();
     }
     Take(next);
   }
 
+  void Unqueue(uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    queued_bytes_gauge_->Decrement(static_cast<double>(bytes));
+  }
+
   void Drop() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     dropping_ = true;
+    for (const Queued& queued : events_) Unqueue(queued.bytes);
     events_.clear();
   }
 
-  // Decides the next write, or the finish once nothing remains. writing_ and finished_ make the
-  // decided step exclusive: the stream cannot finish (and the reactor cannot go) before the
-  // thread that decided it has taken it.
+  // Whether another request fits in the window. A dropping stream reads on: its reads fail at once.
+  bool RoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const size_t held =
+        static_cast<size_t>(pending_) + events_.size() + static_cast<size_t>(writing_);
+    return dropping_ || held < static_cast<size_t>(window_);
+  }
+
+  // Decides the next read (a paused one, once the window has room), the next write, or the finish
+  // once nothing remains. read_paused_, writing_ and finished_ make each decided step exclusive:
+  // the stream cannot finish (and the reactor cannot go) before the thread that decided it has
+  // taken it.
   Step NextStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Step step;
-    if (writing_ || finished_) return step;
+    if (finished_) return step;
+    if (read_paused_ && RoomLocked()) {
+      read_paused_ = false;
+      step.read = true;
+    }
+    if (writing_) return step;
     if (!events_.empty()) {
       writing_ = true;
-      current_ = std::move(events_.front());
+      current_ = std::move(events_.front().event);
+      current_bytes_ = events_.front().bytes;
       events_.pop_front();
       step.write = current_.get();
     } else if (reads_done_ && pending_ == 0) {
@@ -392,27 +446,30 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
     return step;
   }
 
-  // Makes the gRPC call that NextStepLocked decided, outside the lock.
+  // Makes the gRPC calls that NextStepLocked decided, outside the lock. (A read and a write may
+  // both be decided: neither lets the stream finish before the other has started.)
   void Take(const Step& step) {
-    if (step.write != nullptr) {
-      StartWrite(step.write);
-    } else if (step.finish) {
-      Finish(step.status);
-    }
+    if (step.write != nullptr) StartWrite(step.write);
+    if (step.read) StartRead(&request_);
+    if (step.finish) Finish(step.status);
   }
 
   SessionManager* const sessions_;
   const Authenticator* const auth_;
   const grpc::CallbackServerContext* const context_;  // valid until OnDone
-  Caller caller_;                                     // as the stream opened: counts its errors
-  v1::ExecuteRequest request_;                        // the read in progress
-  std::shared_ptr<Session> session_;  // set by the first request that names a session
+  const int window_;
+  prometheus::Gauge* const queued_bytes_gauge_;  // komputed_execute_queued_bytes, all streams
+  Caller caller_;                                // as the stream opened: counts its errors
+  v1::ExecuteRequest request_;                   // the read in progress
+  std::shared_ptr<Session> session_;             // set by the first request that names a session
 
   absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;  // evals submitted whose event is not queued yet
-  std::deque<std::shared_ptr<v1::ExecuteEvent>> events_ ABSL_GUARDED_BY(mu_);
+  std::deque<Queued> events_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<v1::ExecuteEvent> current_ ABSL_GUARDED_BY(mu_);  // the write in flight
+  uint64_t current_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;  // the next read waits for room in the window
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool dropping_ ABSL_GUARDED_BY(mu_) = false;  // cancelled or broken: events are dropped
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -630,7 +687,8 @@ grpc::ServerUnaryReactor* SequencesService::GetTimestamps(grpc::CallbackServerCo
 
 grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent>* SequencesService::Execute(
     grpc::CallbackServerContext* context) {
-  return new ExecuteReactor(ctx_.sessions, ctx_.auth, context, ctx_.auth->Authenticate(*context));
+  return new ExecuteReactor(ctx_.sessions, ctx_.auth, context, ctx_.auth->Authenticate(*context),
+                            ctx_.options->execute_window, &ctx_.metrics->execute_queued_bytes());
 }
 
 }  // namespace komputed::server

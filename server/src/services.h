@@ -6,6 +6,7 @@
 #include "build_pool.h"
 #include "device_pool.h"
 #include "komputed/v1/komputed.grpc.pb.h"
+#include "metrics.h"
 #include "server_options.h"
 #include "session_manager.h"
 
@@ -17,6 +18,7 @@ struct ServiceContext {
   SessionManager* sessions = nullptr;
   const Authenticator* auth = nullptr;
   const ServerOptions* options = nullptr;  // the daemon's (max_message_bytes, idle timeout)
+  Metrics* metrics = nullptr;
   BuildPool* builds = nullptr;             // where algorithms are compiled and built
 };
 
@@ -58,9 +60,10 @@ class SessionsService final : public v1::Sessions::CallbackService {
   ServiceContext ctx_;
 };
 
-// WriteTensor and ReadTensor are served raw (grpc::ByteBuffer), so that tensor data is copied once
-// on its way in (from the received message into the tensor) and not at all on its way out (the
-// chunks lend the tensor's data to gRPC), instead of passing through protobuf strings.
+// WriteTensor and ReadTensor are served raw (grpc::ByteBuffer), so that tensor data does not pass
+// through protobuf strings: on its way in it is copied from the received messages into staging and
+// from there into the tensor at the end (a call is all or nothing); on its way out each chunk is
+// copied once from the tensor, into the message that gRPC sends (tensor_io.h).
 class TensorsService final
     : public v1::Tensors::WithRawCallbackMethod_WriteTensor<
           v1::Tensors::WithRawCallbackMethod_ReadTensor<v1::Tensors::CallbackService>> {

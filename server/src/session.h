@@ -16,6 +16,7 @@
 #include "device_pool.h"
 #include "eval.h"
 #include "handle_table.h"
+#include "host_writes.h"
 #include "komputed/core/algorithm.h"
 #include "komputed/core/sequence.h"
 #include "komputed/core/tensor.h"
@@ -54,7 +55,9 @@ struct SessionFacts {
 // everything; afterwards every call fails with NOT_FOUND. Submissions in flight at that time are
 // held by the device's CompletionWaiter until they complete.
 //
-// Thread-safe: one mutex guards the tables; it is never held while waiting for the device.
+// Thread-safe: one mutex guards the tables; it is never held while waiting for the device. Who
+// changes the tensors' host data, and when, follows one rule (host_writes.h): host writes whole
+// under a lock, submissions marked while in flight, reads of one moment or none.
 // Errors name the object and the value at fault; a failing call changes nothing (except that the
 // commands of an eval before the failing one stay applied).
 class Session {
@@ -120,6 +123,19 @@ class Session {
   // A tensor whose host data a WriteTensor/ReadTensor call accesses: NOT_FOUND, or
   // FAILED_PRECONDITION for a storage tensor (it has no host data).
   absl::StatusOr<std::shared_ptr<core::Tensor>> HostTensor(uint64_t handle);
+  // Writes `pieces` into the host data of tensor `handle`, which must still be `tensor`
+  // (HostTensor's), at once under the session's lock (tensor_io.cc): WriteTensor's commit.
+  // NOT_FOUND when the tensor was destroyed meanwhile (nothing is written).
+  absl::Status WriteHostData(uint64_t handle, const core::Tensor& tensor,
+                             const std::vector<StagedWrite>& pieces);
+  // Who changes the host data of the session's tensors, and when (host_writes.h).
+  HostWrites& host_writes() const { return *host_writes_; }
+  // Host memory that a call holds while it lasts (WriteTensor's staging), taken from the tenant's
+  // host_memory_bytes quota; nothing to take without an account.
+  absl::StatusOr<Charge> ChargeHostMemory(uint64_t bytes) const {
+    if (facts_.account == nullptr) return Charge();
+    return facts_.account->Take(Counted::kHostMemory, bytes);
+  }
 
   SessionSummary Describe() const;
 
@@ -207,6 +223,8 @@ class Session {
   std::atomic<int64_t> last_activity_ns_;
   std::atomic<int> users_{0};
   std::atomic<uint64_t> memory_bytes_{0};
+  // Shared with the completion callbacks of the session's submissions.
+  const std::shared_ptr<HostWrites> host_writes_ = std::make_shared<HostWrites>();
 
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,15 +1,63 @@
 #include "tensor_io.h"
 
 #include <algorithm>
+#include <cstring>
 #include <iterator>
+#include <new>
 #include <string>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "host_data.h"
 #include "komputed/core/status.h"
+#include "status.h"
 
 namespace komputed::server {
+
+namespace {
+
+// Staging blocks: the size of a client's chunk, and at most 128 MiB of them kept for reuse.
+constexpr size_t kStagingBlock = 4 << 20;
+constexpr size_t kKeptBlocks = 32;
+
+struct BlockPool {
+  absl::Mutex mu;
+  std::vector<char*> free ABSL_GUARDED_BY(mu);
+};
+BlockPool& Blocks() {
+  static BlockPool* const pool = new BlockPool();  // never destroyed: in use until exit
+  return *pool;
+}
+
+// A block of kStagingBlock bytes, or nullptr when there is no memory.
+char* TakeBlock() {
+  BlockPool& pool = Blocks();
+  {
+    absl::MutexLock lock(&pool.mu);
+    if (!pool.free.empty()) {
+      char* block = pool.free.back();
+      pool.free.pop_back();
+      return block;
+    }
+  }
+  return new (std::nothrow) char[kStagingBlock];
+}
+
+}  // namespace
+
+void TensorWrite::ReturnBlock::operator()(char* block) const {
+  BlockPool& pool = Blocks();
+  {
+    absl::MutexLock lock(&pool.mu);
+    if (pool.free.size() < kKeptBlocks) {
+      pool.free.push_back(block);
+      return;
+    }
+  }
+  delete[] block;
+}
 
 absl::StatusOr<std::unique_ptr<TensorWrite>> TensorWrite::Begin(std::shared_ptr<Session> session,
                                                                 const Chunk& chunk) {
@@ -28,6 +76,12 @@ absl::StatusOr<std::unique_ptr<TensorWrite>> TensorWrite::Begin(std::shared_ptr<
                                                    tensor->byte_size(), " bytes"));
   }
   auto write = std::unique_ptr<TensorWrite>(new TensorWrite());
+  absl::StatusOr<Charge> charge = session->ChargeHostMemory(first.total_bytes());
+  if (!charge.ok()) {
+    return Annotate(charge.status(),
+                    absl::StrCat(what, "staging its ", first.total_bytes(), " bytes: "));
+  }
+  write->staging_charge_ = *std::move(charge);
   write->session_ = std::move(session);
   write->tensor_ = std::move(tensor);
   write->handle_ = first.handle();
@@ -63,7 +117,33 @@ absl::Status TensorWrite::Write(const Chunk& chunk) {
                                                      prev->first, ", ", prev->second, ")"));
     }
   }
-  v1::wire::CopyData(chunk, HostData(*tensor_) + offset);
+  uint64_t at = offset;
+  for (absl::string_view piece : chunk.data) {
+    while (!piece.empty()) {
+      if (blocks_.empty() || block_used_ == kStagingBlock) {
+        char* block = TakeBlock();
+        if (block == nullptr) {
+          return absl::ResourceExhaustedError(
+              absl::StrCat(what, "no memory to stage the chunk of ", length, " bytes"));
+        }
+        blocks_.emplace_back(block);
+        block_used_ = 0;
+      }
+      const size_t n = std::min<size_t>(piece.size(), kStagingBlock - block_used_);
+      char* const to = blocks_.back().get() + block_used_;
+      std::memcpy(to, piece.data(), n);
+      StagedWrite* last = staged_.empty() ? nullptr : &staged_.back();
+      if (last != nullptr && last->data.data() + last->data.size() == to &&
+          last->offset + last->data.size() == at) {
+        last->data = absl::string_view(last->data.data(), last->data.size() + n);
+      } else {
+        staged_.push_back({at, absl::string_view(to, n)});
+      }
+      block_used_ += n;
+      at += n;
+      piece.remove_prefix(n);
+    }
+  }
   written_ += length;
   session_->CountUpload(length);
   // Keep the written ranges merged, so that the map stays small.
@@ -84,12 +164,33 @@ absl::Status TensorWrite::Write(const Chunk& chunk) {
   return absl::OkStatus();
 }
 
-absl::Status TensorWrite::Finish() const {
+absl::Status TensorWrite::Finish() {
   if (written_ != end_ - begin_) {
     return absl::InvalidArgumentError(
         absl::StrCat("WriteTensor to tensor ", handle_, ": the chunks cover ", written_, " of the ",
-                     end_ - begin_, " bytes that the first message declared (total_bytes)"));
+                     end_ - begin_,
+                     " bytes that the first message declared (total_bytes); nothing was written"));
   }
+  absl::Status status = session_->WriteHostData(handle_, *tensor_, staged_);
+  staged_.clear();
+  blocks_.clear();
+  staging_charge_.Release();
+  return Annotate(status, absl::StrCat("WriteTensor to tensor ", handle_, ": "));
+}
+
+absl::Status Session::WriteHostData(uint64_t handle, const core::Tensor& tensor,
+                                    const std::vector<StagedWrite>& pieces) {
+  Touch();
+  absl::MutexLock lock(&mu_);
+  KD_RETURN_IF_ERROR(CheckUsableLocked());
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<core::Tensor> now, HostTensorLocked(handle));
+  if (now.get() != &tensor) {
+    return absl::NotFoundError(
+        absl::StrCat("tensor ", handle,
+                     " was destroyed (and created again) during the call; nothing was "
+                     "written"));
+  }
+  host_writes_->Write(tensor, pieces);
   return absl::OkStatus();
 }
 
@@ -117,19 +218,35 @@ absl::StatusOr<std::unique_ptr<TensorRead>> TensorRead::Begin(std::shared_ptr<Se
   read->end_ = request.offset() + length;
   const uint64_t chunk = request.chunk_bytes() == 0 ? kDefaultChunkBytes : request.chunk_bytes();
   read->chunk_bytes_ = std::max<uint64_t>(1, std::min(chunk, max_chunk_bytes));
+  read->since_ = read->session_->host_writes().BeginRead();
+  read->reading_ = true;
+  // Nothing is copied yet: whether the tensor can be read now.
+  absl::Status now = read->session_->host_writes().Read(*read->tensor_, read->since_, read->next_,
+                                                        /*size=*/0, nullptr);
+  if (!now.ok()) {
+    return Annotate(now, absl::StrCat("ReadTensor of tensor ", read->handle_, ": "));
+  }
   return read;
 }
 
-grpc::ByteBuffer TensorRead::Next() {
+TensorRead::~TensorRead() {
+  if (reading_) session_->host_writes().EndRead();
+}
+
+absl::StatusOr<grpc::ByteBuffer> TensorRead::Next() {
   session_->Touch();
   const uint64_t n = std::min(chunk_bytes_, end_ - next_);
+  std::unique_ptr<char[]> data(new char[n]);
+  absl::Status copied = session_->host_writes().Read(*tensor_, since_, next_, n, data.get());
+  if (!copied.ok()) {
+    return Annotate(copied, absl::StrCat("ReadTensor of tensor ", handle_, ": "));
+  }
   v1::TensorChunk fields;
   fields.set_handle(handle_);
   fields.set_offset(next_);
+  char* const lent = data.release();  // gRPC gives it back through the release function
   grpc::ByteBuffer chunk = v1::wire::SerializeTensorChunk(
-      fields, HostData(*tensor_) + next_, n,
-      [](void* held) { delete static_cast<std::shared_ptr<core::Tensor>*>(held); },
-      new std::shared_ptr<core::Tensor>(tensor_));
+      fields, lent, n, [](void* held) { delete[] static_cast<char*>(held); }, lent);
   next_ += n;
   session_->CountDownload(n);
   return chunk;

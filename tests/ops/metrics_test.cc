@@ -13,7 +13,8 @@ constexpr char kEval[] = "komputed.v1.Sequences/Eval";
 constexpr char kCreateTensor[] = "komputed.v1.Tensors/CreateTensor";
 constexpr char kCreateAlgorithm[] = "komputed.v1.Algorithms/CreateAlgorithm";
 
-// The contract with deploy/grafana and tests/deploy/check_deploy.py.
+// The contract with deploy/grafana and tests/deploy/check_deploy.py, and what else a daemon without
+// tenants serves.
 const std::map<std::string, std::string> kTable = {
     {"komputed_rpcs_total", "counter"},
     {"komputed_rpc_duration_seconds", "histogram"},
@@ -30,6 +31,8 @@ const std::map<std::string, std::string> kTable = {
     {"komputed_shader_validations_total", "counter"},
     {"komputed_device_losses_total", "counter"},
     {"komputed_device_recoveries_total", "counter"},
+    // Served, not on the dashboard.
+    {"komputed_execute_queued_bytes", "gauge"},
 };
 
 TEST(Metrics, EveryMetricOfTheTableIsServedWithItsType) {

@@ -1,9 +1,14 @@
 // The metrics table and what the server counts, read from the registry in-process.
 #include "metrics.h"
 
+#include <grpcpp/generic/generic_stub.h>
+
+#include <chrono>
+#include <future>
 #include <set>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "status.h"
 #include "test_util.h"
 
@@ -11,6 +16,7 @@ namespace komputed::server::testing {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 TEST(MetricsTable, NamesTypesAndLabelsFollowTheConventions) {
   std::set<std::string> names;
@@ -30,7 +36,7 @@ TEST(MetricsTable, NamesTypesAndLabelsFollowTheConventions) {
 #undef KD_GAUGE
 #undef KD_COUNTER
 #undef KD_CHECK
-  EXPECT_EQ(names.size(), 21u);
+  EXPECT_EQ(names.size(), 22u);
   Metrics metrics;
   EXPECT_EQ(metrics.rpcs_total.label_names()[0], std::string("method"));
   EXPECT_EQ(metrics.rpcs_total.label_names()[1], std::string("code"));
@@ -91,6 +97,44 @@ TEST_F(ServerTest, MetricsCountRpcsSessionsMemoryAndSubmissions) {
   EXPECT_EQ(m.sessions_open().Value(), 0);
   EXPECT_EQ(m.device_memory_used_bytes("0").Value(), 0);
   EXPECT_EQ(m.sessions_reaped_total("idle").Value(), 0);
+}
+
+// A unary call of `path` through gRPC's generic API, with an empty message.
+grpc::Status CallPath(const std::shared_ptr<grpc::Channel>& channel, const std::string& path) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::Slice empty;
+  grpc::ByteBuffer request(&empty, 1);
+  grpc::ByteBuffer response;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, path, grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status status) { done.set_value(std::move(status)); });
+  return done.get_future().get();
+}
+
+TEST_F(ServerTest, CallsOfUnknownMethodsShareOneMethodLabel) {
+  Metrics& m = server_->metrics();
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_THAT(CallPath(client_->channel, absl::StrCat("/made.up.Service", i, "/Method")),
+                HasCode(grpc::StatusCode::UNIMPLEMENTED));
+  }
+  EXPECT_THAT(CallPath(client_->channel, "/komputed.v1.Sessions/NoSuchMethod"),
+              HasCode(grpc::StatusCode::UNIMPLEMENTED));
+  EXPECT_THAT(CallPath(client_->channel, "/komputed.v1.Sessions/Ping"), IsOk());
+  // Health and reflection are methods of the daemon too.
+  (void)CallPath(client_->channel, "/grpc.health.v1.Health/Check");
+  (void)CallPath(client_->channel,
+                 "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo");
+
+  EXPECT_EQ(m.rpcs_total("unknown", "UNIMPLEMENTED").Value(), 11);
+  EXPECT_EQ(m.rpcs_total("komputed.v1.Sessions/Ping", "OK").Value(), 1);
+  const std::string text = m.Text();
+  EXPECT_THAT(text, Not(HasSubstr("made.up")));
+  EXPECT_THAT(text, Not(HasSubstr("NoSuchMethod")));
+  EXPECT_THAT(text, HasSubstr("method=\"grpc.health.v1.Health/Check\""));
+  EXPECT_THAT(
+      text, HasSubstr("method=\"grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo\""));
 }
 
 TEST_F(ServerTest, SessionsOpenAtShutdownAreReapedForDrain) {

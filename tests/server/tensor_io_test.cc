@@ -1,8 +1,13 @@
 // WriteTensor and ReadTensor: chunked host data transfer.
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <numeric>
 #include <random>
+#include <thread>
 
+#include "absl/time/clock.h"
+#include "support/slow_kernel.h"
 #include "test_util.h"
 
 namespace komputed::server::testing {
@@ -186,6 +191,264 @@ TEST_F(TensorIoTest, ReadOutOfRangeIsRejected) {
   EXPECT_THAT(Read(7, 0, 0, 0, &back), HasCode(grpc::StatusCode::NOT_FOUND));
   ASSERT_THAT(Read(1, 4, 4, 0, &back), IsOk());
   EXPECT_THAT(Floats(back), ::testing::ElementsAre(2));
+}
+
+// A tensor of several chunks whose every byte is known: bytes(seed)[i] = (i * 7 + seed) % 251.
+std::string Pattern(uint64_t bytes, int seed) {
+  std::string data(bytes, '\0');
+  for (uint64_t i = 0; i < bytes; ++i) data[i] = static_cast<char>((i * 7 + seed) % 251);
+  return data;
+}
+
+constexpr uint64_t kBig = 16 << 20;   // four chunks
+constexpr uint64_t kChunk = 4 << 20;  // the client's chunk size
+
+class AllOrNothingTest : public TensorIoTest {
+ protected:
+  void SetUp() override {
+    TensorIoTest::SetUp();
+    v1::CreateTensorRequest req;
+    req.set_session_id(session_);
+    req.set_handle(1);
+    req.set_element_type(v1::ELEMENT_TYPE_UINT32);
+    req.set_count(kBig / 4);
+    req.set_memory_type(v1::MEMORY_TYPE_DEVICE);
+    req.set_data(Pattern(kBig, 1));
+    ASSERT_THAT(CreateTensor(req), IsOk());
+  }
+  std::vector<Chunk> Chunks(const std::string& data, uint64_t total) {
+    std::vector<Chunk> chunks;
+    for (uint64_t off = 0; off < total; off += kChunk)
+      chunks.push_back({off, data.substr(off, kChunk)});
+    return chunks;
+  }
+  void ExpectUnchanged() {
+    std::string back;
+    ASSERT_THAT(Read(1, 0, 0, 0, &back), IsOk());
+    ASSERT_EQ(back.size(), kBig);
+    EXPECT_TRUE(back == Pattern(kBig, 1)) << "the tensor changed";
+  }
+  double Uploaded() { return server_->metrics().bytes_transferred_total("upload").Value(); }
+};
+
+TEST_F(AllOrNothingTest, ACancelledWriteChangesNothing) {
+  const std::string fresh = Pattern(kBig, 2);
+  const double before = Uploaded();
+  grpc::ClientContext ctx;
+  v1::WriteTensorResponse resp;
+  auto writer = client_->tensors->WriteTensor(&ctx, &resp);
+  std::vector<Chunk> chunks = Chunks(fresh, kBig);
+  for (size_t i = 0; i < 3; ++i) {
+    v1::TensorChunk c;
+    if (i == 0) {
+      c.set_session_id(session_);
+      c.set_handle(1);
+      c.set_total_bytes(kBig);
+    }
+    c.set_offset(chunks[i].offset);
+    c.set_data(chunks[i].data);
+    ASSERT_TRUE(writer->Write(c));
+  }
+  // The daemon has taken three of the four chunks when the client goes.
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (Uploaded() - before < 3 * kChunk && absl::Now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_GE(Uploaded() - before, 3.0 * kChunk);
+  ctx.TryCancel();
+  EXPECT_THAT(writer->Finish(), HasCode(grpc::StatusCode::CANCELLED));
+  ExpectUnchanged();
+}
+
+TEST_F(AllOrNothingTest, AShortWriteChangesNothing) {
+  const std::string fresh = Pattern(kBig, 3);
+  std::vector<Chunk> chunks = Chunks(fresh, kBig);
+  chunks.pop_back();  // 12 of the 16 MiB declared
+  grpc::Status s = Write(1, kBig, chunks);
+  EXPECT_THAT(s, HasCode(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(s.error_message(), HasSubstr("nothing was written"));
+  ExpectUnchanged();
+}
+
+TEST_F(AllOrNothingTest, AWriteThatFailsMidwayChangesNothing) {
+  const std::string fresh = Pattern(kBig, 4);
+  std::vector<Chunk> chunks = Chunks(fresh, kBig);
+  chunks.insert(chunks.begin() + 2, Chunk{kChunk / 2, std::string(16, 'x')});  // an overlap
+  EXPECT_THAT(Write(1, kBig, chunks), HasCode(grpc::StatusCode::INVALID_ARGUMENT));
+  ExpectUnchanged();
+}
+
+TEST_F(AllOrNothingTest, ACompleteWriteOfSeveralChunksLandsWhole) {
+  const std::string fresh = Pattern(kBig, 5);
+  uint64_t written = 0;
+  ASSERT_THAT(Write(1, kBig, Chunks(fresh, kBig), &written), IsOk());
+  EXPECT_EQ(written, kBig);
+  std::string back;
+  ASSERT_THAT(Read(1, 0, 0, 0, &back), IsOk());
+  EXPECT_TRUE(back == fresh);
+  // A range: only it changes.
+  const std::string part = Pattern(2 * kChunk, 6);
+  ASSERT_THAT(
+      Write(1, 2 * kChunk, {{kChunk, part.substr(0, kChunk)}, {2 * kChunk, part.substr(kChunk)}}),
+      IsOk());
+  ASSERT_THAT(Read(1, 0, 0, 0, &back), IsOk());
+  EXPECT_TRUE(back == fresh.substr(0, kChunk) + part + fresh.substr(3 * kChunk));
+}
+
+TEST_F(AllOrNothingTest, AWriteDuringAReadFailsTheReadRatherThanTearIt) {
+  // The read takes 64 KiB chunks and stops after the first; the daemon cannot run far ahead of
+  // a client that does not read (flow control), so most of the tensor is still to be copied when
+  // the write lands.
+  grpc::ClientContext ctx;
+  v1::ReadTensorRequest req;
+  req.set_session_id(session_);
+  req.set_handle(1);
+  req.set_chunk_bytes(64 << 10);
+  auto reader = client_->tensors->ReadTensor(&ctx, req);
+  v1::TensorChunk c;
+  ASSERT_TRUE(reader->Read(&c));
+  std::string got = c.data();
+
+  const std::string fresh = Pattern(kBig, 7);
+  ASSERT_THAT(Write(1, kBig, Chunks(fresh, kBig)), IsOk());
+  while (reader->Read(&c)) got += c.data();
+  grpc::Status s = reader->Finish();
+  EXPECT_THAT(s, HasCode(grpc::StatusCode::ABORTED));
+  EXPECT_THAT(s.error_message(), HasSubstr("changed during the read"));
+  // What came before the failure is the old data only.
+  EXPECT_LT(got.size(), kBig);
+  EXPECT_TRUE(got == Pattern(kBig, 1).substr(0, got.size()));
+  // Read again: the new data.
+  std::string back;
+  ASSERT_THAT(Read(1, 0, 0, 0, &back), IsOk());
+  EXPECT_TRUE(back == fresh);
+}
+
+TEST_F(AllOrNothingTest, ADestroyedTensorIsNotWrittenAtTheEnd) {
+  const double before = Uploaded();
+  grpc::ClientContext ctx;
+  v1::WriteTensorResponse resp;
+  auto writer = client_->tensors->WriteTensor(&ctx, &resp);
+  v1::TensorChunk c;
+  c.set_session_id(session_);
+  c.set_handle(1);
+  c.set_total_bytes(8);
+  c.set_data("abcd");
+  ASSERT_TRUE(writer->Write(c));
+  c.Clear();
+  c.set_offset(4);
+  c.set_data("efgh");
+  // Destroyed (and created again) once the daemon has the first chunk, before the last: the
+  // write lands in neither.
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (Uploaded() - before < 4 && absl::Now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_THAT(DestroyTensor(session_, 1), IsOk());
+  ASSERT_THAT(CreateTensor(FloatTensor(session_, 1, {1, 2})), IsOk());
+  ASSERT_TRUE(writer->Write(c));
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  EXPECT_THAT(s, HasCode(grpc::StatusCode::NOT_FOUND));
+  std::string back;
+  ASSERT_THAT(Read(1, 0, 0, 0, &back), IsOk());
+  EXPECT_THAT(Floats(back), ::testing::ElementsAre(1, 2));
+}
+
+// The staging buffer counts against the tenant's host memory while the call lasts.
+class StagingQuotaTest : public TensorIoTest {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions options = TensorIoTest::Options();
+    options.default_quota.host_memory_bytes = 3 << 20;  // a 2 MiB tensor and 1 MiB of staging
+    return options;
+  }
+};
+
+TEST_F(StagingQuotaTest, StagingIsCountedAgainstHostMemory) {
+  constexpr uint64_t kBytes = 2 << 20;
+  ASSERT_THAT(CreateTensor(FloatTensor(session_, 1, std::vector<float>(kBytes / 4))), IsOk());
+  const std::string data = Pattern(kBytes, 8);
+  grpc::Status s = Write(1, kBytes, {{0, data}});
+  EXPECT_THAT(s, HasCode(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  EXPECT_THAT(s.error_message(), HasSubstr("staging its 2097152 bytes"));
+  // Half at a time fits; once a call ends its staging is given back.
+  ASSERT_THAT(Write(1, kBytes / 2, {{0, data.substr(0, kBytes / 2)}}), IsOk());
+  ASSERT_THAT(Write(1, kBytes / 2, {{kBytes / 2, data.substr(kBytes / 2)}}), IsOk());
+  std::string back;
+  ASSERT_THAT(Read(1, 0, 0, 0, &back), IsOk());
+  EXPECT_TRUE(back == data);
+}
+
+// While a submission that changes a tensor's host data is in flight, the tensor is not read.
+class ReadDuringSubmissionTest : public TensorIoTest {};
+
+TEST_F(ReadDuringSubmissionTest, ATensorThatASubmissionInFlightChangesIsNotRead) {
+  constexpr uint32_t kCount = 32768;  // invocations (lavapipe: at most 65535 workgroups)
+  grpc::ClientContext devices_ctx;
+  v1::ListDevicesResponse devices;
+  ASSERT_THAT(client_->devices->ListDevices(&devices_ctx, v1::ListDevicesRequest(), &devices),
+              IsOk());
+  const bool cpu = devices.devices(0).device_type() == 4;     // VK_PHYSICAL_DEVICE_TYPE_CPU
+  const SlowWork work = SlowWork::Of(cpu ? 1000 : 1e7, cpu);  // about half a second on lavapipe
+  v1::CreateTensorRequest t;
+  t.set_session_id(session_);
+  t.set_handle(1);
+  t.set_element_type(v1::ELEMENT_TYPE_UINT32);
+  t.set_count(kCount);
+  ASSERT_THAT(CreateTensor(t), IsOk());
+  ASSERT_THAT(CreateTensor(FloatTensor(session_, 4, {1, 2, 3})), IsOk());  // not in the sequence
+  v1::CreateAlgorithmRequest a;
+  a.set_session_id(session_);
+  a.set_handle(2);
+  a.add_tensors(1);
+  a.set_glsl(kSlowShader);
+  a.mutable_workgroup()->set_x(kCount);
+  a.mutable_workgroup()->set_y(1);
+  a.mutable_workgroup()->set_z(1);
+  a.set_push_constants(work.PushConstants());
+  ASSERT_THAT(CreateAlgorithm(a), IsOk());
+  ASSERT_THAT(CreateSequence(session_, 3), IsOk());
+  ASSERT_THAT(Record(session_, 3,
+                     {RecordOp(SyncDevice({1})), RecordOp(Dispatch(2)), RecordOp(SyncLocal({1}))}),
+              IsOk());
+
+  grpc::ClientContext ctx;
+  auto stream = client_->sequences->Execute(&ctx);
+  v1::ExecuteRequest req;
+  req.mutable_eval()->set_session_id(session_);
+  req.mutable_eval()->set_sequence(3);
+  req.mutable_eval()->set_request_id(1);
+  ASSERT_TRUE(stream->Write(req));
+  // Submitted: the tensor is marked from before the submission until the device has finished.
+  Metrics& m = server_->metrics();
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (m.queue_depth("0", "0").Value() == 0 && absl::Now() < until) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  std::string back;
+  grpc::Status during = Read(1, 0, 0, 0, &back);
+  const bool still_in_flight = m.queue_depth("0", "0").Value() > 0;  // the whole read long
+  std::string other;
+  EXPECT_THAT(Read(4, 0, 0, 0, &other), IsOk());  // a tensor that the submission leaves alone
+  EXPECT_THAT(Floats(other), ::testing::ElementsAre(1, 2, 3));
+  v1::ExecuteEvent event;
+  ASSERT_TRUE(stream->Read(&event));
+  ASSERT_EQ(event.code(), 0) << event.message();
+  if (during.ok() && !still_in_flight) {
+    GTEST_SKIP() << "the submission completed during the read (a fast device)";
+  }
+  EXPECT_THAT(during, HasCode(grpc::StatusCode::FAILED_PRECONDITION));
+  EXPECT_THAT(during.error_message(), HasSubstr("a submission in flight may change"));
+
+  // Once the eval has completed, the result reads.
+  ASSERT_THAT(Read(1, 0, 0, 0, &back), IsOk());
+  ASSERT_EQ(back.size(), kCount * 4u);
+  uint32_t first = 0;
+  std::memcpy(&first, back.data(), 4);
+  EXPECT_EQ(first, Lcg(0, work));
+  stream->WritesDone();
+  EXPECT_THAT(stream->Finish(), IsOk());
 }
 
 }  // namespace

@@ -94,6 +94,8 @@ class Sequence {
   absl::Status Rerecord();
 
   bool IsRunning() const;
+  // The operations in the command buffer: what a submission runs (and its host steps use).
+  std::vector<Op> RecordedOps() const;
   // Polls the submission in flight (yielding the core between polls) until it has completed or
   // `limit` has passed; returns whether it has completed. Wait still collects the result.
   bool Poll(absl::Duration limit) const;
