@@ -1,0 +1,45 @@
+#include "known_hazards.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "komputed/core/shader.h"
+
+namespace komputed::fuzz {
+
+std::string KnownHazard(absl::Span<const uint32_t> spirv, size_t tensors,
+                        uint32_t vulkan_api_version) {
+  static const bool let_through = [] {
+    const char* env = std::getenv("KOMPUTED_FUZZ_HAZARDS");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }();
+  if (let_through || !core::ValidateSpirv(spirv, vulkan_api_version).ok()) return "";
+  constexpr uint32_t kOpEntryPoint = 15, kOpDecorate = 71, kGLCompute = 5;
+  constexpr uint32_t kDecorationBinding = 33, kDecorationDescriptorSet = 34;
+  bool has_main = false;
+  for (size_t at = 5; at < spirv.size();) {
+    const uint32_t words = spirv[at] >> 16, opcode = spirv[at] & 0xffff;
+    if (words == 0 || at + words > spirv.size()) break;
+    const uint32_t* w = &spirv[at];
+    // Findings 1 and 2: a descriptor outside the pipeline layout (set 0, one storage buffer per
+    // tensor) makes vkCreateComputePipelines read outside its tables.
+    // Finding 3: vkCreateComputePipelines is given the entry point "main", which the module must
+    // have (as a GLCompute entry point); lavapipe fails with VK_ERROR_UNKNOWN, others may crash.
+    if (opcode == kOpEntryPoint && words >= 5 && w[1] == kGLCompute &&
+        std::memcmp(&w[3], "main", 4) == 0 && (w[4] & 0xff) == 0) {
+      has_main = true;
+    }
+    if (opcode == kOpDecorate && words >= 4 && w[2] == kDecorationDescriptorSet && w[3] != 0) {
+      return absl::StrCat("descriptor set ", w[3]);
+    }
+    if (opcode == kOpDecorate && words >= 4 && w[2] == kDecorationBinding && w[3] >= tensors) {
+      return absl::StrCat("binding ", w[3], " with ", tensors, " tensors bound");
+    }
+    at += words;
+  }
+  if (!has_main) return "no GLCompute entry point \"main\"";
+  return "";
+}
+
+}  // namespace komputed::fuzz
