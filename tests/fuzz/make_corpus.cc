@@ -369,6 +369,8 @@ void GlslPipeCorpus(const std::filesystem::path& dir) {
       {"slow", 0, {{K::kSleep, 255}, {K::kSleep, 255}, {K::kOut, 1}}},
       {"busy", 4, {{K::kSpin, 40}, {K::kErr, 255}, {K::kExit, 2}}},
       {"not_started", 0, {{K::kExit, 3}}},
+      // Found by fuzzing: a child that closed both outputs was waited for past the wall time.
+      {"closes_output_then_sleeps", 0, {{K::kCloseOut, 0}, {K::kCloseErr, 0}, {K::kSleep, 255}}},
   };
   for (const Seed& seed : seeds) {
     std::string bytes(1, static_cast<char>(seed.settings));
