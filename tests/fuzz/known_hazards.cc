@@ -17,6 +17,9 @@ std::string KnownHazard(absl::Span<const uint32_t> spirv, size_t tensors,
   if (let_through || !core::ValidateSpirv(spirv, vulkan_api_version).ok()) return "";
   constexpr uint32_t kOpEntryPoint = 15, kOpDecorate = 71, kGLCompute = 5;
   constexpr uint32_t kDecorationBinding = 33, kDecorationDescriptorSet = 34;
+  // Finding 4: the header's schema word (reserved, 0) is not checked by ValidateSpirv; lavapipe
+  // refuses the module (VK_ERROR_UNKNOWN: INTERNAL).
+  if (spirv.size() >= 5 && spirv[4] != 0) return absl::StrCat("schema word ", spirv[4]);
   bool has_main = false;
   for (size_t at = 5; at < spirv.size();) {
     const uint32_t words = spirv[at] >> 16, opcode = spirv[at] & 0xffff;
