@@ -54,8 +54,8 @@ for name in "${targets[@]}"; do
     echo "fuzz_$name: ${runs:-?} inputs executed in ${took}s, corpus ${corpus:-?} inputs, no crash"
   else
     echo "fuzz_$name: FAILED (exit $rc, oom/timeout/crash ${found:-?}) after ${runs:-?} inputs in" \
-      "${took}s; artifacts in $artifacts; its log ($log) ends:"
-    tail -60 "$log"
+      "${took}s; artifacts in $artifacts; from its log ($log):"
+    grep -E 'ERROR|SUMMARY|fuzz check|#[0-9]+ 0x|Test unit written|^#[0-9]+:' "$log" | tail -60
     status=1
   fi
 done
