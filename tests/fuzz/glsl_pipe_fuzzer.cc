@@ -132,8 +132,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return -1;
   const uint8_t settings = data[0];
   std::string source(reinterpret_cast<const char*>(data) + 1, size - 1);
-  const std::vector<ScriptStep> steps = ParseScript(source);
   source.append(static_cast<size_t>((settings >> 1) & 7) * 32768, ' ');
+  // What the child reads as its script: a short input's script goes on into the padding.
+  const std::vector<ScriptStep> steps = ParseScript(source);
   komputed::server::GlslCompileLimits limits;
   limits.wall_time = kWallTime;
   limits.memory_bytes = (settings & 1) != 0 ? uint64_t{256} << 20 : 0;
