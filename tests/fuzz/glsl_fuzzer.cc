@@ -4,7 +4,8 @@
 // core::ShaderLocalSize and core::Algorithm::Create on the device with four tensors bound.
 //
 // Checked: no crash or sanitizer report in komputed's code; compile errors are INVALID_ARGUMENT;
-// what shaderc compiles validates; Algorithm::Create's errors are ones that bad input may cause.
+// what shaderc compiles validates; Algorithm::Create's errors are ones that bad input may cause
+// (modules that are known to crash the driver are not given to it: known_hazards.h).
 #include <cstdint>
 #include <memory>
 #include <vector>

@@ -8,7 +8,8 @@
 // (fuzz_support.h CheckClientError); every eval calls its callback exactly once, within its bound;
 // a successful eval returns one download per tensor asked for; after the session closes, nothing
 // stays charged. The harness caps the counts (steps, commands, actions, tensors per list) and
-// the quotas (FuzzQuota) cap sizes, so that one input runs in milliseconds.
+// the quotas (FuzzQuota) cap sizes, so that one input runs in milliseconds. An algorithm whose
+// shader is a known hazard to the driver (known_hazards.h) loses its shader.
 #include <atomic>
 #include <cstddef>
 #include <cstdint>

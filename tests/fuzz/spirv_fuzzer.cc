@@ -11,7 +11,8 @@
 //
 // Checked: no crash or sanitizer report; every error is one that bad input may cause (a module
 // that reaches the driver and fails there is a finding: invalid SPIR-V must never reach it);
-// Algorithm::Create succeeds only for a module that ValidateSpirv accepts.
+// Algorithm::Create succeeds only for a module that ValidateSpirv accepts. Modules that are known
+// to crash the driver are not given to Algorithm::Create (known_hazards.h).
 #include <cstdint>
 #include <cstring>
 #include <memory>
