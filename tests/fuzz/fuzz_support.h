@@ -58,7 +58,9 @@ class SessionEnv {
   void CloseAndCheck(std::shared_ptr<server::Session> session);
 
   const server::ServerOptions& options() const { return options_; }
-  uint32_t api_version() const { return pool_->at(0).info().properties.apiVersion; }
+  const VkPhysicalDeviceProperties& device_properties() const {
+    return pool_->at(0).info().properties;
+  }
   server::TenantAccount& account() { return *account_; }
 
  private:

@@ -48,7 +48,9 @@ void Run(absl::string_view source) {
   core::AlgorithmSpec spec;
   spec.tensors = Tensors();
   spec.spirv = *std::move(spirv);
-  if (!KnownHazard(spec.spirv, spec.tensors.size(), device->properties().apiVersion).empty())
+  if (!KnownHazard(spec.spirv, {spec.tensors.size(), spec.spec_constants, spec.spec_constant_size,
+                                &device->properties()})
+           .empty())
     return;
   absl::StatusOr<std::shared_ptr<core::Algorithm>> algorithm =
       core::Algorithm::Create(device, spec);

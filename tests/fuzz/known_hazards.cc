@@ -1,5 +1,6 @@
 #include "known_hazards.h"
 
+#include <array>
 #include <cstdlib>
 #include <cstring>
 
@@ -8,13 +9,13 @@
 
 namespace komputed::fuzz {
 
-std::string KnownHazard(absl::Span<const uint32_t> spirv, size_t tensors,
-                        uint32_t vulkan_api_version) {
+std::string KnownHazard(absl::Span<const uint32_t> spirv, const HazardContext& context) {
   static const bool let_through = [] {
     const char* env = std::getenv("KOMPUTED_FUZZ_HAZARDS");
     return env != nullptr && std::strcmp(env, "1") == 0;
   }();
-  if (let_through || !core::ValidateSpirv(spirv, vulkan_api_version).ok()) return "";
+  if (let_through || !core::ValidateSpirv(spirv, context.device->apiVersion).ok()) return "";
+  const size_t tensors = context.tensors;
   constexpr uint32_t kOpEntryPoint = 15, kOpDecorate = 71, kGLCompute = 5;
   constexpr uint32_t kDecorationBinding = 33, kDecorationDescriptorSet = 34;
   // Finding 4: the header's schema word (reserved, 0) is not checked by ValidateSpirv; lavapipe
@@ -42,6 +43,21 @@ std::string KnownHazard(absl::Span<const uint32_t> spirv, size_t tensors,
     at += words;
   }
   if (!has_main) return "no GLCompute entry point \"main\"";
+  // Finding 5: the local size (specialization applied) is not checked against the device's
+  // limits (the validation layers report it; lavapipe creates the pipeline).
+  const std::array<uint64_t, 3> local =
+      core::ShaderLocalSize(spirv, context.spec_constants, context.spec_constant_size);
+  const VkPhysicalDeviceLimits& limits = context.device->limits;
+  uint64_t invocations = 1;
+  for (int d = 0; d < 3; ++d) {
+    if (local[d] > limits.maxComputeWorkGroupSize[d]) {
+      return absl::StrCat("local size ", local[d], " in dimension ", d);
+    }
+    invocations *= local[d];  // each factor is at most the limit: no overflow
+  }
+  if (invocations > limits.maxComputeWorkGroupInvocations) {
+    return absl::StrCat("local size of ", invocations, " invocations");
+  }
   return "";
 }
 

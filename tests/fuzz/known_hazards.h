@@ -6,6 +6,8 @@
 // here is a finding (tests/fuzz/findings/README.md); remove it once Algorithm::Create refuses
 // such modules itself.
 
+#include <vulkan/vulkan_core.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -14,10 +16,16 @@
 
 namespace komputed::fuzz {
 
-// What makes the module a known hazard with `tensors` tensors bound (set 0, bindings 0 to
-// tensors - 1); "" for none, and for a module that ValidateSpirv rejects for the Vulkan version
-// (it never reaches the driver).
-std::string KnownHazard(absl::Span<const uint32_t> spirv, size_t tensors,
-                        uint32_t vulkan_api_version);
+// What the module is built with.
+struct HazardContext {
+  size_t tensors = 0;  // bound at set 0, bindings 0 to tensors - 1
+  absl::Span<const uint8_t> spec_constants;
+  uint32_t spec_constant_size = 4;
+  const VkPhysicalDeviceProperties* device = nullptr;
+};
+
+// What makes the module a known hazard; "" for none, and for a module that ValidateSpirv rejects
+// for the device's Vulkan version (it never reaches the driver).
+std::string KnownHazard(absl::Span<const uint32_t> spirv, const HazardContext& context);
 
 }  // namespace komputed::fuzz

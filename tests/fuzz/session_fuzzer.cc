@@ -80,7 +80,12 @@ void Cap(v1::CreateAlgorithmRequest* algorithm) {
     absl::StatusOr<std::vector<uint32_t>> spirv = core::CompileGlsl(algorithm->glsl(), "check");
     if (spirv.ok()) words = *std::move(spirv);
   }
-  if (!KnownHazard(words, algorithm->tensors_size(), SessionEnv::Get().api_version()).empty())
+  const auto* spec = reinterpret_cast<const uint8_t*>(algorithm->spec_constants().data());
+  const absl::Span<const uint8_t> spec_bytes(spec, algorithm->spec_constants().size());
+  const uint32_t size = algorithm->spec_constant_size() == 0 ? 4 : algorithm->spec_constant_size();
+  if (!KnownHazard(words, {static_cast<size_t>(algorithm->tensors_size()), spec_bytes, size,
+                           &SessionEnv::Get().device_properties()})
+           .empty())
     algorithm->clear_shader();
 }
 

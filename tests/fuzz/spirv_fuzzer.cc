@@ -74,7 +74,9 @@ void Run(const uint8_t* settings, const uint8_t* bytes, size_t size) {
   // Any words give some size (shader.h); the dispatch quota reads it before the module is valid.
   core::ShaderLocalSize(spec.spirv, spec.spec_constants, spec.spec_constant_size);
 
-  if (!KnownHazard(spec.spirv, spec.tensors.size(), device->properties().apiVersion).empty())
+  if (!KnownHazard(spec.spirv, {spec.tensors.size(), spec.spec_constants, spec.spec_constant_size,
+                                &device->properties()})
+           .empty())
     return;
   absl::StatusOr<std::shared_ptr<core::Algorithm>> algorithm =
       core::Algorithm::Create(device, spec);
