@@ -85,6 +85,8 @@ SessionEnv::SessionEnv() {
   // Recovery of a lost device is not the target; a loss shows as a check failure instead.
   options_.device_recovery_interval = absl::ZeroDuration();
   options_.max_message_bytes = 1 << 20;
+  options_.max_kernel_time = absl::Milliseconds(100);
+  options_.watchdog_interval = absl::Milliseconds(10);
   options_.default_quota = FuzzQuota();
   auto pool = server::DevicePool::Create(options_, &metrics_);
   if (!pool.ok()) {
@@ -94,6 +96,11 @@ SessionEnv::SessionEnv() {
   }
   pool_ = *std::move(pool);
   account_ = std::make_shared<server::TenantAccount>("fuzz", FuzzQuota(), &metrics_);
+  // The kernel watchdog, as the daemon runs it: shaders get its cancel checks, and a submission
+  // past max_kernel_time is stopped (the daemon then closes the session; here the input's eval
+  // fails and the session closes at the input's end).
+  watchdog_ = server::Watchdog::Create(options_.watchdog_interval,
+                                       [](const std::string&, absl::Duration) {});
 }
 
 std::shared_ptr<server::Session> SessionEnv::NewSession() {
@@ -103,7 +110,7 @@ std::shared_ptr<server::Session> SessionEnv::NewSession() {
     if (!device.info().HasCompute(f)) continue;
     for (uint32_t q = 0; q < device.info().queue_families[f].queueCount; ++q) wanted.push_back(f);
   }
-  auto queues = device.ResolveQueues(wanted);
+  auto queues = device.AcquireQueues(wanted);
   Check(queues.ok(), "resolving the device's queues", queues.status());
   server::SessionFacts facts;
   facts.id = absl::StrCat("fuzz-", ++sessions_);
@@ -112,11 +119,13 @@ std::shared_ptr<server::Session> SessionEnv::NewSession() {
   facts.queues = *std::move(queues);
   facts.client_name = "fuzz";
   facts.account = account_;
+  facts.watchdog = watchdog_;
   return std::make_shared<server::Session>(std::move(facts), options_, &metrics_, nullptr);
 }
 
 void SessionEnv::CloseAndCheck(std::shared_ptr<server::Session> session) {
   session->Close();
+  session->device().ReleaseQueues(session->queues());
   Check(session->memory_bytes() == 0, "a closed session still counts memory");
   session.reset();
   // Submissions that ran past their eval's timeout are still held by the waiter until they

@@ -16,6 +16,7 @@
 #include "quota.h"
 #include "server_options.h"
 #include "session.h"
+#include "watchdog.h"
 
 namespace komputed::fuzz {
 
@@ -50,7 +51,8 @@ class SessionEnv {
  public:
   static SessionEnv& Get();
 
-  // A new session on device 0 with every queue of it, charged to the account.
+  // A new session on device 0 with every queue of it, charged to the account and followed by the
+  // kernel watchdog.
   std::shared_ptr<server::Session> NewSession();
   // Closes `session` and waits (a few seconds at most) until everything it held is given back:
   // the account's device memory, host memory and submissions, and the device's memory in use.
@@ -70,6 +72,7 @@ class SessionEnv {
   server::Metrics metrics_;
   std::unique_ptr<server::DevicePool> pool_;
   std::shared_ptr<server::TenantAccount> account_;
+  std::shared_ptr<server::Watchdog> watchdog_;
   uint64_t sessions_ = 0;
 };
 

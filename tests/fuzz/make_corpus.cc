@@ -57,7 +57,7 @@ const Shader kShaders[] = {
     {"multiply", nullptr, 3, 0},     {"scale", ts::kScaleShader, 2, 4},
     {"add", core::kAddShader, 2, 0}, {"affine", core::kAffineShader, 2, 8},
     {"spec", kSpecShader, 1, 0},     {"two_d", k2DShader, 1, 0},
-    {"push", kPushShader, 1, 8},
+    {"push", kPushShader, 1, 8},     {"busy", core::kBusyShader, 1, 4},
 };
 
 std::vector<uint32_t> Spirv(const Shader& shader) {
@@ -329,6 +329,10 @@ void SpirvCorpus(const std::filesystem::path& dir) {
                                   static_cast<char>(shader.push_bytes),
                                   shader.glsl == kSpecShader ? '\x02' : '\0', '\x04'};
     Write(dir, shader.name, settings + Bytes(Spirv(shader)));
+    // The same with the watchdog's cancel checks added.
+    std::string watched = settings;
+    watched[0] = static_cast<char>(watched[0] | 16);
+    Write(dir, std::string(shader.name) + "_watchdog", watched + Bytes(Spirv(shader)));
   }
   // Each of the built-in multiply's element types, rebuilt.
   const core::ElementType types[] = {core::ElementType::kInt32, core::ElementType::kUInt32,
@@ -345,7 +349,6 @@ void GlslCorpus(const std::filesystem::path& dir) {
   for (const Shader& shader : kShaders) {
     if (shader.glsl != nullptr) Write(dir, shader.name, shader.glsl);
   }
-  Write(dir, "busy", core::kBusyShader);
   Write(dir, "syntax_error", "#version 450\nlayout(local_size_x = 1) in;\nvoid main() { x = ; }\n");
 }
 

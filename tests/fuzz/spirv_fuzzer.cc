@@ -5,13 +5,15 @@
 // constants and workgroup count that the settings choose.
 //
 // Settings: byte 0, bits 0-2: tensors bound (0-7, of the process's 8: device, host, device, ...);
-// bit 3: rebuild after creating. Byte 1: push-constant bytes (modulo 129). Byte 2, bits 0-2:
-// specialization constants; bits 3-4: their size (4, 8, 1 or 0 bytes). Byte 3: the workgroup
-// count in x (0 included).
+// bit 3: rebuild after creating; bit 4: with the kernel watchdog's cancel word (the module is
+// rewritten by core::AddCancelChecks, as the daemon does). Byte 1: push-constant bytes (modulo
+// 129). Byte 2, bits 0-2: specialization constants; bits 3-4: their size (4, 8, 1 or 0 bytes). Byte
+// 3: the workgroup count in x (0 included).
 //
 // Checked: no crash or sanitizer report; every error is one that bad input may cause (a module
 // that reaches the driver and fails there is a finding: invalid SPIR-V must never reach it);
-// Algorithm::Create succeeds only for a module that ValidateSpirv accepts. Modules that are known
+// Algorithm::Create succeeds only for a module that ValidateSpirv accepts; AddCancelChecks takes
+// every valid module without a crash, and its errors are INVALID_ARGUMENT. Modules that are known
 // to crash the driver are not given to Algorithm::Create (known_hazards.h).
 #include <cstdint>
 #include <cstring>
@@ -21,6 +23,7 @@
 #include "fuzz_support.h"
 #include "known_hazards.h"
 #include "komputed/core/algorithm.h"
+#include "komputed/core/cancel_check.h"
 #include "komputed/core/shader.h"
 #include "komputed/core/tensor.h"
 
@@ -45,6 +48,16 @@ const std::vector<std::shared_ptr<core::Tensor>>& Tensors() {
   return *tensors;
 }
 
+// The cancel word of the process (the daemon has one per session).
+const std::shared_ptr<core::CancelWord>& Cancel() {
+  static const auto* word = [] {
+    auto w = core::CancelWord::Create(FuzzDevice());
+    Check(w.ok(), "creating the cancel word", w.status());
+    return new std::shared_ptr<core::CancelWord>(*std::move(w));
+  }();
+  return *word;
+}
+
 void Run(const uint8_t* settings, const uint8_t* bytes, size_t size) {
   std::vector<uint32_t> words(size / 4);
   if (!words.empty()) std::memcpy(words.data(), bytes, words.size() * 4);
@@ -58,7 +71,14 @@ void Run(const uint8_t* settings, const uint8_t* bytes, size_t size) {
     if (minor == std::min<uint32_t>(VK_API_VERSION_MINOR(api), 3)) valid_for_device = valid.ok();
   }
 
+  if (valid_for_device) {
+    const absl::StatusOr<std::vector<uint32_t>> stoppable = core::AddCancelChecks(words);
+    Check(stoppable.ok() || absl::IsInvalidArgument(stoppable.status()), "AddCancelChecks' error",
+          stoppable.status());
+  }
+
   core::AlgorithmSpec spec;
+  if ((settings[0] & 16) != 0) spec.cancel = Cancel();
   const std::vector<std::shared_ptr<core::Tensor>>& tensors = Tensors();
   spec.tensors.assign(tensors.begin(), tensors.begin() + (settings[0] & 7));
   spec.spirv = std::move(words);
@@ -95,6 +115,7 @@ void Run(const uint8_t* settings, const uint8_t* bytes, size_t size) {
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   komputed::fuzz::InitProcess();
   komputed::fuzz::Tensors();
+  komputed::fuzz::Cancel();
   return 0;
 }
 
