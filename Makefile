@@ -3,7 +3,8 @@ BUILD ?= build
 BUILD_TYPE ?= Release
 CTEST_JOBS ?= 2
 
-.PHONY: setup configure build run example test sanitize format format-check ci bench install clean
+.PHONY: setup configure build run example test sanitize format format-check ci bench install clean \
+	fuzz fuzz-build fuzz-configure fuzz-smoke
 
 LISTEN ?= 127.0.0.1:50051
 
@@ -29,8 +30,31 @@ example: configure
 	cmake --build $(BUILD) --target array_multiplication
 	$(BUILD)/client/examples/array_multiplication
 
-test: build
+# Every suite, then the fuzz targets' smoke runs (each over its corpus and a few seconds of
+# fuzzing, in build-fuzz/).
+test: build fuzz-build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(CTEST_JOBS)
+	ctest --test-dir $(FUZZ_BUILD) --output-on-failure -j $(CTEST_JOBS)
+
+# The libFuzzer targets (tests/fuzz) in build-fuzz/: clang, -fsanitize=fuzzer-no-link,address,
+# undefined on komputed's code and libFuzzer on the targets. `make fuzz` runs each for
+# FUZZ_SECONDS (FUZZ_TARGETS: a subset, e.g. "spirv glsl") and prints the inputs executed;
+# crashes go to build-fuzz/fuzz-artifacts/.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz-configure: setup
+	@test -f $(FUZZ_BUILD)/build.ninja || CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DKOMPUTED_FUZZ=ON
+
+fuzz-build: fuzz-configure
+	cmake --build $(FUZZ_BUILD) --target fuzz_targets
+
+fuzz: fuzz-build
+	tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+fuzz-smoke: fuzz-build
+	ctest --test-dir $(FUZZ_BUILD) --output-on-failure -j $(CTEST_JOBS)
 
 # The unit and behaviour suites under AddressSanitizer and UndefinedBehaviorSanitizer (clang, with
 # -Werror and -Wthread-safety), in build-asan/.

@@ -58,7 +58,10 @@ absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
     const core::Queue& q = device.queue(i);
     pooled->queue_index_[{q.family, q.index}] = i;
   }
-  pooled->queue_sessions_.assign(device.queue_count(), 0);
+  {
+    absl::MutexLock lock(&pooled->queues_mu_);
+    pooled->queue_sessions_.assign(device.queue_count(), 0);
+  }
   const std::string label = absl::StrCat(pool_index);
   pooled->memory_used_ = &m.device_memory_used_bytes(label);
   m.device_memory_limit_bytes(label).Set(static_cast<double>(info.DeviceLocalBytes()));
@@ -93,9 +96,11 @@ absl::StatusOr<std::vector<uint32_t>> PooledDevice::AcquireQueues(
     for (const auto& [key, index] : queue_index_) {
       if (key.first == family) queues.push_back(index);
     }
-    std::sort(queues.begin(), queues.end(), [&](uint32_t a, uint32_t b) {
-      return std::make_pair(queue_sessions_[a], a) < std::make_pair(queue_sessions_[b], b);
-    });
+    // Called with queues_mu_ held (the analysis does not follow it into a lambda).
+    std::sort(
+        queues.begin(), queues.end(), [&](uint32_t a, uint32_t b) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return std::make_pair(queue_sessions_[a], a) < std::make_pair(queue_sessions_[b], b);
+        });
     return queues;
   };
   std::vector<uint32_t> result;

@@ -134,8 +134,17 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlslInChild(const std::string& comp
     if (too_big) break;
   }
   if (timed_out || too_big || out_open || err_open) kill(pid, SIGKILL);
+  // A child that closed its stdout and stderr may still be running: it too is bounded by the
+  // deadline (after it, killed) rather than waited for as long as it lives.
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  while (true) {
+    const pid_t reaped = waitpid(pid, &status, WNOHANG);
+    if (reaped == pid || (reaped < 0 && errno != EINTR)) break;
+    if (reaped == 0 && absl::Now() >= deadline && !timed_out) {
+      timed_out = true;
+      kill(pid, SIGKILL);
+    }
+    if (reaped == 0) absl::SleepFor(absl::Milliseconds(1));
   }
   if (timed_out) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -3,10 +3,12 @@
 #include "glsl_compiler.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -86,6 +88,28 @@ TEST(GlslCompiler, ARunawayCompileFailsWithinItsBound) {
                     absl::StatusCode::kInternal))
       << spirv.status();
   EXPECT_LT(took, Tight().wall_time + absl::Seconds(5));
+}
+
+// A compiler that closes its stdout and stderr and goes on running (asleep, so that no CPU bound
+// stops it) is stopped at the wall time too, not waited for (found by fuzz_glsl_pipe).
+TEST(GlslCompiler, ACompilerThatClosesItsOutputIsStoppedAtTheWallTime) {
+  char dir[] = "/tmp/glsl_compiler_test.XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string compiler = absl::StrCat(dir, "/closes_output");
+  {
+    std::ofstream script(compiler);
+    script << "#!/bin/sh\nexec >&- 2>&-\nexec sleep 30\n";
+  }
+  ASSERT_EQ(chmod(compiler.c_str(), 0700), 0);
+  GlslCompileLimits limits = Tight();
+  limits.wall_time = absl::Milliseconds(300);
+  const absl::Time start = absl::Now();
+  auto spirv = CompileGlslInChild(compiler, kScaleShader, "scale", limits);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_EQ(spirv.status().code(), absl::StatusCode::kResourceExhausted) << spirv.status();
+  EXPECT_LT(took, absl::Seconds(5));
+  std::remove(compiler.c_str());
+  rmdir(dir);
 }
 
 TEST(GlslCompiler, AMissingCompilerIsAnError) {
