@@ -184,7 +184,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
       std::make_unique<SessionManager>(s->pool_.get(), o, s->metrics_.get(), s->gate_.get());
 
   s->builds_ = std::make_unique<BuildPool>(o.build_threads, o.max_queued_builds);
-  ServiceContext context{s->pool_.get(), s->sessions_.get(), s->auth_.get(), &o,
+  ServiceContext context{s->pool_.get(),    s->sessions_.get(), s->auth_.get(), &o,
                          s->metrics_.get(), s->builds_.get()};
   s->devices_service_ = std::make_unique<DevicesService>(context);
   s->sessions_service_ = std::make_unique<SessionsService>(context);

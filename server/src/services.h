@@ -19,7 +19,7 @@ struct ServiceContext {
   const Authenticator* auth = nullptr;
   const ServerOptions* options = nullptr;  // the daemon's (max_message_bytes, idle timeout)
   Metrics* metrics = nullptr;
-  BuildPool* builds = nullptr;             // where algorithms are compiled and built
+  BuildPool* builds = nullptr;  // where algorithms are compiled and built
 };
 
 // The komputed.v1 services, on gRPC's callback API. The handlers are thin: they look the session
