@@ -19,18 +19,18 @@ namespace {
 constexpr uint32_t kOpUndef = 1, kOpExtension = 10, kOpMemoryModel = 14, kOpEntryPoint = 15,
                    kOpCapability = 17, kOpTypeBool = 20, kOpTypeInt = 21, kOpTypeStruct = 30,
                    kOpTypePointer = 32, kOpConstant = 43, kOpFunction = 54,
-                   kOpFunctionParameter = 55, kOpFunctionEnd = 56, kOpVariable = 59, kOpLoad = 61,
-                   kOpAccessChain = 65, kOpDecorate = 71, kOpMemberDecorate = 72,
-                   kOpLogicalOr = 166, kOpLogicalNot = 168, kOpLogicalAnd = 167, kOpIEqual = 170,
-                   kOpPhi = 245, kOpLoopMerge = 246, kOpSelectionMerge = 247, kOpLabel = 248,
-                   kOpBranch = 249, kOpBranchConditional = 250, kOpSwitch = 251, kOpReturn = 253,
+                   kOpFunctionParameter = 55, kOpFunctionEnd = 56, kOpVariable = 59,
+                   kOpAccessChain = 65, kOpAtomicLoad = 227, kOpDecorate = 71,
+                   kOpMemberDecorate = 72, kOpLogicalOr = 166, kOpLogicalNot = 168,
+                   kOpLogicalAnd = 167, kOpIEqual = 170, kOpPhi = 245, kOpLoopMerge = 246,
+                   kOpSelectionMerge = 247, kOpLabel = 248, kOpBranch = 249,
+                   kOpBranchConditional = 250, kOpSwitch = 251, kOpReturn = 253,
                    kOpReturnValue = 254, kOpUnreachable = 255, kOpTypeVoid = 19, kOpLine = 8,
                    kOpNoLine = 317;
 constexpr uint32_t kCapabilityVulkanMemoryModel = 5345;
 constexpr uint32_t kStorageBuffer = 12, kGLCompute = 5, kAddressingLogical = 0;
 constexpr uint32_t kDecorationBlock = 2, kDecorationVolatile = 21, kDecorationCoherent = 23,
                    kDecorationBinding = 33, kDecorationDescriptorSet = 34, kDecorationOffset = 35;
-constexpr uint32_t kMemoryAccessVolatile = 1;
 
 // Layout sections before the types: capabilities ... debug names, annotations.
 bool IsBeforeTypes(uint32_t op) {
@@ -99,6 +99,7 @@ class Rewriter {
   std::vector<Inst> added_globals_;
   std::vector<Function> functions_;
   uint32_t uint_ = 0, bool_ = 0, zero_ = 0, ptr_uint_ = 0, var_ = 0;
+  uint32_t scope_ = 0;  // the atomic load's memory scope
   absl::flat_hash_set<uint32_t> void_types_;
   absl::flat_hash_map<uint32_t, uint32_t> undefs_;  // type → OpUndef of it
 };
@@ -151,7 +152,9 @@ absl::Status Rewriter::Parse(absl::Span<const uint32_t> spirv) {
 uint32_t Rewriter::EmitNotCancelled(std::vector<Inst>& out) {
   const uint32_t pointer = NewId(), word = NewId(), ok = NewId();
   out.push_back(Make(kOpAccessChain, {ptr_uint_, pointer, var_, zero_}));
-  out.push_back(Make(kOpLoad, {uint_, word, pointer, kMemoryAccessVolatile}));
+  // An atomic load: a GPU serves it from its point of coherence, never from a cache that a
+  // spinning loop would keep reading.
+  out.push_back(Make(kOpAtomicLoad, {uint_, word, pointer, scope_, zero_}));
   out.push_back(Make(kOpIEqual, {bool_, ok, word, zero_}));
   return ok;
 }
@@ -342,13 +345,16 @@ absl::Status Rewriter::Rewrite(uint32_t set, uint32_t binding) {
   added_globals_.push_back(Make(kOpTypePointer, {ptr_uint_, kStorageBuffer, uint_}));
   added_globals_.push_back(Make(kOpVariable, {ptr_block, var_, kStorageBuffer}));
   added_globals_.push_back(Make(kOpConstant, {uint_, zero_, 0}));
+  // Device scope; the Vulkan memory model takes it only with a feature, so there QueueFamily.
+  scope_ = NewId();
+  added_globals_.push_back(Make(kOpConstant, {uint_, scope_, vulkan_memory_model ? 5u : 1u}));
   std::vector<Inst> decorations = {
       Make(kOpDecorate, {block, kDecorationBlock}),
       Make(kOpMemberDecorate, {block, 0, kDecorationOffset, 0}),
       Make(kOpDecorate, {var_, kDecorationDescriptorSet, set}),
       Make(kOpDecorate, {var_, kDecorationBinding, binding}),
   };
-  // (The Vulkan memory model has no Volatile decoration; the loads are volatile either way.)
+  // (The Vulkan memory model has no Volatile decoration; the loads are atomic either way.)
   if (!vulkan_memory_model) {
     decorations.push_back(Make(kOpDecorate, {var_, kDecorationVolatile}));
     decorations.push_back(Make(kOpDecorate, {var_, kDecorationCoherent}));
@@ -413,10 +419,9 @@ absl::StatusOr<std::shared_ptr<CancelWord>> CancelWord::Create(std::shared_ptr<D
       word->buffer_,
       Buffer::Create(*word->device_, 16, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
                      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
-                     // Host memory, not device memory the host can map: a GPU's caches may keep
-                     // a line of its own memory while a kernel spins on it and never see the
-                     // host's write (seen on NVIDIA), whereas host memory is read over the bus.
-                     VK_MEMORY_PROPERTY_HOST_CACHED_BIT, "a cancel word"));
+                     // Device memory the host maps, where the GPU has one: new invocations see the
+                     // host's write there (cached host memory they did not see, on NVIDIA).
+                     VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "a cancel word"));
   std::memset(word->buffer_.mapped(), 0, 16);
   return word;
 }
