@@ -134,6 +134,8 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlslInChild(const std::string& comp
     if (too_big) break;
   }
   if (timed_out || too_big || out_open || err_open) kill(pid, SIGKILL);
+  // The rest of the source is not sent: a child still reading it sees its end instead of waiting.
+  in_write.Close();
   // A child that closed its stdout and stderr may still be running: it too is bounded by the
   // deadline (after it, killed) rather than waited for as long as it lives.
   int status = 0;

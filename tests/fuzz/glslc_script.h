@@ -36,7 +36,7 @@ struct ScriptStep {
 
 inline constexpr size_t kMaxScriptSteps = 32;
 // The child's sleeps and spins add up to at most this (further ones are skipped).
-inline constexpr int kMaxScriptMs = 1000;
+inline constexpr int kMaxScriptMs = 2000;
 
 inline std::vector<ScriptStep> ParseScript(const std::string& header) {
   std::vector<ScriptStep> steps;

@@ -3,10 +3,11 @@
 // v1::wire::ParseTensorChunk (each split into up to 4 slices, as gRPC hands a message over in
 // pieces) and TensorWrite (Begin, Write..., Finish), then reads a range back with TensorRead.
 //
-// Checked, besides crashes and sanitizer reports: ParseTensorChunk accepts exactly what
-// protobuf's own parser accepts and gives the same fields and data; the tensor's host data is
-// what a model of the accepted writes says; Finish succeeds exactly when the chunks covered the
-// declared range; every chunk that TensorRead hands out parses back to the tensor's bytes.
+// Checked, besides crashes and sanitizer reports: ParseTensorChunk accepts what protobuf's own
+// parser accepts and gives the same fields and data; Finish succeeds exactly when the chunks
+// covered the declared range; the tensor's host data is what a model says (a call's chunks all
+// written by a Finish that succeeds, none otherwise); every chunk that TensorRead hands out
+// parses back to the tensor's bytes.
 //
 // The input (FuzzedDataProvider): from its start, the messages (ConsumeRandomLengthString: a
 // backslash and another byte end one, two backslashes are one); from its end, the numbers.
@@ -124,7 +125,10 @@ void ReadBack(const std::shared_ptr<server::Session>& session, const Plan& plan,
   uint64_t next = plan.read.offset();
   for (int i = 0; !(*read)->done(); ++i) {
     Check(i < 8192, "ReadTensor does not end");
-    grpc::ByteBuffer chunk = (*read)->Next();
+    absl::StatusOr<grpc::ByteBuffer> next_chunk = (*read)->Next();
+    CheckClientError(next_chunk.status(), "ReadTensor's next chunk");
+    Check(next_chunk.ok(), "a ReadTensor with nothing in flight stopped", next_chunk.status());
+    grpc::ByteBuffer& chunk = *next_chunk;
     std::vector<grpc::Slice> slices;
     Check(chunk.Dump(&slices).ok(), "a ReadTensor chunk's slices");
     std::string raw;
@@ -160,6 +164,7 @@ void Run(FuzzedDataProvider& in) {
   std::string model(plan.bytes, '\0');  // what the tensor's host data must hold
 
   std::unique_ptr<server::TensorWrite> write;
+  std::string staged;  // the model with the call's accepted chunks: written at Finish, all or none
   uint64_t begin = 0, end = 0;
   bool failed = false;  // a WriteTensor call ends at its first error
   for (int i = 0; i < plan.chunks && !failed; ++i) {
@@ -174,6 +179,7 @@ void Run(FuzzedDataProvider& in) {
       written = begun.status();
       if (begun.ok()) {
         write = *std::move(begun);
+        staged = model;
         begin = view.fields.offset();
         end = begin + view.fields.total_bytes();
       }
@@ -190,12 +196,14 @@ void Run(FuzzedDataProvider& in) {
     Check(offset >= begin && offset + view.data_bytes <= end,
           "a chunk outside the declared range was written");
     Check(end <= model.size(), "a range past the tensor's end was declared");
-    model.replace(offset, view.data_bytes, Data(view));
+    staged.replace(offset, view.data_bytes, Data(view));
   }
+  // A call that failed or ended short changes nothing.
   if (write != nullptr && !failed) {
     const absl::Status finished = write->Finish();
     Check(finished.ok() == (write->bytes_written() == end - begin),
           "Finish disagrees with the bytes written", finished);
+    if (finished.ok()) model = staged;
   }
   ReadBack(session, plan, model);
   write.reset();  // it holds the tensor: gone before the session closes
