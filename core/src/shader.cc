@@ -62,6 +62,12 @@ absl::Status ValidateSpirv(absl::Span<const uint32_t> spirv, uint32_t vulkan_api
     return absl::InvalidArgumentError(absl::StrCat(
         "not SPIR-V: the first word is 0x", absl::Hex(spirv[0]), ", not the magic 0x07230203"));
   }
+  // (SPIRV-Tools leaves the reserved schema word to the driver, which fails on it.)
+  if (spirv.size() < 5 || spirv[4] != 0) {
+    return absl::InvalidArgumentError(
+        spirv.size() < 5 ? "SPIR-V shorter than its 5-word header"
+                         : "invalid SPIR-V: the header's reserved schema word is not 0");
+  }
   spvtools::SpirvTools tools(TargetFor(vulkan_api_version));
   std::string messages;
   tools.SetMessageConsumer(
