@@ -83,7 +83,7 @@ The quotas of the tenants file and of --default_quota_<name>, in server/src/tena
 (tests/deploy/check_deploy.py checks that the two lists agree).
 */}}
 {{- define "komputed.quotaNames" -}}
-device_memory_bytes host_memory_bytes sessions objects_per_session inflight_submissions ops_per_sequence tensor_bytes dispatch_invocations source_bytes client_name_bytes
+device_memory_bytes host_memory_bytes sessions objects_per_session inflight_submissions ops_per_sequence tensor_bytes dispatch_invocations source_bytes client_name_bytes kernel_time_ms
 {{- end }}
 
 {{/* The Secret with the tenants file, or "" when there is none. */}}
