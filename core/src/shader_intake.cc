@@ -132,16 +132,18 @@ std::string BindingName(const SpirvBinding& b) {
 absl::Status CheckCapabilities(const SpirvModule& module, const Device& device) {
   const ShaderFeatures& features = device.shader_features();
   for (uint32_t c : module.capabilities()) {
-    const auto* allowed = std::find_if(std::begin(kAllowed), std::end(kAllowed),
-                                       [&](const auto& a) { return uint32_t(a.capability) == c; });
+    const auto* allowed =
+        std::find_if(std::begin(kAllowed), std::end(kAllowed),
+                     [&](const auto& a) { return static_cast<uint32_t>(a.capability) == c; });
     if (allowed != std::end(kAllowed)) {
       if (allowed->enabled == nullptr || allowed->enabled(features)) continue;
       return absl::InvalidArgumentError(
           absl::StrCat("the shader declares capability ", allowed->name, " (", c, "), which needs ",
                        allowed->feature, ": ", DeviceName(device), " does not have it enabled"));
     }
-    const auto* refused = std::find_if(std::begin(kRefused), std::end(kRefused),
-                                       [&](const auto& r) { return uint32_t(r.capability) == c; });
+    const auto* refused =
+        std::find_if(std::begin(kRefused), std::end(kRefused),
+                     [&](const auto& r) { return static_cast<uint32_t>(r.capability) == c; });
     if (refused != std::end(kRefused)) {
       return absl::InvalidArgumentError(absl::StrCat("the shader declares capability ",
                                                      refused->name, " (", c,
