@@ -74,6 +74,7 @@ ci: format-check test sanitize
 
 bench: build
 	$(BUILD)/tests/bench/komputed_bench
+	$(BUILD)/tests/bench/komputed_watchdog_bench
 
 install: build
 	cmake --install $(BUILD)

@@ -1,9 +1,23 @@
 #include "watchdog.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
+
 namespace komputed::server {
+namespace {
+
+// A monotonic clock: steps of the wall clock (NTP, a VM resumed) neither stop a submission early
+// nor give one extra time. Only differences between its values mean anything.
+absl::Time MonotonicNow() {
+  return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+}  // namespace
 
 std::shared_ptr<Watchdog> Watchdog::Create(absl::Duration interval, Overrun on_overrun) {
   auto watchdog = std::shared_ptr<Watchdog>(new Watchdog(interval, std::move(on_overrun)));
@@ -34,7 +48,7 @@ std::unique_ptr<Watchdog::Ticket> Watchdog::Started(QueueKey queue, std::string 
   absl::MutexLock lock(&mu_);
   const uint64_t id = next_id_++;
   Queue& q = queues_[queue];
-  const absl::Time now = absl::Now();
+  const absl::Time now = MonotonicNow();
   if (q.entries.empty()) q.head_since = now;
   q.entries.push_back({id, std::move(session_id), std::move(word), limit, now});
   return std::unique_ptr<Ticket>(new Ticket(shared_from_this(), queue, id));
@@ -49,12 +63,22 @@ void Watchdog::Finished(QueueKey queue, uint64_t id) {
       std::find_if(q.entries.begin(), q.entries.end(), [id](const Entry& e) { return e.id == id; });
   if (entry == q.entries.end()) return;
   const bool head = entry == q.entries.begin();
+  const bool was_stopped = entry->stopped;
   q.entries.erase(entry);
+  const absl::Time now = MonotonicNow();
   if (q.entries.empty()) {
     queues_.erase(it);
   } else if (head) {
     // The next submission starts running now (or started when it was made, if that is later).
-    q.head_since = std::max(absl::Now(), q.entries.front().submitted);
+    q.head_since = std::max(now, q.entries.front().submitted);
+  }
+  if (was_stopped) {
+    // A stopped submission has left the device: what ran beside it on the device's other queues
+    // may have waited for its compute units all along (a dispatch that never ends holds them),
+    // so their time starts again.
+    for (auto& [key, other] : queues_) {
+      if (key.first == queue.first) other.head_since = std::max(other.head_since, now);
+    }
   }
 }
 
@@ -68,15 +92,44 @@ size_t Watchdog::size() const {
 void Watchdog::Run() {
   absl::MutexLock lock(&mu_);
   while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), interval_)) {
-    const absl::Time now = absl::Now();
-    std::vector<std::pair<std::string, absl::Duration>> stopped;
+    const absl::Time now = MonotonicNow();
+    // Per device, the submission that ran past its limit first, unless one stopped before is
+    // still ending there.
+    struct Culprit {
+      Entry* entry;
+      const Queue* queue;
+      uint32_t queue_index;
+      absl::Time deadline;
+    };
+    absl::flat_hash_map<const void*, Culprit> culprits;
+    absl::flat_hash_set<const void*> ending;
     for (auto& [key, q] : queues_) {
       Entry& head = q.entries.front();
-      const absl::Time since = std::max(q.head_since, head.submitted);
-      if (head.stopped || now - since <= head.limit) continue;
-      head.stopped = true;
-      if (head.word != nullptr) head.word->Set();
-      stopped.emplace_back(head.session_id, head.limit);
+      if (head.stopped) {
+        ending.insert(key.first);
+        continue;
+      }
+      const absl::Time deadline = std::max(q.head_since, head.submitted) + head.limit;
+      if (now <= deadline) continue;
+      auto [it, first] = culprits.try_emplace(key.first, Culprit{&head, &q, key.second, deadline});
+      if (!first && deadline < it->second.deadline) {
+        it->second = Culprit{&head, &q, key.second, deadline};
+      }
+    }
+    std::vector<std::pair<std::string, absl::Duration>> stopped;
+    for (auto& [device, culprit] : culprits) {
+      if (ending.contains(device)) continue;
+      Entry* head = culprit.entry;
+      const absl::Time since = culprit.deadline - head->limit;
+      spdlog::warn(
+          "watchdog: stopping a submission of session {} on queue {}: at the head of its queue "
+          "for {} (limit {}; submitted {} ago; {} more queued behind it)",
+          head->session_id, culprit.queue_index, absl::FormatDuration(now - since),
+          absl::FormatDuration(head->limit), absl::FormatDuration(now - head->submitted),
+          culprit.queue->entries.size() - 1);
+      head->stopped = true;
+      if (head->word != nullptr) head->word->Set();
+      stopped.emplace_back(head->session_id, head->limit);
     }
     if (stopped.empty()) continue;
     mu_.Unlock();

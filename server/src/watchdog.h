@@ -23,8 +23,14 @@ namespace komputed::server {
 //
 // A queue runs its submissions in order, so a submission's running time starts when it reaches
 // the head of its queue: when it was submitted, or when the one before it finished, whichever is
-// later. Time spent queued behind another session's work does not count against it. Thread-safe;
-// shared by its tickets, which may outlive its owner.
+// later. Time spent queued behind another session's work does not count against it.
+//
+// The queues of one device share its compute units, and a dispatch that never ends holds them:
+// work on the device's other queues may wait for it without running. So per device, one
+// submission is stopped at a time, the one that ran past its limit first; until it has ended, no
+// other submission on that device is judged, and when it has ended, the time of the submissions
+// at the head of the device's other queues starts again. A runaway costs its neighbours the wait,
+// never their sessions. Thread-safe; shared by its tickets, which may outlive its owner.
 class Watchdog : public std::enable_shared_from_this<Watchdog> {
  public:
   // Called on the watchdog's thread, once per submission, for one that ran past `limit`.
@@ -37,7 +43,7 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  // A device queue: the device opening and the queue's index on it.
+  // A device queue: the device opening (what its queues share) and the queue's index on it.
   using QueueKey = std::pair<const void*, uint32_t>;
 
   // Follows a submission until the ticket is destroyed (when the submission has completed).

@@ -1,6 +1,8 @@
 // The kernel watchdog: a session whose kernel runs past --max_kernel_time is stopped and closed,
 // while health, other sessions' setup and their evaluations keep working.
 
+#include "watchdog.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -154,6 +157,78 @@ TEST_F(WatchdogTest, QueueWaitDoesNotCountAgainstTheLimit) {
   }
   EXPECT_GT(evals, 1);
   EXPECT_THAT(CreateTensor(FloatTensor(s, 100, {1})), IsOk());
+}
+
+// The watchdog on its own, with made-up queues: what it stops, and when.
+class WatchdogUnitTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<Watchdog> watchdog_ =
+      Watchdog::Create(absl::Milliseconds(5), [this](const std::string& session, absl::Duration) {
+        absl::MutexLock lock(&mu_);
+        stopped_.push_back(session);
+      });
+  absl::Mutex mu_;
+  std::vector<std::string> stopped_ ABSL_GUARDED_BY(mu_);
+
+  std::vector<std::string> Stopped() {
+    absl::MutexLock lock(&mu_);
+    return stopped_;
+  }
+  // Waits (bounded) until `n` submissions have been stopped.
+  bool AwaitStopped(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopped_.size() >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(30));
+  }
+  void TearDown() override { watchdog_->Stop(); }
+};
+
+// Two devices, told apart by their addresses.
+const char kDeviceA = 'a', kDeviceB = 'b';
+
+TEST_F(WatchdogUnitTest, ARunawayCostsItsNeighboursTheWaitNotTheirSessions) {
+  // The runaway holds device A's compute units: the neighbour's submission on another queue of
+  // A cannot run meanwhile and would pass its own limit.
+  auto runaway = watchdog_->Started({&kDeviceA, 0}, "runaway", nullptr, absl::Milliseconds(20));
+  ASSERT_TRUE(AwaitStopped(1));
+  auto neighbour =
+      watchdog_->Started({&kDeviceA, 1}, "neighbour", nullptr, absl::Milliseconds(300));
+  // While the stopped runaway is still ending, the neighbour is not judged: 3 of its limits.
+  absl::SleepFor(absl::Milliseconds(900));
+  EXPECT_THAT(Stopped(), ElementsAre("runaway"));
+  // The runaway has ended: the neighbour's time starts again, and it completes within it.
+  runaway.reset();
+  neighbour.reset();
+  EXPECT_THAT(Stopped(), ElementsAre("runaway"));
+}
+
+TEST_F(WatchdogUnitTest, AfterTheRunawayHasEndedAStillRunningNeighbourGetsItsLimitAgain) {
+  auto runaway = watchdog_->Started({&kDeviceA, 0}, "runaway", nullptr, absl::Milliseconds(20));
+  ASSERT_TRUE(AwaitStopped(1));
+  auto second = watchdog_->Started({&kDeviceA, 1}, "second", nullptr, absl::Milliseconds(20));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_THAT(Stopped(), ElementsAre("runaway"));
+  const absl::Time ended = absl::Now();
+  runaway.reset();
+  // A second runaway is stopped in its turn, no sooner than its limit after the first ended.
+  ASSERT_TRUE(AwaitStopped(2));
+  EXPECT_GE(absl::Now() - ended, absl::Milliseconds(20));
+  EXPECT_THAT(Stopped(), ElementsAre("runaway", "second"));
+}
+
+TEST_F(WatchdogUnitTest, OtherDevicesAreJudgedWhileARunawayEnds) {
+  auto runaway = watchdog_->Started({&kDeviceA, 0}, "runaway", nullptr, absl::Milliseconds(20));
+  ASSERT_TRUE(AwaitStopped(1));
+  auto other = watchdog_->Started({&kDeviceB, 0}, "other", nullptr, absl::Milliseconds(20));
+  ASSERT_TRUE(AwaitStopped(2));
+  EXPECT_THAT(Stopped(), ElementsAre("runaway", "other"));
+}
+
+TEST_F(WatchdogUnitTest, OfTwoOverrunsOnOneDeviceTheFirstIsStopped) {
+  auto late = watchdog_->Started({&kDeviceA, 1}, "late", nullptr, absl::Milliseconds(200));
+  auto early = watchdog_->Started({&kDeviceA, 0}, "early", nullptr, absl::Milliseconds(20));
+  ASSERT_TRUE(AwaitStopped(1));
+  EXPECT_THAT(Stopped(), ElementsAre("early"));
 }
 
 }  // namespace

@@ -1,0 +1,258 @@
+// komputed_watchdog_bench: what one session's runaway kernel costs the daemon's other sessions.
+//
+// An in-process daemon with --max_kernel_time=--limit serves two remote kp::Managers over TCP
+// loopback: a neighbour that runs the tiny eval (x*2+1 over 1024 floats, synced up and back) in a
+// loop, and a runaway that evaluates a kernel that never ends by itself (a loop without end on a
+// GPU; on lavapipe, which ends every loop after about 65535 iterations, hours of work spread over
+// 65535 x 64 workgroups). The neighbour's latency is measured on the idle daemon, during the
+// runaway, and after the watchdog has stopped it. Printed: p50, p99 and max of each phase, the
+// ratios against the idle daemon, and the time from the limit to the runaway's end (its eval
+// fails with DEADLINE_EXCEEDED once its submission has ended) and to the neighbour's next
+// completed eval. Exits 1 when the runaway is not stopped with DEADLINE_EXCEEDED or a neighbour's
+// result is wrong.
+//
+// The limit counts from the moment the runaway's submission reaches the head of its queue; the
+// daemon is idle when it is submitted, so that is when it is submitted.
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <kompute/Kompute.hpp>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench_common.h"
+#include "komputed/core/shader.h"
+#include "server.h"
+
+ABSL_FLAG(absl::Duration, limit, absl::Seconds(5), "the daemon's --max_kernel_time");
+ABSL_FLAG(absl::Duration, idle, absl::Seconds(3),
+          "how long the neighbour's latency is measured on the idle daemon, and again after");
+ABSL_FLAG(uint32_t, device, 0, "the physical device (Vulkan index) that the daemon serves");
+
+namespace komputed_bench {
+namespace {
+
+constexpr char kTinyShader[] = R"(
+#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) buffer Data { float v[]; };
+void main() {
+  uint i = gl_GlobalInvocationID.x;
+  v[i] = v[i] * 2.0 + 1.0;
+}
+)";
+
+// Loops for ever while params.iterations is 0.
+constexpr char kRunawayShader[] = R"(
+#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) buffer Out { float result[]; };
+layout(push_constant) uniform Params { uint iterations; } params;
+void main() {
+  float acc = float(gl_GlobalInvocationID.x + gl_GlobalInvocationID.y);
+  for (uint k = 0; params.iterations == 0u || k < params.iterations; ++k) acc = acc * 0.999 + 1.0;
+  if (acc == -12345.0) result[0] = acc;
+}
+)";
+
+// One neighbour eval: when it completed, and how long it took.
+struct Sample {
+  absl::Time done;
+  absl::Duration took;
+};
+
+struct Stats {
+  size_t n = 0;
+  absl::Duration p50, p99, max;
+};
+
+Stats Summarise(std::vector<absl::Duration> d) {
+  Stats s;
+  s.n = d.size();
+  if (d.empty()) return s;
+  std::sort(d.begin(), d.end());
+  auto at = [&](double q) { return d[std::min(d.size() - 1, static_cast<size_t>(q * d.size()))]; };
+  s.p50 = at(0.50);
+  s.p99 = at(0.99);
+  s.max = d.back();
+  return s;
+}
+
+std::string Us(absl::Duration d) {
+  return absl::StrCat(static_cast<int64_t>(absl::ToDoubleMicroseconds(d)), " us");
+}
+
+void Print(const char* phase, const Stats& s) {
+  std::printf("  %-28s n=%-7zu p50 %-12s p99 %-12s max %s\n", phase, s.n, Us(s.p50).c_str(),
+              Us(s.p99).c_str(), Us(s.max).c_str());
+}
+
+// The neighbour's tiny eval, checked. Throws kp::Error; false on a wrong result.
+bool TinyEval(KpTiny& tiny, uint64_t i) {
+  const TinyStep step(i);
+  tiny.tensor->data()[step.k] = step.v;
+  tiny.sequence->eval();
+  return tiny.tensor->data()[step.k] == step.expected();
+}
+
+// Runs the neighbour's eval until `until` returns true (checked before each eval); each eval's
+// sample is appended to `out`. False on a wrong result.
+template <typename Until>
+bool Measure(KpTiny& tiny, uint64_t& i, std::vector<Sample>& out, Until until) {
+  while (!until()) {
+    const absl::Time start = absl::Now();
+    if (!TinyEval(tiny, i++)) return false;
+    const absl::Time done = absl::Now();
+    out.push_back({done, done - start});
+  }
+  return true;
+}
+
+std::vector<absl::Duration> Took(const std::vector<Sample>& samples) {
+  std::vector<absl::Duration> d;
+  d.reserve(samples.size());
+  for (const Sample& s : samples) d.push_back(s.took);
+  return d;
+}
+
+int Run() {
+  const absl::Duration limit = absl::GetFlag(FLAGS_limit);
+  const absl::Duration idle = absl::GetFlag(FLAGS_idle);
+  spdlog::set_level(spdlog::level::warn);
+  komputed::server::ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.metrics_listen = "";
+  options.devices = {absl::GetFlag(FLAGS_device)};
+  options.max_kernel_time = limit;
+  absl::StatusOr<std::unique_ptr<komputed::server::Server>> server =
+      komputed::server::Server::Start(options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "komputed_watchdog_bench: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  const std::string address = (*server)->address();
+  absl::StatusOr<std::vector<uint32_t>> tiny_spirv =
+      komputed::core::CompileGlsl(kTinyShader, "tiny.comp");
+  absl::StatusOr<std::vector<uint32_t>> runaway_spirv =
+      komputed::core::CompileGlsl(kRunawayShader, "runaway.comp");
+  if (!tiny_spirv.ok() || !runaway_spirv.ok()) {
+    std::fprintf(stderr, "komputed_watchdog_bench: the shaders do not compile\n");
+    return 1;
+  }
+
+  int rc = 0;
+  try {
+    kp::Manager neighbour_mgr(address);
+    KpTiny tiny = MakeKpTiny(neighbour_mgr, *tiny_spirv);
+    uint64_t i = 0;
+    for (int w = 0; w < 50; ++w) TinyEval(tiny, i++);  // warm up
+
+    std::vector<Sample> before, during, after;
+    absl::Time end = absl::Now() + idle;
+    if (!Measure(tiny, i, before, [&] { return absl::Now() >= end; })) return 1;
+
+    // The runaway, in its own session (on a device with several queues, on another queue).
+    kp::Manager runaway_mgr(address);
+    auto out = runaway_mgr.tensorT<float>(std::vector<float>(1024, 0.0f));
+    auto algo = runaway_mgr.algorithm<float, uint32_t>({out}, *runaway_spirv,
+                                                       kp::Workgroup{65535, 64, 1}, {}, {0u});
+    auto seq = runaway_mgr.sequence();
+    seq->record<kp::OpAlgoDispatch>(algo);
+    std::atomic<bool> ended{false};
+    absl::Time submitted, runaway_end;
+    int runaway_code = 0;
+    std::string runaway_message;
+    submitted = absl::Now();
+    seq->evalAsync();
+    std::thread waiter([&] {
+      try {
+        seq->evalAwait();
+        runaway_message = "completed without being stopped";
+      } catch (const kp::Error& e) {
+        runaway_code = static_cast<int>(e.code());
+        runaway_message = e.what();
+      }
+      runaway_end = absl::Now();
+      ended = true;
+    });
+    // The waiter is joined however the neighbour's evals end (the watchdog bounds the wait).
+    bool right = false;
+    std::exception_ptr failed;
+    try {
+      right = Measure(tiny, i, during, [&] { return ended.load(); });
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    waiter.join();
+    if (failed) std::rethrow_exception(failed);
+    if (!right) return 1;
+    end = absl::Now() + idle;
+    if (!Measure(tiny, i, after, [&] { return absl::Now() >= end; })) return 1;
+
+    // The evals that began while the runaway ran (on a one-queue device the one that waits for
+    // its end among them), and the first that completed after the limit.
+    std::vector<Sample> while_running;
+    const absl::Time limit_at = submitted + limit;
+    absl::Time first_after_limit = absl::InfiniteFuture();
+    for (const std::vector<Sample>* v : {&during, &after}) {
+      for (const Sample& s : *v) {
+        if (s.done - s.took < runaway_end) while_running.push_back(s);
+        if (s.done >= limit_at) first_after_limit = std::min(first_after_limit, s.done);
+      }
+    }
+    const Stats idle_stats = Summarise(Took(before));
+    const Stats during_stats = Summarise(Took(while_running));
+    const Stats after_stats = Summarise(Took(after));
+    std::printf("komputed_watchdog_bench: %s, --max_kernel_time=%s\n",
+                neighbour_mgr.getDeviceProperties().deviceName.data(),
+                absl::FormatDuration(limit).c_str());
+    std::printf("the neighbour's tiny eval (remote, TCP loopback):\n");
+    Print("idle daemon", idle_stats);
+    Print("during the runaway", during_stats);
+    Print("after the runaway", after_stats);
+    auto ratio = [](absl::Duration a, absl::Duration b) {
+      return b > absl::ZeroDuration() ? absl::FDivDuration(a, b) : 0.0;
+    };
+    std::printf("  during/idle: p50 %.2fx, p99 %.2fx\n", ratio(during_stats.p50, idle_stats.p50),
+                ratio(during_stats.p99, idle_stats.p99));
+    std::printf("the runaway: code %d after %s: %s\n", runaway_code,
+                absl::FormatDuration(runaway_end - submitted).c_str(), runaway_message.c_str());
+    std::printf("from the limit to the runaway's end: %s\n",
+                absl::FormatDuration(runaway_end - limit_at).c_str());
+    std::printf("from the limit to the neighbour's next completed eval: %s\n",
+                absl::FormatDuration(first_after_limit - limit_at).c_str());
+    if (runaway_code != static_cast<int>(absl::StatusCode::kDeadlineExceeded)) {
+      std::printf("FAILED: the runaway was not stopped with DEADLINE_EXCEEDED\n");
+      rc = 1;
+    }
+  } catch (const kp::Error& e) {
+    std::fprintf(stderr, "komputed_watchdog_bench: %s\n", e.what());
+    rc = 1;
+  }
+  (*server)->Shutdown();
+  return rc;
+}
+
+}  // namespace
+}  // namespace komputed_bench
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "What one session's runaway kernel costs the other sessions of a komputed daemon.");
+  absl::ParseCommandLine(argc, argv);
+  return komputed_bench::Run();
+}
