@@ -105,9 +105,9 @@ absl::Time Deadline(const grpc::CallbackServerContext& context) {
 // and go into the tensor's host data together once the client has sent them all (TensorWrite).
 class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  WriteTensorReactor(SessionManager* sessions, absl::StatusOr<Caller> caller,
-                     grpc::ByteBuffer* response)
-      : sessions_(sessions), response_(response) {
+  WriteTensorReactor(SessionManager* sessions, const grpc::CallbackServerContext* context,
+                     absl::StatusOr<Caller> caller, grpc::ByteBuffer* response)
+      : sessions_(sessions), context_(context), response_(response) {
     if (!caller.ok()) {
       Finish(ToGrpcStatus(caller.status()));
       return;
@@ -118,6 +118,13 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client is done sending (or gone)
+      if (context_->IsCancelled()) {
+        // The client went away (or gave up) mid-stream: not a request of the wrong size.
+        End(absl::CancelledError(absl::StrCat(
+            "WriteTensor: the call was cancelled before the client had sent every chunk",
+            write_ == nullptr ? "" : "; nothing was written")));
+        return;
+      }
       if (write_ == nullptr) {
         End(absl::InvalidArgumentError(
             "WriteTensor: no chunk was sent (the first one names the session and tensor)"));
@@ -175,6 +182,7 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
   }
 
   SessionManager* const sessions_;
+  const grpc::CallbackServerContext* const context_;  // valid until OnDone
   grpc::ByteBuffer* const response_;
   Caller caller_;
   std::string session_id_;  // named by the first chunk
@@ -596,7 +604,8 @@ grpc::ServerUnaryReactor* TensorsService::DestroyTensor(grpc::CallbackServerCont
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* TensorsService::WriteTensor(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
-  return new WriteTensorReactor(ctx_.sessions, ctx_.auth->Authenticate(*context), response);
+  return new WriteTensorReactor(ctx_.sessions, context, ctx_.auth->Authenticate(*context),
+                                response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* TensorsService::ReadTensor(
