@@ -705,6 +705,10 @@ TEST(Chaos, SigtermUnderLoadLosesNoAcceptedEvaluation) {
   ASSERT_TRUE(daemon.started());
   const ts::SlowWork work = CalibrateSlowWork(daemon.address(), absl::Milliseconds(1000));
   HashSpirv();
+  // A client idle through the drain, which calls again once the daemon has gone.
+  auto idle = std::make_unique<kp::Manager>(daemon.address());
+  auto idle_pipeline = std::make_unique<HashPipeline>(*idle, 256, 5);
+  ASSERT_TRUE(idle_pipeline->Run(5, 0));
 
   absl::Mutex mu;
   std::vector<Outcomes> outcomes(kLoopers);
@@ -809,6 +813,29 @@ TEST(Chaos, SigtermUnderLoadLosesNoAcceptedEvaluation) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
   const std::string log = daemon.Log();
   EXPECT_THAT(log, testing::HasSubstr("komputed drained in"));  // not "drain timeout"
+
+  // After the drain the daemon is gone: a client's next eval, unary or on the Execute stream, is
+  // UNAVAILABLE from its channel (nothing was accepted).
+  std::string after_exit[2];
+  for (int async = 0; async < 2; ++async) {
+    try {
+      if (async == 1) {
+        idle_pipeline->Fill(5, 2);
+        idle_pipeline->sequence().evalAsync();
+        idle_pipeline->sequence().evalAwait();
+      } else {
+        idle_pipeline->Run(5, 1);
+      }
+      ADD_FAILURE() << "an eval succeeded after the daemon exited";
+    } catch (const kp::Error& e) {
+      EXPECT_EQ(e.code(), kp::ErrorCode::kUnavailable) << e.what();
+      // Why, in words a person can act on: there is no daemon to connect to.
+      EXPECT_THAT(e.what(), testing::HasSubstr("connect")) << (async == 1 ? "evalAsync" : "eval");
+      after_exit[async] = e.what();
+    }
+  }
+  idle_pipeline.reset();
+  idle.reset();
   int64_t completed = 0, refused = 0;
   std::map<std::string, int> refusal_kinds;
   for (int c = 0; c < kLoopers; ++c) {
@@ -831,11 +858,13 @@ TEST(Chaos, SigtermUnderLoadLosesNoAcceptedEvaluation) {
       "drain: %d loopers (%d unary, %d async x2, %d x 8 MiB, %d slow ~1s); SIGTERM after %lld "
       "evals; %s\n"
       "  %lld evaluations completed exactly (%lld after the SIGTERM), %lld refused (%s), 0 lost; "
-      "exit 0 %.2fs after the SIGTERM (drain timeout %s)\n",
+      "exit 0 %.2fs after the SIGTERM (drain timeout %s)\n"
+      "  after the exit: eval '%s'; evalAsync '%s'\n",
       kLoopers, kUnary, kAsync, kBig, kSlow, static_cast<long long>(completed_before),
       in_flight.c_str(), static_cast<long long>(completed),
       static_cast<long long>(completed - completed_before), static_cast<long long>(refused),
-      kinds.c_str(), exit_s, absl::FormatDuration(kDrainTimeout).c_str());
+      kinds.c_str(), exit_s, absl::FormatDuration(kDrainTimeout).c_str(), after_exit[0].c_str(),
+      after_exit[1].c_str());
 }
 
 }  // namespace
