@@ -853,7 +853,9 @@ TEST(Chaos, SigtermUnderLoadLosesNoAcceptedEvaluation) {
   const size_t at = log.find("waiting up to");
   if (at != std::string::npos) in_flight = log.substr(at, log.find('\n', at) - at);
   std::string kinds;
-  for (const auto& [kind, n] : refusal_kinds) absl::StrAppend(&kinds, " ", kind, " ", n);
+  for (const auto& [kind, n] : refusal_kinds) {
+    absl::StrAppend(&kinds, kinds.empty() ? "" : ", ", kind, " ", n);
+  }
   std::printf(
       "drain: %d loopers (%d unary, %d async x2, %d x 8 MiB, %d slow ~1s); SIGTERM after %lld "
       "evals; %s\n"
