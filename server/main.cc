@@ -123,7 +123,8 @@ ABSL_FLAG(uint64_t, default_quota_client_name_bytes, 0,
 ABSL_FLAG(uint64_t, default_quota_kernel_time_ms, 0,
           "milliseconds one submission may run; lowers --max_kernel_time (0: that limit)");
 ABSL_FLAG(int, build_threads, 2,
-          "threads that compile GLSL and build pipelines, off the threads that serve calls");
+          "threads that compile GLSL, build pipelines and create large tensors, off the threads "
+          "that serve calls");
 ABSL_FLAG(absl::Duration, max_kernel_time, absl::Seconds(10),
           "a submission that runs longer is stopped by the kernel watchdog, and its session is "
           "closed (0: no watchdog)");

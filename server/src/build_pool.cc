@@ -23,7 +23,8 @@ absl::Status BuildPool::Run(std::function<void()> job) {
   if (jobs_.size() >= max_queued_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the daemon has ", jobs_.size(),
-                     " shader builds waiting already; try again when they are done"));
+                     " builds (shaders, large tensors) waiting already; try again when they are "
+                     "done"));
   }
   jobs_.push_back(std::move(job));
   return absl::OkStatus();

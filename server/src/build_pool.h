@@ -12,9 +12,10 @@
 
 namespace komputed::server {
 
-// A few threads for the slow CPU work of requests — compiling GLSL, building pipelines — so that
-// gRPC's serving threads never wait on it: a handler hands its work here and finishes its call
-// from the job. At most `max_queued` jobs wait; more are refused. Thread-safe.
+// A few threads for the slow CPU work of requests — compiling GLSL, building pipelines, filling
+// the memory of large new tensors — so that gRPC's serving threads never wait on it: a handler
+// hands its work here and finishes its call from the job. At most `max_queued` jobs wait; more are
+// refused. Thread-safe.
 class BuildPool {
  public:
   BuildPool(int threads, size_t max_queued);

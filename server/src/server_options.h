@@ -34,8 +34,9 @@ struct ServerOptions {
   // The kernel watchdog (watchdog.h): a submission that runs longer is stopped and its session
   // closed; zero: no watchdog (shaders are then not rewritten with cancel checks).
   absl::Duration max_kernel_time = absl::Seconds(10);
-  // Threads that compile GLSL and build pipelines for CreateAlgorithm and RebuildAlgorithm, off
-  // gRPC's serving threads, and how many such requests may wait for them.
+  // Threads that compile GLSL and build pipelines for CreateAlgorithm and RebuildAlgorithm, and
+  // create large tensors for CreateTensor, off gRPC's serving threads, and how many such requests
+  // may wait for them.
   int build_threads = 2;
   size_t max_queued_builds = 256;
   // How often the watchdog looks.

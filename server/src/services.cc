@@ -25,6 +25,23 @@ namespace {
 // Room in a message for everything but a chunk's data bytes.
 constexpr uint64_t kChunkOverhead = 1024;
 
+// A tensor of at least this many elements is created on the build pool: filling its memory
+// (zeros or the initial data, in staging and, where the device maps it, the buffer) takes
+// milliseconds per MiB, and gRPC has few serving threads (two on a two-core host), so a few such
+// requests at once would hold up every other client's calls for seconds.
+constexpr uint64_t kBuildPoolTensorElements = uint64_t{1} << 18;
+
+// Whether an eval's commands create a tensor that is created on the build pool.
+bool CreatesLargeTensor(const v1::EvalRequest& request) {
+  for (const v1::Command& command : request.commands()) {
+    if (command.has_create_tensor() &&
+        command.create_tensor().count() >= kBuildPoolTensorElements) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Finishes a unary call with `status`, logging a failure with the method and the session that
 // the request names (empty when none).
 // A failure of an authenticated caller counts as its tenant's error.
@@ -51,7 +68,8 @@ grpc::ServerUnaryReactor* InSession(grpc::CallbackServerContext* context, absl::
 }
 
 // InSession with `fn` run on the build pool: the serving thread returns at once, and the job
-// finishes the call. `fn` must own what it uses of the request.
+// finishes the call. `fn` must own what it uses of the request, or use it only while it runs (the
+// job finishes the call after it has returned).
 template <typename Fn>
 grpc::ServerUnaryReactor* InSessionOnBuildPool(grpc::CallbackServerContext* context,
                                                absl::string_view method, const ServiceContext& ctx,
@@ -87,9 +105,9 @@ absl::Time Deadline(const grpc::CallbackServerContext& context) {
 // and go into the tensor's host data together once the client has sent them all (TensorWrite).
 class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  WriteTensorReactor(SessionManager* sessions, absl::StatusOr<Caller> caller,
-                     grpc::ByteBuffer* response)
-      : sessions_(sessions), response_(response) {
+  WriteTensorReactor(SessionManager* sessions, const grpc::CallbackServerContext* context,
+                     absl::StatusOr<Caller> caller, grpc::ByteBuffer* response)
+      : sessions_(sessions), context_(context), response_(response) {
     if (!caller.ok()) {
       Finish(ToGrpcStatus(caller.status()));
       return;
@@ -100,6 +118,13 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client is done sending (or gone)
+      if (context_->IsCancelled()) {
+        // The client went away (or gave up) mid-stream: not a request of the wrong size.
+        End(absl::CancelledError(absl::StrCat(
+            "WriteTensor: the call was cancelled before the client had sent every chunk",
+            write_ == nullptr ? "" : "; nothing was written")));
+        return;
+      }
       if (write_ == nullptr) {
         End(absl::InvalidArgumentError(
             "WriteTensor: no chunk was sent (the first one names the session and tensor)"));
@@ -157,6 +182,7 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
   }
 
   SessionManager* const sessions_;
+  const grpc::CallbackServerContext* const context_;  // valid until OnDone
   grpc::ByteBuffer* const response_;
   Caller caller_;
   std::string session_id_;  // named by the first chunk
@@ -556,12 +582,17 @@ grpc::ServerUnaryReactor* SessionsService::Ping(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* TensorsService::CreateTensor(grpc::CallbackServerContext* context,
                                                        const v1::CreateTensorRequest* request,
                                                        v1::CreateTensorResponse*) {
-  return InSession(context, "CreateTensor", ctx_, request->session_id(),
-                   [&](Session& s) -> absl::Status {
-                     absl::StatusOr<TensorRequest> tensor = wire::FromWire(*request);
-                     if (!tensor.ok()) return tensor.status();
-                     return s.CreateTensor(*tensor);
-                   });
+  // `request` (and the data that the TensorRequest refers to) lives until the call is finished,
+  // which the job does once it has created the tensor.
+  auto create = [request](Session& s) -> absl::Status {
+    absl::StatusOr<TensorRequest> tensor = wire::FromWire(*request);
+    if (!tensor.ok()) return tensor.status();
+    return s.CreateTensor(*tensor);
+  };
+  if (request->count() >= kBuildPoolTensorElements) {
+    return InSessionOnBuildPool(context, "CreateTensor", ctx_, request->session_id(), create);
+  }
+  return InSession(context, "CreateTensor", ctx_, request->session_id(), create);
 }
 
 grpc::ServerUnaryReactor* TensorsService::DestroyTensor(grpc::CallbackServerContext* context,
@@ -573,7 +604,8 @@ grpc::ServerUnaryReactor* TensorsService::DestroyTensor(grpc::CallbackServerCont
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* TensorsService::WriteTensor(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
-  return new WriteTensorReactor(ctx_.sessions, ctx_.auth->Authenticate(*context), response);
+  return new WriteTensorReactor(ctx_.sessions, context, ctx_.auth->Authenticate(*context),
+                                response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* TensorsService::ReadTensor(
@@ -650,20 +682,34 @@ grpc::ServerUnaryReactor* SequencesService::Eval(grpc::CallbackServerContext* co
   }
   std::shared_ptr<Session> session = *std::move(found);  // alive until Eval has returned
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // The callback holds the session in use (not reaped) until the eval has completed.
-  session->Eval(wire::FromWire(*request, session->id()), Deadline(*context),
-                /*may_wait_inline=*/true,
-                [reactor, session, response,
-                 account = caller->account](absl::StatusOr<EvalResult> result) mutable {
-                  if (result.ok()) {
-                    wire::ToWire(*std::move(result), response);
-                  } else {
-                    LogFailure("Eval", session->id(), "", result.status());
-                    account->CountError(result.status());
-                  }
-                  session.reset();
-                  reactor->Finish(ToGrpcStatus(result.status()));
-                });
+  // The callback holds the session in use (not reaped) until the eval has completed. `request`
+  // lives until the call is finished, which the callback does last.
+  auto eval = [context, request, response, reactor, session,
+               account = caller->account](bool may_wait_inline) {
+    session->Eval(wire::FromWire(*request, session->id()), Deadline(*context), may_wait_inline,
+                  [reactor, session, response, account](absl::StatusOr<EvalResult> result) mutable {
+                    if (result.ok()) {
+                      wire::ToWire(*std::move(result), response);
+                    } else {
+                      LogFailure("Eval", session->id(), "", result.status());
+                      account->CountError(result.status());
+                    }
+                    session.reset();
+                    reactor->Finish(ToGrpcStatus(result.status()));
+                  });
+  };
+  if (!CreatesLargeTensor(*request)) {
+    eval(/*may_wait_inline=*/true);
+    return reactor;
+  }
+  // Large tensors are created off the serving thread (kBuildPoolTensorElements), and the eval
+  // with them.
+  absl::Status queued = ctx_.builds->Run([eval] { eval(/*may_wait_inline=*/false); });
+  if (!queued.ok()) {
+    LogFailure("Eval", request->session_id(), context->peer(), queued);
+    caller->account->CountError(queued);
+    reactor->Finish(ToGrpcStatus(queued));
+  }
   return reactor;
 }
 

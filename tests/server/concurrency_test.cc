@@ -74,5 +74,61 @@ TEST_F(ServerTest, EightClientsFiftyEvalsEachAreCorrect) {
   EXPECT_EQ(devices.devices(0).sessions(), 0u);
 }
 
+// A large tensor's memory takes milliseconds per MiB to fill, so it is created on the build pool
+// rather than on one of gRPC's few serving threads, whether CreateTensor or an eval's command
+// asks for it; small ones are created on the serving thread.
+constexpr uint64_t kLargeTensor = uint64_t{1} << 18;  // elements
+
+v1::EvalRequest CreateInEval(const std::string& session, const v1::CreateTensorRequest& tensor) {
+  v1::EvalRequest r;
+  r.set_session_id(session);
+  *r.add_commands()->mutable_create_tensor() = tensor;
+  r.mutable_commands(0)->mutable_create_tensor()->clear_session_id();
+  return r;
+}
+
+TEST_F(ServerTest, LargeTensorsAreCreatedWithTheirData) {
+  const std::string s = Open();
+  std::vector<float> data(kLargeTensor);
+  for (uint64_t i = 0; i < kLargeTensor; ++i) data[i] = static_cast<float>(i % 1000) + 0.25f;
+  ASSERT_THAT(CreateTensor(FloatTensor(s, 1, data)), IsOk());
+  ASSERT_THAT(CreateTensor(FloatTensor(s, 2, std::vector<float>(kLargeTensor, 0.0f))), IsOk());
+  v1::EvalResponse created;
+  ASSERT_THAT(Eval(CreateInEval(s, FloatTensor(s, 3, data)), &created), IsOk());
+  v1::EvalRequest read;
+  read.set_session_id(s);
+  for (uint64_t h : {1, 2, 3}) read.add_downloads(h);
+  v1::EvalResponse resp;
+  ASSERT_THAT(Eval(read, &resp), IsOk());
+  ASSERT_EQ(resp.downloads_size(), 3);
+  EXPECT_TRUE(Floats(resp.downloads(0).data()) == data);
+  EXPECT_TRUE(Floats(resp.downloads(1).data()) == std::vector<float>(kLargeTensor, 0.0f));
+  EXPECT_TRUE(Floats(resp.downloads(2).data()) == data);
+}
+
+// A daemon whose build pool queues nothing: whatever is sent there is refused.
+class NoBuildQueueTest : public ServerTest {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions options = ServerTest::Options();
+    options.max_queued_builds = 0;
+    return options;
+  }
+};
+
+TEST_F(NoBuildQueueTest, LargeTensorsGoToTheBuildPool) {
+  const std::string s = Open();
+  const std::vector<float> large(kLargeTensor, 1.0f);
+  const std::vector<float> small(kLargeTensor - 1, 1.0f);
+  grpc::Status refused = CreateTensor(FloatTensor(s, 1, large));
+  EXPECT_THAT(refused, HasCode(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("large tensors"));
+  v1::EvalResponse resp;
+  EXPECT_THAT(Eval(CreateInEval(s, FloatTensor(s, 2, large)), &resp),
+              HasCode(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  EXPECT_THAT(CreateTensor(FloatTensor(s, 3, small)), IsOk());
+  EXPECT_THAT(Eval(CreateInEval(s, FloatTensor(s, 4, small)), &resp), IsOk());
+}
+
 }  // namespace
 }  // namespace komputed::server::testing

@@ -258,6 +258,16 @@ TEST_F(AllOrNothingTest, ACancelledWriteChangesNothing) {
   ctx.TryCancel();
   EXPECT_THAT(writer->Finish(), HasCode(grpc::StatusCode::CANCELLED));
   ExpectUnchanged();
+  // The daemon counts the call as cancelled, not as a request of the wrong size (the client did
+  // nothing wrong: it went away).
+  Metrics& m = server_->metrics();
+  const absl::Time counted = absl::Now() + absl::Seconds(30);
+  while (m.rpcs_total("komputed.v1.Tensors/WriteTensor", "CANCELLED").Value() < 1 &&
+         absl::Now() < counted) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(m.rpcs_total("komputed.v1.Tensors/WriteTensor", "CANCELLED").Value(), 1);
+  EXPECT_EQ(m.rpcs_total("komputed.v1.Tensors/WriteTensor", "INVALID_ARGUMENT").Value(), 0);
 }
 
 TEST_F(AllOrNothingTest, AShortWriteChangesNothing) {

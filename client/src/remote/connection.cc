@@ -158,7 +158,11 @@ absl::StatusOr<std::shared_ptr<Connection::Pending>> Connection::ExecuteAsync(
       std::lock_guard<std::mutex> plock(pending_mu_);
       pending_.erase(id);
     }
-    CloseStreamLocked();
+    // Why it broke (the daemon unreachable, or refusing the stream), where the stream says.
+    const grpc::Status why = CloseStreamLocked();
+    if (!why.ok() && why.error_code() != grpc::StatusCode::CANCELLED) {
+      return FromGrpcStatusWithHint(why, "the Execute stream to the daemon broke");
+    }
     return absl::UnavailableError("the Execute stream to the daemon broke");
   }
   return pending;
@@ -226,14 +230,15 @@ void Connection::OpenStreamLocked() {
   });
 }
 
-// Cancels the stream (no waiting for the daemon), then collects the reader.
-void Connection::CloseStreamLocked() {
-  if (stream_ == nullptr) return;
+grpc::Status Connection::CloseStreamLocked() {
+  if (stream_ == nullptr) return grpc::Status::OK;
+  // A stream that has ended already (the daemon gone, or refusing it) keeps its status.
   stream_context_->TryCancel();
   if (reader_.joinable()) reader_.join();
-  stream_->Finish().IgnoreError();
+  grpc::Status status = stream_->Finish();
   stream_.reset();
   stream_context_.reset();
+  return status;
 }
 
 void Connection::Complete(Pending& p, absl::Status status, v1::EvalResponse result) {

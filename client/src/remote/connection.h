@@ -76,7 +76,9 @@ class Connection {
   void StartKeepAlive();
   void StopKeepAlive();
   void OpenStreamLocked();
-  void CloseStreamLocked();
+  // Cancels the stream (no waiting for the daemon) and collects its reader: the status that the
+  // stream ended with (CANCELLED when it was still open), or OK when there was none.
+  grpc::Status CloseStreamLocked();
   static void Complete(Pending& p, absl::Status status, komputed::v1::EvalResponse result);
 
   std::string address_;
