@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -153,30 +154,54 @@ TEST(CancelChecks, ASetWordSkipsEveryInvocation) {
   EXPECT_THAT(b, Each(-1.0f));
 }
 
+// Busy work that counts the invocations that ran their loop to its end.
+constexpr char kCountedBusyShader[] = R"(#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) buffer Out { uint finished; float sink; };
+layout(push_constant) uniform Params { uint iterations; } params;
+void main() {
+  float acc = float(gl_GlobalInvocationID.x + gl_GlobalInvocationID.y);
+  for (uint k = 0; k < params.iterations; ++k) acc = acc * 0.999 + 1.0;
+  atomicAdd(finished, 1u);
+  if (acc == -12345.0) sink = acc;
+}
+)";
+
 TEST(CancelChecks, SettingTheWordStopsARunningDispatch) {
   // Minutes of work on lavapipe (and seconds on a GPU): 65535 x 16 workgroups of 64 invocations,
-  // each looping 60000 times.
+  // each looping 60000 times. Stopped, most invocations never finish their loop; how long the
+  // dispatch takes to wind down is for komputed_watchdog_bench (a loaded or sanitized lavapipe
+  // takes a minute), so the wait here only bounds a hang.
   std::shared_ptr<Device> device = TestDevice();
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<CancelWord> word, CancelWord::Create(device));
   std::shared_ptr<Tensor> out = Floats(std::vector<float>(4, 0.0f), MemoryType::kDevice);
   AlgorithmSpec spec;
   spec.tensors = {out};
-  spec.spirv = Compile(kBusyShader);
+  spec.spirv = Compile(kCountedBusyShader);
   spec.workgroup = {65535, 16, 1};
+  const uint64_t invocations = uint64_t{65535} * 16 * 64;
   const uint32_t iterations = 60000;
   spec.push_constants.resize(4);
   std::memcpy(spec.push_constants.data(), &iterations, 4);
   spec.cancel = word;
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm, Algorithm::Create(device, spec));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(device, 0, 0));
+  ASSERT_OK(seq->Record(op::SyncToDevice{{out}}));
   ASSERT_OK(seq->Record(op::Dispatch{algorithm}));
+  ASSERT_OK(seq->Record(op::SyncToHost{{out}}));
   ASSERT_OK(seq->Submit());
   EXPECT_THAT(seq->Wait(absl::Milliseconds(500)), StatusIs(absl::StatusCode::kDeadlineExceeded));
   const absl::Time set_at = absl::Now();
   word->Set();
-  ASSERT_OK(seq->Wait(kTimeout));
+  ASSERT_OK(seq->Wait(absl::Minutes(5)));
   std::printf("a set cancel word ended the dispatch after %s\n",
               absl::FormatDuration(absl::Now() - set_at).c_str());
+  std::vector<float> host = HostFloats(*out);
+  uint32_t finished = 0;
+  std::memcpy(&finished, host.data(), sizeof(finished));
+  std::printf("%u of %llu invocations ran their loop to its end\n", finished,
+              static_cast<unsigned long long>(invocations));
+  EXPECT_LT(finished, invocations / 2);
 }
 
 TEST(CancelChecks, SettingTheWordEndsAnEndlessLoop) {
