@@ -80,6 +80,12 @@ class BackendSequence : public BackendObject {
     absl::Status s = Submit();
     return s.ok() ? Wait(timeout) : s;
   }
+  // Ends the recording; what was recorded stays and runs at the next submission.
+  // FAILED_PRECONDITION while running.
+  virtual absl::Status End() = 0;
+  // Drops the recorded ops and their host steps (as Kompute 0.9, what was recorded still runs at
+  // the next submission, without host steps, until the next Record). FAILED_PRECONDITION while
+  // running.
   virtual absl::Status Clear() = 0;
   virtual absl::Status Rerecord() = 0;
   virtual bool IsRunning() const = 0;

@@ -70,6 +70,7 @@ class LocalSequence final : public BackendSequence {
   }
   absl::Status Submit() override { return sequence_->Submit(); }
   absl::Status Wait(absl::Duration timeout) override { return sequence_->Wait(timeout); }
+  absl::Status End() override { return sequence_->End(); }
   absl::Status Clear() override { return sequence_->Clear(); }
   absl::Status Rerecord() override { return sequence_->Rerecord(); }
   bool IsRunning() const override { return sequence_->IsRunning(); }
