@@ -332,8 +332,9 @@ void Sequence::recordLocked(const OpBase& op) {
         throw Error(ErrorCode::kInvalidArgument, "OpMult: null algorithm");
       }
       auto spirv = Check(core::MultiplyShader(ToCore(tensors[0]->dataType())));
+      const std::array<uint32_t, 3> workgroup = Check(core::MultiplyWorkgroup(tensors[0]->size()));
       op.algorithm()->rebuildRaw(tensors, std::vector<uint32_t>(spirv.begin(), spirv.end()),
-                                 {0, 0, 0}, {}, 4, {});
+                                 workgroup, {}, 4, {});
       desc.algorithm = op.algorithm()->backendAlgorithm();
       break;
     }

@@ -283,7 +283,8 @@ TEST(Sequence, MultiplyShaderForEveryNumericType) {
     AlgorithmSpec spec;
     spec.tensors = t;
     spec.spirv.assign(spirv.begin(), spirv.end());
-    spec.workgroup = {2, 1, 1};
+    ASSERT_OK_AND_ASSIGN(auto workgroup, MultiplyWorkgroup(2));
+    spec.workgroup = {workgroup[0], workgroup[1], workgroup[2]};
     ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> multiply,
                          Algorithm::Create(TestDevice(), spec));
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(TestDevice(), 0, 0));
