@@ -93,6 +93,13 @@ class BackendSequence : public BackendObject {
   virtual std::vector<uint64_t> Timestamps() const = 0;
 };
 
+// A device as Backend::ListDevices lists it: its properties, and its handle in this process's
+// Vulkan instance (VK_NULL_HANDLE for a device that is not in this process).
+struct DeviceEntry {
+  VkPhysicalDeviceProperties properties;
+  VkPhysicalDevice handle = VK_NULL_HANDLE;
+};
+
 class Backend {
  public:
   // Releases without I/O: a backend that was not closed leaves its remote session to the
@@ -115,7 +122,7 @@ class Backend {
   virtual absl::StatusOr<std::shared_ptr<BackendSequence>> CreateSequence(
       uint32_t queue, uint32_t total_timestamps) = 0;
   virtual VkPhysicalDeviceProperties Properties() const = 0;
-  virtual absl::StatusOr<std::vector<VkPhysicalDeviceProperties>> ListDevices() const = 0;
+  virtual absl::StatusOr<std::vector<DeviceEntry>> ListDevices() const = 0;
 };
 
 // The backend over core on a local device.

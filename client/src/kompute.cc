@@ -613,11 +613,11 @@ vk::PhysicalDeviceProperties Manager::getDeviceProperties() const {
   return vk::PhysicalDeviceProperties(backendOrThrow().Properties());
 }
 
-std::vector<PhysicalDevice> Manager::listDevices() const {
+DeviceList Manager::listDevices() const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<PhysicalDevice> out;
-  for (const auto& p : Check(backendOrThrow().ListDevices())) {
-    out.emplace_back(vk::PhysicalDeviceProperties(p));
+  DeviceList out;
+  for (const internal::DeviceEntry& d : Check(backendOrThrow().ListDevices())) {
+    out.emplace_back(vk::PhysicalDeviceProperties(d.properties), vk::PhysicalDevice(d.handle));
   }
   return out;
 }

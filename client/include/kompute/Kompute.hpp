@@ -464,15 +464,44 @@ class Sequence : public std::enable_shared_from_this<Sequence> {
   std::shared_ptr<internal::BackendSequence> impl_;
 };
 
-// A physical device as listed by Manager::listDevices().
+// A physical device as listed by Manager::listDevices(): its properties, and its Vulkan handle
+// where the device is in this process (a null handle for a remote Manager's).
 class PhysicalDevice {
  public:
-  explicit PhysicalDevice(const vk::PhysicalDeviceProperties& properties)
-      : properties_(properties) {}
+  explicit PhysicalDevice(const vk::PhysicalDeviceProperties& properties,
+                          vk::PhysicalDevice handle = {})
+      : properties_(properties), handle_(handle) {}
   vk::PhysicalDeviceProperties getProperties() const { return properties_; }
+  vk::PhysicalDevice handle() const { return handle_; }
 
  private:
   vk::PhysicalDeviceProperties properties_;
+  vk::PhysicalDevice handle_;
+};
+
+// What Manager::listDevices() returns: a std::vector<kp::PhysicalDevice>, which also converts to
+// the std::vector<vk::PhysicalDevice> that Kompute returns, so that
+// `const std::vector<vk::PhysicalDevice> devices = mgr.listDevices();` compiles. In-process those
+// are the Vulkan instance's handles, valid until the process exits. A remote Manager has no
+// Vulkan handles of the daemon's devices: the conversion throws kp::Error (kUnimplemented);
+// read the list as std::vector<kp::PhysicalDevice> (getProperties()) instead.
+class DeviceList : public std::vector<PhysicalDevice> {
+ public:
+  using std::vector<PhysicalDevice>::vector;
+  operator std::vector<vk::PhysicalDevice>() const {
+    std::vector<vk::PhysicalDevice> handles;
+    handles.reserve(size());
+    for (const PhysicalDevice& d : *this) {
+      if (!d.handle()) {
+        throw Error(ErrorCode::kUnimplemented,
+                    "listDevices(): a remote Manager has no Vulkan handles of the daemon's "
+                    "devices; read the list as std::vector<kp::PhysicalDevice> (getProperties()), "
+                    "or use getDeviceProperties()");
+      }
+      handles.push_back(d.handle());
+    }
+    return handles;
+  }
 };
 
 // Where a remote Manager runs: a komputed daemon, one of its devices, the queues to take, and
@@ -576,7 +605,8 @@ class Manager {
   void clear();
 
   vk::PhysicalDeviceProperties getDeviceProperties() const;
-  std::vector<PhysicalDevice> listDevices() const;
+  // Every device of the machine that runs the work (this one, or the daemon's); see DeviceList.
+  DeviceList listDevices() const;
 
   // komputed internals.
   const std::shared_ptr<internal::Backend>& backend() const;

@@ -135,15 +135,15 @@ class RemoteBackend final : public Backend {
 
   VkPhysicalDeviceProperties Properties() const override { return connection_->properties(); }
 
-  absl::StatusOr<std::vector<VkPhysicalDeviceProperties>> ListDevices() const override {
+  absl::StatusOr<std::vector<DeviceEntry>> ListDevices() const override {
     grpc::ClientContext context;
     SetDeadline(context, RpcTimeout());
     v1::ListDevicesResponse response;
     KD_RETURN_IF_ERROR(remote::FromGrpcStatusWithHint(
         connection_->devices().ListDevices(&context, v1::ListDevicesRequest(), &response),
         "listing devices"));
-    std::vector<VkPhysicalDeviceProperties> out;
-    for (const auto& d : response.devices()) out.push_back(remote::PropertiesOf(d));
+    std::vector<DeviceEntry> out;
+    for (const auto& d : response.devices()) out.push_back({remote::PropertiesOf(d)});
     return out;
   }
 
