@@ -80,11 +80,24 @@ class BackendSequence : public BackendObject {
     absl::Status s = Submit();
     return s.ok() ? Wait(timeout) : s;
   }
+  // Ends the recording; what was recorded stays and runs at the next submission.
+  // FAILED_PRECONDITION while running.
+  virtual absl::Status End() = 0;
+  // Drops the recorded ops and their host steps (as Kompute 0.9, what was recorded still runs at
+  // the next submission, without host steps, until the next Record). FAILED_PRECONDITION while
+  // running.
   virtual absl::Status Clear() = 0;
   virtual absl::Status Rerecord() = 0;
   virtual bool IsRunning() const = 0;
   virtual bool IsRecording() const = 0;
   virtual std::vector<uint64_t> Timestamps() const = 0;
+};
+
+// A device as Backend::ListDevices lists it: its properties, and its handle in this process's
+// Vulkan instance (VK_NULL_HANDLE for a device that is not in this process).
+struct DeviceEntry {
+  VkPhysicalDeviceProperties properties;
+  VkPhysicalDevice handle = VK_NULL_HANDLE;
 };
 
 class Backend {
@@ -109,7 +122,7 @@ class Backend {
   virtual absl::StatusOr<std::shared_ptr<BackendSequence>> CreateSequence(
       uint32_t queue, uint32_t total_timestamps) = 0;
   virtual VkPhysicalDeviceProperties Properties() const = 0;
-  virtual absl::StatusOr<std::vector<VkPhysicalDeviceProperties>> ListDevices() const = 0;
+  virtual absl::StatusOr<std::vector<DeviceEntry>> ListDevices() const = 0;
 };
 
 // The backend over core on a local device.

@@ -70,6 +70,7 @@ class LocalSequence final : public BackendSequence {
   }
   absl::Status Submit() override { return sequence_->Submit(); }
   absl::Status Wait(absl::Duration timeout) override { return sequence_->Wait(timeout); }
+  absl::Status End() override { return sequence_->End(); }
   absl::Status Clear() override { return sequence_->Clear(); }
   absl::Status Rerecord() override { return sequence_->Rerecord(); }
   bool IsRunning() const override { return sequence_->IsRunning(); }
@@ -120,10 +121,16 @@ class InProcessBackend final : public Backend {
 
   VkPhysicalDeviceProperties Properties() const override { return device_->properties(); }
 
-  absl::StatusOr<std::vector<VkPhysicalDeviceProperties>> ListDevices() const override {
-    KD_ASSIGN_OR_RETURN(auto infos, core::Device::List());
-    std::vector<VkPhysicalDeviceProperties> out;
-    for (const auto& info : infos) out.push_back(info.properties);
+  // The process's shared instance (the one kp's devices are made on): its handles stay valid
+  // until exit.
+  absl::StatusOr<std::vector<DeviceEntry>> ListDevices() const override {
+    KD_ASSIGN_OR_RETURN(std::shared_ptr<core::Instance> instance, core::Instance::Shared());
+    const std::vector<VkPhysicalDevice>& handles = instance->physical_devices();
+    const std::vector<core::PhysicalDeviceInfo> infos = instance->Describe();
+    std::vector<DeviceEntry> out;
+    for (size_t i = 0; i < infos.size() && i < handles.size(); ++i) {
+      out.push_back({infos[i].properties, handles[i]});
+    }
     return out;
   }
 

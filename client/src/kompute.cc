@@ -2,6 +2,7 @@
 #include "kompute/Kompute.hpp"
 
 #include <errno.h>
+#include <spdlog/spdlog.h>
 
 #include <cstdlib>
 
@@ -331,8 +332,9 @@ void Sequence::recordLocked(const OpBase& op) {
         throw Error(ErrorCode::kInvalidArgument, "OpMult: null algorithm");
       }
       auto spirv = Check(core::MultiplyShader(ToCore(tensors[0]->dataType())));
+      const std::array<uint32_t, 3> workgroup = Check(core::MultiplyWorkgroup(tensors[0]->size()));
       op.algorithm()->rebuildRaw(tensors, std::vector<uint32_t>(spirv.begin(), spirv.end()),
-                                 {0, 0, 0}, {}, 4, {});
+                                 workgroup, {}, 4, {});
       desc.algorithm = op.algorithm()->backendAlgorithm();
       break;
     }
@@ -381,19 +383,29 @@ std::shared_ptr<Sequence> Sequence::evalAsync(std::shared_ptr<OpBase> op) {
 }
 
 std::shared_ptr<Sequence> Sequence::evalAwait(uint64_t waitFor) {
+  if (evalAwaitFor(waitFor)) return shared_from_this();
+  if (waitFor == UINT64_MAX) {
+    // Waiting "forever" ran into komputed's own bound: the caller's results are not there.
+    throw Error(ErrorCode::kDeadlineExceeded,
+                absl::StrCat("evalAwait: the sequence is still running after ",
+                             absl::FormatDuration(EvalTimeout()),
+                             " (KOMPUTED_EVAL_TIMEOUT_S); evalAwait again to finish it"));
+  }
+  spdlog::warn("evalAwait: the sequence is still running after {} ns; evalAwait again to finish it",
+               waitFor);
+  return shared_from_this();
+}
+
+bool Sequence::evalAwaitFor(uint64_t waitFor) {
   std::lock_guard<std::mutex> lock(mu_);
   absl::Duration timeout =
       waitFor == UINT64_MAX
           ? EvalTimeout()
           : absl::Nanoseconds(static_cast<int64_t>(std::min<uint64_t>(waitFor, INT64_MAX)));
   absl::Status s = implOrThrow().Wait(timeout);
-  if (absl::IsDeadlineExceeded(s)) {
-    throw Error(ErrorCode::kDeadlineExceeded,
-                absl::StrCat("evalAwait: the sequence is still running after ",
-                             absl::FormatDuration(timeout), "; await it again"));
-  }
+  if (absl::IsDeadlineExceeded(s)) return false;
   Check(s);
-  return shared_from_this();
+  return true;
 }
 
 void Sequence::clear() {
@@ -404,13 +416,14 @@ void Sequence::clear() {
 void Sequence::begin() {
   std::lock_guard<std::mutex> lock(mu_);
   if (implOrThrow().IsRunning()) {
-    throw Error(ErrorCode::kFailedPrecondition, "begin: the sequence is running");
+    throw Error(ErrorCode::kFailedPrecondition,
+                "begin: the sequence is running; evalAwait it first");
   }
 }
 
 void Sequence::end() {
   std::lock_guard<std::mutex> lock(mu_);
-  implOrThrow();
+  Check(implOrThrow().End());
 }
 
 bool Sequence::isRecording() const {
@@ -600,11 +613,11 @@ vk::PhysicalDeviceProperties Manager::getDeviceProperties() const {
   return vk::PhysicalDeviceProperties(backendOrThrow().Properties());
 }
 
-std::vector<PhysicalDevice> Manager::listDevices() const {
+DeviceList Manager::listDevices() const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<PhysicalDevice> out;
-  for (const auto& p : Check(backendOrThrow().ListDevices())) {
-    out.emplace_back(vk::PhysicalDeviceProperties(p));
+  DeviceList out;
+  for (const internal::DeviceEntry& d : Check(backendOrThrow().ListDevices())) {
+    out.emplace_back(vk::PhysicalDeviceProperties(d.properties), vk::PhysicalDevice(d.handle));
   }
   return out;
 }

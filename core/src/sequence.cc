@@ -188,6 +188,7 @@ absl::Status Sequence::BeginLocked() {
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   KD_RETURN_IF_ERROR(device_->Check(vkBeginCommandBuffer(cb_, &bi), "vkBeginCommandBuffer"));
   recording_ = true;
+  host_steps_ = true;
   cb_ops_.clear();
   cb_keep_.clear();
   timestamps_written_ = 0;
@@ -305,8 +306,9 @@ absl::Status Sequence::Wait(absl::Duration timeout) {
 
 void Sequence::FinishLocked() {
   // Host steps: a copy carries the source's host data to destinations with staging buffers.
+  // A cleared command buffer runs without them.
   for (const Op& op : cb_ops_) {
-    if (op.kind != OpKind::kCopy) continue;
+    if (!host_steps_ || op.kind != OpKind::kCopy) continue;
     const Tensor& src = *op.tensors[0];
     for (size_t i : CopyHostTargets(FactsOf(op.tensors))) {
       std::memcpy(op.tensors[i]->host_data(), src.host_data(), src.byte_size());
@@ -332,14 +334,29 @@ void Sequence::FinishLocked() {
   }
 }
 
+absl::Status Sequence::End() {
+  absl::MutexLock lock(&mu_);
+  if (running_) {
+    return absl::FailedPreconditionError("cannot end: the sequence is running; await it first");
+  }
+  if (!recording_) return absl::OkStatus();
+  KD_RETURN_IF_ERROR(device_->Check(vkEndCommandBuffer(cb_), "vkEndCommandBuffer"));
+  recording_ = false;
+  return absl::OkStatus();
+}
+
 absl::Status Sequence::Clear() {
   absl::MutexLock lock(&mu_);
-  if (running_) return absl::FailedPreconditionError("cannot clear: the sequence is running");
-  KD_RETURN_IF_ERROR(device_->Check(vkResetCommandBuffer(cb_, 0), "vkResetCommandBuffer"));
-  recording_ = false;
+  if (running_) {
+    return absl::FailedPreconditionError("cannot clear: the sequence is running; await it first");
+  }
+  if (recording_) {
+    KD_RETURN_IF_ERROR(device_->Check(vkEndCommandBuffer(cb_), "vkEndCommandBuffer"));
+    recording_ = false;
+  }
+  // cb_ops_ and cb_keep_ stay: they hold what the kept command buffer uses.
   all_ops_.clear();
-  cb_ops_.clear();
-  cb_keep_.clear();
+  host_steps_ = false;
   return absl::OkStatus();
 }
 

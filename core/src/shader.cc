@@ -1,5 +1,6 @@
 #include "komputed/core/shader.h"
 
+#include <algorithm>
 #include <shaderc/shaderc.hpp>
 #include <spirv-tools/libspirv.hpp>
 #include <spirv-tools/optimizer.hpp>
@@ -114,6 +115,21 @@ absl::StatusOr<absl::Span<const uint32_t>> MultiplyShader(ElementType type) {
       return absl::InvalidArgumentError(
           absl::StrCat("no built-in multiply for ", ElementTypeName(type), " elements"));
   }
+}
+
+absl::StatusOr<std::array<uint32_t, 3>> MultiplyWorkgroup(uint64_t count) {
+  constexpr uint64_t kMaxGroups = 65535;
+  if (count == 0 || count > UINT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the built-in multiply takes 1 to ", UINT32_MAX, " elements, not ", count));
+  }
+  const uint64_t groups = (count + kMultiplyLocalSize - 1) / kMultiplyLocalSize;
+  const uint64_t x = std::min(groups, kMaxGroups);
+  const uint64_t rows = (groups + x - 1) / x;
+  const uint64_t y = std::min(rows, kMaxGroups);
+  const uint64_t z = (rows + y - 1) / y;  // 1 for any count below 2^32
+  return std::array<uint32_t, 3>{static_cast<uint32_t>(x), static_cast<uint32_t>(y),
+                                 static_cast<uint32_t>(z)};
 }
 
 std::array<uint64_t, 3> ShaderLocalSize(absl::Span<const uint32_t> spirv,

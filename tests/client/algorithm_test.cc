@@ -1,5 +1,6 @@
 // Algorithms: push and specialization constants, workgroups, rebuild, the built-in OpMult.
 #include <algorithm>
+#include <chrono>
 #include <climits>
 
 #include "kp_test.h"
@@ -457,6 +458,48 @@ TEST_P(KpTest, OpMultMultipliesElementwise) {
       ->eval();
   EXPECT_EQ(ic->vector(), (std::vector<int32_t>{-15, -42}));
   EXPECT_EQ(uc->vector(), (std::vector<uint32_t>{4200000000u, 12}));
+}
+
+// OpMult dispatches a grid of workgroups within every device's limits (lavapipe's
+// maxComputeWorkGroupCount is 65535 per dimension), so it takes any size: 10 million elements of
+// each 32-bit type here, every product checked.
+TEST_P(KpTest, OpMultOnTenMillionElements) {
+  constexpr uint32_t kSize = 10'000'000;
+  std::vector<uint32_t> ua(kSize), ub(kSize);
+  std::vector<float> fa(kSize), fb(kSize);
+  for (uint32_t i = 0; i < kSize; ++i) {
+    ua[i] = i * 2654435761u;
+    ub[i] = i ^ 0x5bd1e995u;
+    fa[i] = static_cast<float>(i % 4096);  // products below 2^24: exact in float
+    fb[i] = static_cast<float>((i >> 12) % 4096);
+  }
+  auto a = mgr().tensorT<uint32_t>(ua);
+  auto b = mgr().tensorT<uint32_t>(ub);
+  auto c = mgr().tensorT<uint32_t>(size_t{kSize});
+  auto x = mgr().tensorT<float>(fa);
+  auto y = mgr().tensorT<float>(fb);
+  auto z = mgr().tensorT<float>(size_t{kSize});
+  const auto start = std::chrono::steady_clock::now();
+  mgr()
+      .sequence()
+      ->record<kp::OpTensorSyncDevice>(TensorList{a, b, x, y})
+      ->record<kp::OpMult>(TensorList{a, b, c}, mgr().algorithm())
+      ->record<kp::OpMult>(TensorList{x, y, z}, mgr().algorithm())
+      ->record<kp::OpTensorSyncLocal>(TensorList{c, z})
+      ->eval();
+  const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
+  RecordProperty("eval_ms", std::to_string(took.count()));
+  const std::vector<uint32_t> got_u = c->vector();
+  const std::vector<float> got_f = z->vector();
+  ASSERT_EQ(got_u.size(), kSize);
+  ASSERT_EQ(got_f.size(), kSize);
+  size_t wrong_u = 0, wrong_f = 0, first_u = kSize, first_f = kSize;
+  for (uint32_t i = 0; i < kSize; ++i) {
+    if (got_u[i] != ua[i] * ub[i] && wrong_u++ == 0) first_u = i;
+    if (got_f[i] != fa[i] * fb[i] && wrong_f++ == 0) first_f = i;
+  }
+  EXPECT_EQ(wrong_u, 0u) << "first wrong uint32 product at " << first_u;
+  EXPECT_EQ(wrong_f, 0u) << "first wrong float product at " << first_f;
 }
 
 TEST_P(KpTest, OpMultOnDoubles) {

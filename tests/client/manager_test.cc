@@ -33,6 +33,30 @@ TEST_P(KpTest, DescribesTheDevice) {
   EXPECT_TRUE(listed) << name << " is not among listDevices()";
 }
 
+// Kompute's listDevices() returns Vulkan handles, and programs write
+// `const std::vector<vk::PhysicalDevice> devices = mgr.listDevices();`. In-process those are real
+// handles; a remote Manager has none of the daemon's devices and says what to use instead.
+TEST_P(KpTest, ListDevicesAsVulkanHandles) {
+  const std::string name = mgr().getDeviceProperties().deviceName.data();
+  if (GetParam() == BackendKind::kInProcess) {
+    const std::vector<vk::PhysicalDevice> devices = mgr().listDevices();
+    ASSERT_FALSE(devices.empty());
+    bool listed = false;
+    for (const vk::PhysicalDevice& d : devices) {
+      ASSERT_TRUE(d);
+      listed |= name == std::string(d.getProperties().deviceName.data());
+    }
+    EXPECT_TRUE(listed) << name << " is not among listDevices()";
+  } else {
+    EXPECT_KP_ERROR(kUnimplemented,
+                    const std::vector<vk::PhysicalDevice> devices = mgr().listDevices());
+    // The list itself is there, as kp::PhysicalDevice.
+    const kp::DeviceList devices = mgr().listDevices();
+    ASSERT_FALSE(devices.empty());
+    EXPECT_FALSE(devices[0].handle());
+  }
+}
+
 TEST_P(KpTest, UnsupportedExtensionsAreSkipped) {
   auto m = MakeManager(GetParam(), 0, {}, {"VK_KOMPUTED_no_such_extension"});
   auto t = m->tensor({1, 2});

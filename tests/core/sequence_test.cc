@@ -283,7 +283,8 @@ TEST(Sequence, MultiplyShaderForEveryNumericType) {
     AlgorithmSpec spec;
     spec.tensors = t;
     spec.spirv.assign(spirv.begin(), spirv.end());
-    spec.workgroup = {2, 1, 1};
+    ASSERT_OK_AND_ASSIGN(auto workgroup, MultiplyWorkgroup(2));
+    spec.workgroup = {workgroup[0], workgroup[1], workgroup[2]};
     ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> multiply,
                          Algorithm::Create(TestDevice(), spec));
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(TestDevice(), 0, 0));
@@ -505,31 +506,67 @@ TEST(Sequence, RebuildWhileRecordingNeedsRerecord) {
   EXPECT_THAT(HostFloats(*b), ElementsAre(3, 6, 9));
 }
 
-TEST(Sequence, ClearThenSubmitDoesNothing) {
+// As in Kompute 0.9: Clear drops the ops and their host steps but keeps the command buffer, which
+// Submit still runs until the next Record starts a new one.
+TEST(Sequence, ClearKeepsTheCommandBufferWithoutHostSteps) {
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> a, Floats({1, 2}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> b, Floats({0, 0}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> c, Floats({0, 0}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> add, MakeAlgorithm(kAddShader, a, b));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(TestDevice(), 0, 0));
+  ASSERT_OK(seq->Record(op::Dispatch{add}));
+  ASSERT_OK(seq->Record(op::Copy{{a, c}}));
+  ASSERT_OK(seq->Clear());
+  EXPECT_FALSE(seq->IsRecording());
+  EXPECT_FALSE(seq->IsRunning());
+  ASSERT_OK(seq->Submit());
+  EXPECT_TRUE(seq->IsRunning());
+  ASSERT_OK(seq->Wait(kTimeout));
+  EXPECT_FALSE(seq->IsRunning());
+  ASSERT_OK_AND_ASSIGN(std::vector<float> on_device, DeviceFloats(b));
+  EXPECT_THAT(on_device, ElementsAre(1, 2));
+  ASSERT_OK_AND_ASSIGN(on_device, DeviceFloats(c));
+  EXPECT_THAT(on_device, ElementsAre(1, 2));       // the copy ran on the device,
+  EXPECT_THAT(HostFloats(*c), ElementsAre(0, 0));  // without its host step
+
+  // Evaluated again, the kept commands run again.
+  ASSERT_OK(seq->Eval(kTimeout));
+  ASSERT_OK_AND_ASSIGN(on_device, DeviceFloats(b));
+  EXPECT_THAT(on_device, ElementsAre(2, 4));
+
+  // The next Record starts a new command buffer: the dispatch is gone.
+  ASSERT_OK(seq->Record(op::SyncToHost{{b}}));
+  ASSERT_OK(seq->Eval(kTimeout));
+  EXPECT_THAT(HostFloats(*b), ElementsAre(2, 4));
+  ASSERT_OK(seq->Eval(kTimeout));
+  EXPECT_THAT(HostFloats(*b), ElementsAre(2, 4));
+
+  // Rerecord after Clear has nothing to record: nothing is submitted.
+  ASSERT_OK(seq->Clear());
+  ASSERT_OK(seq->Rerecord());
+  ASSERT_OK(seq->Submit());
+  EXPECT_FALSE(seq->IsRunning());
+}
+
+// End (Kompute's end()) closes the recording: what was recorded runs; the next Record starts anew.
+TEST(Sequence, EndClosesTheRecording) {
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> a, Floats({1, 2}));
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> b, Floats({0, 0}));
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> add, MakeAlgorithm(kAddShader, a, b));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(TestDevice(), 0, 0));
+  ASSERT_OK(seq->End());  // not recording: nothing to end
   ASSERT_OK(seq->Record(op::Dispatch{add}));
   ASSERT_OK(seq->Record(op::SyncToHost{{b}}));
-  ASSERT_OK(seq->Clear());
+  EXPECT_TRUE(seq->IsRecording());
+  ASSERT_OK(seq->End());
   EXPECT_FALSE(seq->IsRecording());
   ASSERT_OK(seq->Submit());
-  EXPECT_FALSE(seq->IsRunning());
+  EXPECT_THAT(seq->End(), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("running")));
   ASSERT_OK(seq->Wait(kTimeout));
-  // Rerecord after Clear has nothing to record.
-  ASSERT_OK(seq->Rerecord());
+  EXPECT_THAT(HostFloats(*b), ElementsAre(1, 2));
+  ASSERT_OK(seq->Record(op::SyncToHost{{b}}));
   ASSERT_OK(seq->Eval(kTimeout));
-  ASSERT_OK_AND_ASSIGN(std::vector<float> on_device, DeviceFloats(b));
-  EXPECT_THAT(on_device, ElementsAre(0, 0));
-
-  // After an eval, Clear drops the submitted command buffer too.
-  ASSERT_OK(seq->Record(op::Dispatch{add}));
-  ASSERT_OK(seq->Eval(kTimeout));
-  ASSERT_OK(seq->Clear());
-  ASSERT_OK(seq->Eval(kTimeout));
-  ASSERT_OK_AND_ASSIGN(on_device, DeviceFloats(b));
-  EXPECT_THAT(on_device, ElementsAre(1, 2));
+  EXPECT_THAT(HostFloats(*b), ElementsAre(1, 2));
 }
 
 TEST(Sequence, PollSeesTheSubmissionCompleteAndWaitStillCollectsIt) {

@@ -130,6 +130,29 @@ TEST(Shader, MultiplyShaderForEveryNumericType) {
   EXPECT_NE(std::vector<uint32_t>(f.begin(), f.end()), std::vector<uint32_t>(i.begin(), i.end()));
 }
 
+// The multiply's grid stays within 65535 workgroups per dimension and covers every element.
+TEST(Shader, MultiplyWorkgroupCoversAnyCount) {
+  using Grid = std::array<uint32_t, 3>;
+  auto grid = [](uint64_t count) {
+    absl::StatusOr<Grid> g = MultiplyWorkgroup(count);
+    EXPECT_TRUE(g.ok()) << count << ": " << g.status();
+    return g.ok() ? *g : Grid{0, 0, 0};
+  };
+  EXPECT_EQ(grid(1), (Grid{1, 1, 1}));
+  EXPECT_EQ(grid(64), (Grid{1, 1, 1}));
+  EXPECT_EQ(grid(65), (Grid{2, 1, 1}));
+  EXPECT_EQ(grid(65535ull * 64), (Grid{65535, 1, 1}));
+  EXPECT_EQ(grid(65535ull * 64 + 1), (Grid{65535, 2, 1}));
+  EXPECT_EQ(grid(10'000'000), (Grid{65535, 3, 1}));
+  EXPECT_EQ(grid(UINT32_MAX), (Grid{65535, 1025, 1}));
+  EXPECT_THAT(MultiplyWorkgroup(0), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(MultiplyWorkgroup(uint64_t{UINT32_MAX} + 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("4294967296")));
+  EXPECT_EQ(kMultiplyLocalSize, 64u);
+  ASSERT_OK_AND_ASSIGN(absl::Span<const uint32_t> spirv, MultiplyShader(ElementType::kFloat32));
+  EXPECT_EQ(ShaderLocalSize(spirv, {}, 4), (std::array<uint64_t, 3>{kMultiplyLocalSize, 1, 1}));
+}
+
 TEST(Shader, MultiplyShaderForOtherTypes) {
   EXPECT_THAT(MultiplyShader(ElementType::kBool),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bool")));

@@ -420,15 +420,30 @@ class Sequence : public std::enable_shared_from_this<Sequence> {
   std::shared_ptr<Sequence> evalAsync(std::shared_ptr<Algorithm> algorithm, TArgs&&... params) {
     return evalAsync(std::shared_ptr<OpBase>(new T(algorithm, std::forward<TArgs>(params)...)));
   }
-  // Waits up to waitFor nanoseconds (UINT64_MAX: the eval timeout) for an evalAsync. Throws
-  // kp::Error with kDeadlineExceeded when the time runs out; the sequence keeps running and a
-  // later evalAwait finishes it. Returns at once when nothing is in flight.
+  // Waits up to waitFor nanoseconds for an evalAsync, then runs the operations' host steps. As in
+  // Kompute, running out of time is no error: a warning is logged and the sequence is returned
+  // still running (isRunning()), so that a later evalAwait finishes it; evalAwaitFor tells the
+  // two apart. UINT64_MAX (Kompute's "forever") waits up to the eval timeout
+  // (KOMPUTED_EVAL_TIMEOUT_S) and throws kDeadlineExceeded past it, the sequence still running.
+  // Returns at once when nothing is in flight.
   std::shared_ptr<Sequence> evalAwait(uint64_t waitFor = UINT64_MAX);
+  // evalAwait that reports the outcome: true when nothing is in flight any more (the submission
+  // completed and its host steps ran, or there was none), false when still running after waitFor
+  // nanoseconds (UINT64_MAX: the eval timeout).
+  bool evalAwaitFor(uint64_t waitFor);
 
+  // Drops the recorded operations (their host steps) and ends the recording. As in Kompute 0.9,
+  // the commands already recorded stay: eval()/evalAsync() still run them, without host steps,
+  // until the next record() begins anew. Throws kFailedPrecondition while running.
   void clear();
+  // Kompute's explicit bracket of recording: record() begins by itself; end() closes the
+  // recording (the next record() begins a new batch). Both throw kFailedPrecondition while
+  // running.
   void begin();
   void end();
+  // Between the first record() of a batch and its end() (or eval, evalAsync, clear).
   bool isRecording() const;
+  // From evalAsync() until an evalAwait() has seen it complete.
   bool isRunning() const;
   bool isInit() const;
   // Records every operation recorded since the last clear() again (after Algorithm::rebuild).
@@ -449,15 +464,44 @@ class Sequence : public std::enable_shared_from_this<Sequence> {
   std::shared_ptr<internal::BackendSequence> impl_;
 };
 
-// A physical device as listed by Manager::listDevices().
+// A physical device as listed by Manager::listDevices(): its properties, and its Vulkan handle
+// where the device is in this process (a null handle for a remote Manager's).
 class PhysicalDevice {
  public:
-  explicit PhysicalDevice(const vk::PhysicalDeviceProperties& properties)
-      : properties_(properties) {}
+  explicit PhysicalDevice(const vk::PhysicalDeviceProperties& properties,
+                          vk::PhysicalDevice handle = {})
+      : properties_(properties), handle_(handle) {}
   vk::PhysicalDeviceProperties getProperties() const { return properties_; }
+  vk::PhysicalDevice handle() const { return handle_; }
 
  private:
   vk::PhysicalDeviceProperties properties_;
+  vk::PhysicalDevice handle_;
+};
+
+// What Manager::listDevices() returns: a std::vector<kp::PhysicalDevice>, which also converts to
+// the std::vector<vk::PhysicalDevice> that Kompute returns, so that
+// `const std::vector<vk::PhysicalDevice> devices = mgr.listDevices();` compiles. In-process those
+// are the Vulkan instance's handles, valid until the process exits. A remote Manager has no
+// Vulkan handles of the daemon's devices: the conversion throws kp::Error (kUnimplemented);
+// read the list as std::vector<kp::PhysicalDevice> (getProperties()) instead.
+class DeviceList : public std::vector<PhysicalDevice> {
+ public:
+  using std::vector<PhysicalDevice>::vector;
+  operator std::vector<vk::PhysicalDevice>() const {
+    std::vector<vk::PhysicalDevice> handles;
+    handles.reserve(size());
+    for (const PhysicalDevice& d : *this) {
+      if (!d.handle()) {
+        throw Error(ErrorCode::kUnimplemented,
+                    "listDevices(): a remote Manager has no Vulkan handles of the daemon's "
+                    "devices; read the list as std::vector<kp::PhysicalDevice> (getProperties()), "
+                    "or use getDeviceProperties()");
+      }
+      handles.push_back(d.handle());
+    }
+    return handles;
+  }
 };
 
 // Where a remote Manager runs: a komputed daemon, one of its devices, the queues to take, and
@@ -561,7 +605,8 @@ class Manager {
   void clear();
 
   vk::PhysicalDeviceProperties getDeviceProperties() const;
-  std::vector<PhysicalDevice> listDevices() const;
+  // Every device of the machine that runs the work (this one, or the daemon's); see DeviceList.
+  DeviceList listDevices() const;
 
   // komputed internals.
   const std::shared_ptr<internal::Backend>& backend() const;

@@ -69,10 +69,17 @@ class RemoteBackend final : public Backend {
         std::memset(tensor->host(), 0, bytes);
       }
     }
+    // On an error below, dropping `tensor` queues its destroy.
     if (data != nullptr && !inline_data) {
-      KD_RETURN_IF_ERROR(
-          connection_->bulk().Write(handle, static_cast<const uint8_t*>(data), bytes));
-      if (core::HasStaging(spec.memory)) KD_RETURN_IF_ERROR(SyncToDevice(handle));
+      const auto* bytes_in = static_cast<const uint8_t*>(data);
+      if (core::HasHostData(spec.memory)) {
+        KD_RETURN_IF_ERROR(connection_->bulk().Write(handle, bytes_in, bytes));
+        if (core::HasStaging(spec.memory)) {
+          KD_RETURN_IF_ERROR(RunOnce(core::OpKind::kSyncDevice, {handle}));
+        }
+      } else {
+        KD_RETURN_IF_ERROR(UploadToStorage(handle, spec, bytes_in, bytes));
+      }
     }
     return tensor;
   }
@@ -128,22 +135,22 @@ class RemoteBackend final : public Backend {
 
   VkPhysicalDeviceProperties Properties() const override { return connection_->properties(); }
 
-  absl::StatusOr<std::vector<VkPhysicalDeviceProperties>> ListDevices() const override {
+  absl::StatusOr<std::vector<DeviceEntry>> ListDevices() const override {
     grpc::ClientContext context;
     SetDeadline(context, RpcTimeout());
     v1::ListDevicesResponse response;
     KD_RETURN_IF_ERROR(remote::FromGrpcStatusWithHint(
         connection_->devices().ListDevices(&context, v1::ListDevicesRequest(), &response),
         "listing devices"));
-    std::vector<VkPhysicalDeviceProperties> out;
-    for (const auto& d : response.devices()) out.push_back(remote::PropertiesOf(d));
+    std::vector<DeviceEntry> out;
+    for (const auto& d : response.devices()) out.push_back({remote::PropertiesOf(d)});
     return out;
   }
 
  private:
-  // The daemon's device buffer of a tensor with staging gets its initial data too, as in-process:
-  // one sync through a sequence made for it.
-  absl::Status SyncToDevice(uint64_t tensor) {
+  // Runs one operation over tensor handles in a sequence made for it (the daemon's device buffer
+  // of a tensor with staging gets its initial data so, as in-process).
+  absl::Status RunOnce(core::OpKind kind, std::vector<uint64_t> tensors) {
     v1::EvalRequest request;
     request.set_session_id(connection_->session_id());
     const uint64_t seq = connection_->NewHandle();
@@ -151,7 +158,7 @@ class RemoteBackend final : public Backend {
     auto* record = request.add_commands()->mutable_record();
     record->set_sequence(seq);
     *record->add_actions()->mutable_record() =
-        v1::wire::ToWire(v1::wire::HandleOp{core::OpKind::kSyncDevice, {tensor}});
+        v1::wire::ToWire(v1::wire::HandleOp{kind, std::move(tensors)});
     request.set_sequence(seq);
     grpc::ClientContext context;
     SetDeadline(context, RpcTimeout());
@@ -163,6 +170,35 @@ class RemoteBackend final : public Backend {
     destroy.mutable_destroy_sequence()->set_handle(seq);
     connection_->Defer(std::move(destroy));
     return absl::OkStatus();
+  }
+
+  // A storage tensor has no host data to stream into: data too large for its creation message
+  // goes into a host tensor made for it (counted against the host_memory_bytes quota while this
+  // lasts) and is copied on the device, as in-process through an upload buffer.
+  absl::Status UploadToStorage(uint64_t tensor, const TensorSpec& spec, const uint8_t* data,
+                               uint64_t bytes) {
+    const uint64_t staging = connection_->NewHandle();
+    v1::CreateTensorRequest request;
+    request.set_session_id(connection_->session_id());
+    request.set_handle(staging);
+    request.set_element_type(v1::wire::ToWire(spec.type));
+    request.set_count(spec.count);
+    request.set_element_size(spec.element_size);
+    request.set_memory_type(v1::wire::ToWire(core::MemoryType::kHost));
+    {
+      grpc::ClientContext context;
+      SetDeadline(context, RpcTimeout());
+      v1::CreateTensorResponse response;
+      KD_RETURN_IF_ERROR(remote::FromGrpcStatusWithHint(
+          connection_->tensors().CreateTensor(&context, request, &response),
+          "staging a storage tensor's initial data"));
+    }
+    absl::Status status = connection_->bulk().Write(staging, data, bytes);
+    if (status.ok()) status = RunOnce(core::OpKind::kCopy, {staging, tensor});
+    v1::Command destroy;
+    destroy.mutable_destroy_tensor()->set_handle(staging);
+    connection_->Defer(std::move(destroy));
+    return status;
   }
 
   absl::Status Build(RemoteAlgorithm& algorithm, const AlgorithmSpec& spec, bool rebuild) {

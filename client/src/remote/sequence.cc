@@ -68,11 +68,14 @@ absl::Status RemoteSequence::Record(const Op& op) {
     KD_ASSIGN_OR_RETURN(r.op.algorithm, Unwrap(owner(), op.algorithm));
   }
   KD_RETURN_IF_ERROR(Encode(r));  // last: it applies an override to the algorithm
-  *actions_.add_actions()->mutable_record() = r.wire;
   if (!recording_) {
+    if (end_pending_) actions_.add_actions()->set_clear(true);
+    end_pending_ = false;
     cb_ops_.clear();
+    host_steps_ = true;
     recording_ = true;
   }
+  *actions_.add_actions()->mutable_record() = r.wire;
   cb_ops_.push_back(r);
   all_ops_.push_back(std::move(r));
   return absl::OkStatus();
@@ -120,15 +123,27 @@ absl::Status RemoteSequence::Eval(absl::Duration timeout) {
   return FinishLocked(response);
 }
 
+absl::Status RemoteSequence::End() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_flight_ != nullptr) {
+    return absl::FailedPreconditionError("cannot end: the sequence is running; await it first");
+  }
+  if (recording_) end_pending_ = true;
+  recording_ = false;
+  return absl::OkStatus();
+}
+
 absl::Status RemoteSequence::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
   if (in_flight_ != nullptr) {
-    return absl::FailedPreconditionError("cannot clear: the sequence is running");
+    return absl::FailedPreconditionError("cannot clear: the sequence is running; await it first");
   }
+  // The daemon keeps the batch's commands, and cb_ops_ the data that they move.
   actions_.add_actions()->set_clear(true);
   all_ops_.clear();
-  cb_ops_.clear();
+  host_steps_ = false;
   recording_ = false;
+  end_pending_ = false;
   return absl::OkStatus();
 }
 
@@ -143,11 +158,18 @@ absl::Status RemoteSequence::Rerecord() {
   for (Recorded& r : ops) {
     if (r.op.kind == core::OpKind::kDispatch) KD_RETURN_IF_ERROR(Encode(r));
   }
-  actions_.add_actions()->set_clear(true);
-  for (const Recorded& r : ops) *actions_.add_actions()->mutable_record() = r.wire;
+  if (ops.empty()) {
+    // Nothing since the last clear, on the daemon too: its rerecord drops the kept batch.
+    actions_.add_actions()->set_rerecord(true);
+  } else {
+    actions_.add_actions()->set_clear(true);
+    for (const Recorded& r : ops) *actions_.add_actions()->mutable_record() = r.wire;
+  }
   all_ops_ = std::move(ops);
   cb_ops_ = all_ops_;
   recording_ = !cb_ops_.empty();
+  host_steps_ = true;
+  end_pending_ = false;
   return absl::OkStatus();
 }
 
@@ -178,7 +200,8 @@ absl::StatusOr<v1::EvalRequest> RemoteSequence::PrepareLocked() {
     actions_.Clear();
   }
   request.set_sequence(handle_);
-  recording_ = false;  // a submission ends the recording
+  recording_ = false;  // a submission ends the recording, on the daemon too
+  end_pending_ = false;
 
   // Which host data moves: that of the tensors that each operation touches (its own, and a
   // dispatch's algorithm's), by the operation's rule.
@@ -251,7 +274,7 @@ absl::Status RemoteSequence::FinishLocked(const v1::EvalResponse& response) {
     KD_RETURN_IF_ERROR(connection_->bulk().Read(t->handle(), t->host(), t->bytes()));
   }
   for (const Recorded& r : cb_ops_) {
-    if (r.op.kind != core::OpKind::kCopy) continue;
+    if (!host_steps_ || r.op.kind != core::OpKind::kCopy) continue;
     const auto& t = r.op.tensors;
     for (size_t i : core::CopyHostTargets(FactsOf(t))) {
       std::memcpy(t[i]->host(), t[0]->host(), t[0]->bytes());

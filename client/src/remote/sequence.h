@@ -30,6 +30,7 @@ class RemoteSequence final : public BackendSequence {
   absl::Status Wait(absl::Duration timeout) override;
   // One unary round trip (plus streams for large data).
   absl::Status Eval(absl::Duration timeout) override;
+  absl::Status End() override;
   absl::Status Clear() override;
   absl::Status Rerecord() override;
   bool IsRunning() const override;
@@ -53,8 +54,12 @@ class RemoteSequence final : public BackendSequence {
   mutable std::mutex mu_;
   komputed::v1::RecordRequest actions_;  // not yet sent: they go with this sequence's next eval
   std::vector<Recorded> all_ops_;        // since the last clear
-  std::vector<Recorded> cb_ops_;         // in the current batch
+  std::vector<Recorded> cb_ops_;         // in the current batch (kept by a clear)
   bool recording_ = false;
+  bool host_steps_ = true;  // false once the batch was cleared
+  // Ended here while the daemon's sequence still records: the next record begins a new batch
+  // there with a clear (which keeps what was recorded, as an end does).
+  bool end_pending_ = false;
   std::shared_ptr<Connection::Pending> in_flight_;
   std::map<uint64_t, std::shared_ptr<RemoteTensor>> inline_downloads_;
   std::vector<std::shared_ptr<RemoteTensor>> streamed_downloads_;

@@ -62,9 +62,9 @@ struct MemoryBarrier {
 }  // namespace op
 
 // A command buffer on one queue with its fence (Kompute's Sequence). Recording appends to the
-// command buffer; after a submission, the next Record starts a new command buffer. Submit/Wait
-// may re-run the same commands any number of times. Thread-safe; Record, Submit, Clear and
-// Rerecord fail with FAILED_PRECONDITION while a submission is in flight.
+// command buffer; after a submission (or End, or Clear), the next Record starts a new command
+// buffer. Submit/Wait may re-run the same commands any number of times. Thread-safe; Record,
+// Submit, End, Clear and Rerecord fail with FAILED_PRECONDITION while a submission is in flight.
 class Sequence {
  public:
   // total_timestamps > 0: a GPU timestamp before the first op and after each op, up to that
@@ -88,13 +88,19 @@ class Sequence {
     absl::Status s = Submit();
     return s.ok() ? Wait(timeout) : s;
   }
-  // Drops all recorded ops.
+  // Ends the recording (Kompute's end()): what was recorded stays and runs at the next Submit;
+  // the next Record starts a new command buffer. OK when not recording.
+  absl::Status End();
+  // Drops the recorded ops (their host steps, and what Rerecord would record) and ends the
+  // recording. As in Kompute 0.9, the command buffer already recorded stays: Submit still runs its
+  // commands, without host steps, until the next Record starts a new one.
   absl::Status Clear();
   // Records every op recorded since the last Clear again (after an algorithm rebuild).
   absl::Status Rerecord();
 
   bool IsRunning() const;
-  // The operations in the command buffer: what a submission runs (and its host steps use).
+  // The operations in the command buffer: what a submission runs (after a Clear, without their
+  // host steps).
   std::vector<Op> RecordedOps() const;
   // Polls the submission in flight (yielding the core between polls) until it has completed or
   // `limit` has passed; returns whether it has completed. Wait still collects the result.
@@ -142,6 +148,7 @@ class Sequence {
   std::vector<Recorded> cb_keep_ ABSL_GUARDED_BY(mu_);              // one per recorded dispatch
   std::shared_ptr<TensorInitBatch> prologue_ ABSL_GUARDED_BY(mu_);  // of the submission in flight
   bool recording_ ABSL_GUARDED_BY(mu_) = false;
+  bool host_steps_ ABSL_GUARDED_BY(mu_) = true;  // false once the command buffer was cleared
   bool running_ ABSL_GUARDED_BY(mu_) = false;
   uint32_t timestamps_written_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint64_t> timestamps_ ABSL_GUARDED_BY(mu_);

@@ -41,7 +41,16 @@ std::array<uint64_t, 3> ShaderLocalSize(absl::Span<const uint32_t> spirv,
                                         uint32_t spec_constant_size);
 
 // The built-in element-wise multiply shader (c[i] = a[i] * b[i]) for an element type: kFloat32,
-// kInt32, kUInt32 or kFloat64; INVALID_ARGUMENT for others.
+// kInt32, kUInt32 or kFloat64; INVALID_ARGUMENT for others. Its workgroups have
+// kMultiplyLocalSize invocations; dispatch it with MultiplyWorkgroup(count).
 absl::StatusOr<absl::Span<const uint32_t>> MultiplyShader(ElementType type);
+
+inline constexpr uint32_t kMultiplyLocalSize = 64;
+
+// The workgroups (x, y, z) that cover `count` elements with the multiply shader, each at most
+// 65535 (Vulkan's least maxComputeWorkGroupCount, so any device takes them), filling x first:
+// {1, 1, 1} up to 64 elements, {65535, 1, 1} up to 65535 × 64, then rows of 65535 in y and z.
+// INVALID_ARGUMENT for 0 elements or more than a 32-bit index reaches.
+absl::StatusOr<std::array<uint32_t, 3>> MultiplyWorkgroup(uint64_t count);
 
 }  // namespace komputed::core
