@@ -402,8 +402,11 @@ bool Sequence::evalAwaitFor(uint64_t waitFor) {
       waitFor == UINT64_MAX
           ? EvalTimeout()
           : absl::Nanoseconds(static_cast<int64_t>(std::min<uint64_t>(waitFor, INT64_MAX)));
-  absl::Status s = implOrThrow().Wait(timeout);
-  if (absl::IsDeadlineExceeded(s)) return false;
+  BackendSequence& impl = implOrThrow();
+  absl::Status s = impl.Wait(timeout);
+  // Still running: the wait timed out. A sequence that has ended with DEADLINE_EXCEEDED (one that
+  // komputed's kernel watchdog stopped) failed, and says so.
+  if (absl::IsDeadlineExceeded(s) && impl.IsRunning()) return false;
   Check(s);
   return true;
 }
