@@ -60,9 +60,6 @@ class SessionEnv {
   void CloseAndCheck(std::shared_ptr<server::Session> session);
 
   const server::ServerOptions& options() const { return options_; }
-  const VkPhysicalDeviceProperties& device_properties() const {
-    return pool_->at(0).info().properties;
-  }
   server::TenantAccount& account() { return *account_; }
 
  private:

@@ -8,12 +8,10 @@
 // (fuzz_support.h CheckClientError); every eval calls its callback exactly once, within its bound;
 // a successful eval returns one download per tensor asked for; after the session closes, nothing
 // stays charged. The harness caps the counts (steps, commands, actions, tensors per list) and
-// the quotas (FuzzQuota) cap sizes, so that one input runs in milliseconds. An algorithm whose
-// shader is a known hazard to the driver (known_hazards.h) loses its shader.
+// the quotas (FuzzQuota) cap sizes, so that one input runs in milliseconds.
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -22,8 +20,6 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "fuzz_support.h"
-#include "known_hazards.h"
-#include "komputed/core/shader.h"
 #include "komputed/v1/komputed.pb.h"
 #include "session.h"
 #include "session_script.pb.h"
@@ -68,25 +64,8 @@ void Cap(v1::Operation* op) {
   }
 }
 
-// Drops the shader of an algorithm that is a known hazard (known_hazards.h): the request then
-// fails as one without a shader.
 void Cap(v1::CreateAlgorithmRequest* algorithm) {
   CapRepeated(algorithm->mutable_tensors(), kMaxList);
-  std::vector<uint32_t> words;
-  if (algorithm->has_spirv()) {
-    words.resize(algorithm->spirv().size() / 4);
-    if (!words.empty()) std::memcpy(words.data(), algorithm->spirv().data(), words.size() * 4);
-  } else if (algorithm->has_glsl() && algorithm->glsl().size() <= FuzzQuota().source_bytes) {
-    absl::StatusOr<std::vector<uint32_t>> spirv = core::CompileGlsl(algorithm->glsl(), "check");
-    if (spirv.ok()) words = *std::move(spirv);
-  }
-  const auto* spec = reinterpret_cast<const uint8_t*>(algorithm->spec_constants().data());
-  const absl::Span<const uint8_t> spec_bytes(spec, algorithm->spec_constants().size());
-  const uint32_t size = algorithm->spec_constant_size() == 0 ? 4 : algorithm->spec_constant_size();
-  if (!KnownHazard(words, {static_cast<size_t>(algorithm->tensors_size()), spec_bytes, size,
-                           &SessionEnv::Get().device_properties()})
-           .empty())
-    algorithm->clear_shader();
 }
 
 void Cap(v1::Command* command) {
