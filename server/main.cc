@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,15 @@
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "host:port to serve gRPC on (the komputed.v1 services, grpc.health.v1.Health and server "
-          "reflection); port 0 picks a free port (printed at start)");
+          "reflection); port 0 picks a free port (printed at start); unix:PATH for a Unix socket "
+          "(the file is made at start and removed at exit), unix-abstract:NAME for an abstract "
+          "one");
+ABSL_FLAG(std::string, listen_socket_mode, "",
+          "with --listen=unix:PATH: the socket file's permission bits, in octal (e.g. 0660); "
+          "empty: what the umask gives");
+ABSL_FLAG(std::string, listen_socket_group, "",
+          "with --listen=unix:PATH: the socket file's group, a name or a number (the daemon must "
+          "be a member, or root); empty: the daemon's");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "host:port to serve Prometheus metrics on, at /metrics; port 0 picks a free port "
           "(printed at start); empty: no metrics endpoint");
@@ -174,6 +183,18 @@ int main(int argc, char** argv) {
   options.listen = absl::GetFlag(FLAGS_listen);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
+  if (const std::string mode = absl::GetFlag(FLAGS_listen_socket_mode); !mode.empty()) {
+    char* end = nullptr;
+    const unsigned long bits = std::strtoul(mode.c_str(), &end, 8);
+    if (*end != '\0' || mode[0] == '-' || bits == 0 || bits > 07777) {
+      std::fprintf(stderr,
+                   "komputed: --listen_socket_mode=%s is not a file mode in octal (e.g. 0660)\n",
+                   mode.c_str());
+      return 2;
+    }
+    options.listen_socket_mode = static_cast<uint32_t>(bits);
+  }
+  options.listen_socket_group = absl::GetFlag(FLAGS_listen_socket_group);
   for (const std::string& d : absl::GetFlag(FLAGS_devices)) {
     uint32_t index = 0;
     if (!absl::SimpleAtoi(d, &index)) {

@@ -1,6 +1,7 @@
 #include "server.h"
 
 #include <google/protobuf/descriptor.h>
+#include <grp.h>
 #include <grpc/grpc.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/resource_quota.h>
@@ -8,16 +9,22 @@
 #include <grpcpp/server_builder.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "komputed/core/status.h"
@@ -119,8 +126,66 @@ void ApplyGrpcLimits(const ServerOptions& o, grpc::ServerBuilder& builder) {
   }
 }
 
-// A listen address (host:port) with the port actually bound.
+bool IsUnixAddress(const std::string& listen) {
+  return absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "unix-abstract:");
+}
+
+// The socket file of a unix:PATH address (gRPC's forms: unix:relative, unix:/absolute,
+// unix:///absolute); none for other addresses and for unix-abstract:NAME.
+std::optional<std::string> UnixSocketPath(const std::string& listen) {
+  if (!absl::StartsWith(listen, "unix:")) return std::nullopt;
+  std::string path = listen.substr(5);
+  if (absl::StartsWith(path, "//")) path = path.substr(2);
+  return path;
+}
+
+// The group id of a name or a number.
+absl::StatusOr<gid_t> GroupId(const std::string& group) {
+  gid_t gid = 0;
+  if (absl::SimpleAtoi(group, &gid)) return gid;
+  std::vector<char> buffer(16384);
+  struct group entry;
+  struct group* found = nullptr;
+  const int err = getgrnam_r(group.c_str(), &entry, buffer.data(), buffer.size(), &found);
+  if (err != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--listen_socket_group: no group '", group, "'",
+                     err != 0 ? absl::StrCat(" (", std::strerror(err), ")") : ""));
+  }
+  return found->gr_gid;
+}
+
+// The inode of the socket file at `path`.
+absl::StatusOr<uint64_t> SocketInode(const std::string& path) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) {
+    return absl::UnavailableError(
+        absl::StrCat("listening on unix:", path, ", but there is no socket file at that path"));
+  }
+  return static_cast<uint64_t>(st.st_ino);
+}
+
+// Gives the socket file its mode and group (ServerOptions::listen_socket_*).
+absl::Status SetSocketPermissions(const std::string& path, const ServerOptions& o) {
+  if (o.listen_socket_mode != 0 && chmod(path.c_str(), o.listen_socket_mode) != 0) {
+    return absl::UnavailableError(absl::StrFormat("--listen_socket_mode: chmod %04o %s: %s",
+                                                  o.listen_socket_mode, path,
+                                                  std::strerror(errno)));
+  }
+  if (!o.listen_socket_group.empty()) {
+    KD_ASSIGN_OR_RETURN(gid_t gid, GroupId(o.listen_socket_group));
+    if (chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("--listen_socket_group: chown :", o.listen_socket_group, " ", path, ": ",
+                       std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A listen address (host:port) with the port actually bound; a Unix socket's address as given.
 std::string WithPort(const std::string& listen, int port) {
+  if (IsUnixAddress(listen)) return listen;
   const size_t colon = listen.rfind(':');
   return absl::StrCat(colon == std::string::npos ? listen : listen.substr(0, colon), ":", port);
 }
@@ -152,6 +217,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   }
   if (options.device_recovery_interval < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the device recovery interval must not be negative");
+  }
+  if ((options.listen_socket_mode != 0 || !options.listen_socket_group.empty()) &&
+      !UnixSocketPath(options.listen).has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--listen_socket_mode and --listen_socket_group apply to a unix:PATH --listen, not ",
+        options.listen));
+  }
+  if (options.listen_socket_mode > 07777) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--listen_socket_mode %o is not a file mode (at most 7777, octal)",
+                        options.listen_socket_mode));
   }
   KD_RETURN_IF_ERROR(CheckGrpcLimits(options));
   KD_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
@@ -224,6 +300,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", o.listen, " (address in use, or not a host:port?)"));
   }
+  if (std::optional<std::string> path = UnixSocketPath(o.listen)) {
+    KD_ASSIGN_OR_RETURN(s->socket_inode_, SocketInode(*path));
+    s->socket_path_ = *path;  // removed with the server, also when the permissions fail
+    KD_RETURN_IF_ERROR(SetSocketPermissions(*path, o));
+  }
   if (s->plain_health_ != nullptr) {
     grpc::ServerBuilder health;
     health.AddListeningPort(o.health_listen, grpc::InsecureServerCredentials(), &s->health_port_);
@@ -269,6 +350,14 @@ Server::~Server() {
     sessions_.reset();
   });
   TimedStep("devices released", [this] { pool_.reset(); });
+  // The socket file goes with the server (gRPC has removed it already after a normal start).
+  struct stat st;
+  if (!socket_path_.empty() && lstat(socket_path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) &&
+      static_cast<uint64_t>(st.st_ino) == socket_inode_) {
+    if (unlink(socket_path_.c_str()) != 0) {
+      spdlog::warn("cannot remove the socket file {}: {}", socket_path_, std::strerror(errno));
+    }
+  }
 }
 
 std::string Server::address() const { return WithPort(options_.listen, port_); }

@@ -75,6 +75,11 @@ class Server {
 
   const ServerOptions options_;
   int port_ = 0;
+  // The socket file of a unix:PATH listen address. gRPC removes it when it stops listening; what
+  // is left then (a start that failed after binding) is removed when the server goes, if it is
+  // still the one made at start (same inode).
+  std::string socket_path_;
+  uint64_t socket_inode_ = 0;
   // Destroyed in reverse order: the metrics endpoint and gRPC first, then the services, the
   // sessions and the devices (whose waiters' last callbacks may still update health, the gate
   // and the metrics), then those.

@@ -16,8 +16,13 @@ namespace komputed::server {
 // Server, the DevicePool, the SessionManager and every Session read it (Server::Start checks the
 // values). What is particular to one session lives in SessionFacts.
 struct ServerOptions {
-  // host:port to listen on; port 0 picks a free port (see Server::port()).
+  // host:port to listen on; port 0 picks a free port (see Server::port()). Also unix:PATH (a
+  // socket file, made at start and removed at exit) or unix-abstract:NAME.
   std::string listen = "127.0.0.1:50051";
+  // For a unix:PATH listen address: the socket file's permission bits (e.g. 0660; 0 leaves what
+  // the umask gave) and group (a name or a numeric id; empty leaves the daemon's).
+  uint32_t listen_socket_mode = 0;
+  std::string listen_socket_group;
   // host:port to serve Prometheus metrics on (/metrics); port 0 picks a free port. Empty: the
   // metrics are kept (Server::metrics()) but not served. (komputed's flag defaults to
   // 127.0.0.1:9464; the library's default is empty so that in-process servers do not collide.)
