@@ -32,6 +32,11 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "reflection); port 0 picks a free port (printed at start); unix:PATH for a Unix socket "
           "(the file is made at start and removed at exit), unix-abstract:NAME for an abstract "
           "one");
+ABSL_FLAG(std::string, advertise_address, "",
+          "host:port where clients reach this daemon directly, past any load balancer (in "
+          "Kubernetes: $(POD_IP):50051 from the downward API); each session is told it, and its "
+          "client opens the session's further connections (parallel transfers) there. Empty: "
+          "clients keep every connection on the address they opened the session with");
 ABSL_FLAG(std::string, listen_socket_mode, "",
           "with --listen=unix:PATH: the socket file's permission bits, in octal (e.g. 0660); "
           "empty: what the umask gives");
@@ -195,6 +200,7 @@ int main(int argc, char** argv) {
     options.listen_socket_mode = static_cast<uint32_t>(bits);
   }
   options.listen_socket_group = absl::GetFlag(FLAGS_listen_socket_group);
+  options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   for (const std::string& d : absl::GetFlag(FLAGS_devices)) {
     uint32_t index = 0;
     if (!absl::SimpleAtoi(d, &index)) {

@@ -23,6 +23,9 @@ struct ServerOptions {
   // the umask gave) and group (a name or a numeric id; empty leaves the daemon's).
   uint32_t listen_socket_mode = 0;
   std::string listen_socket_group;
+  // host:port where clients reach this daemon directly, past any balancer (in Kubernetes, the
+  // pod's IP): told to each session at OpenSession for its further connections. Empty: none.
+  std::string advertise_address;
   // host:port to serve Prometheus metrics on (/metrics); port 0 picks a free port. Empty: the
   // metrics are kept (Server::metrics()) but not served. (komputed's flag defaults to
   // 127.0.0.1:9464; the library's default is empty so that in-process servers do not collide.)

@@ -533,6 +533,7 @@ grpc::ServerUnaryReactor* SessionsService::OpenSession(grpc::CallbackServerConte
   response->set_idle_timeout_ms(
       static_cast<uint64_t>(absl::ToInt64Milliseconds(ctx_.options->session_idle_timeout)));
   response->set_max_message_bytes(static_cast<uint64_t>(ctx_.options->max_message_bytes));
+  response->set_direct_address(ctx_.options->advertise_address);
   return Reply(context, "OpenSession", (*session)->id(), absl::OkStatus());
 }
 

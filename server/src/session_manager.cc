@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -40,10 +41,22 @@ std::string NewSessionId() {
 
 std::string Seconds(absl::Duration d) { return absl::StrFormat("%.1fs", absl::ToDoubleSeconds(d)); }
 
-absl::Status NotFound(absl::string_view id, absl::Duration idle_timeout) {
-  return absl::NotFoundError(absl::StrCat("session ", id,
-                                          " not found (it was closed, or idle for longer than ",
-                                          Seconds(idle_timeout), ", or the daemon restarted)"));
+absl::Status NotFound(absl::string_view id, absl::Duration idle_timeout, absl::string_view daemon) {
+  return absl::NotFoundError(absl::StrCat(
+      "session ", id, " not found on ", daemon, " (it was closed, or idle for longer than ",
+      Seconds(idle_timeout),
+      ", or the daemon restarted, or the call reached another daemon than the one that opened "
+      "the session)"));
+}
+
+// "komputed on HOST", with the advertised address when there is one.
+std::string DaemonName(const ServerOptions& options) {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  std::string name = absl::StrCat("komputed on ", host[0] != '\0' ? host : "an unnamed host");
+  if (!options.advertise_address.empty())
+    absl::StrAppend(&name, " (", options.advertise_address, ")");
+  return name;
 }
 
 bool Owns(const Caller& caller, const Session& session) {
@@ -54,7 +67,7 @@ bool Owns(const Caller& caller, const Session& session) {
 
 SessionManager::SessionManager(DevicePool* pool, const ServerOptions& options, Metrics* metrics,
                                WorkGate* gate)
-    : pool_(pool), options_(options), metrics_(metrics), gate_(gate) {
+    : pool_(pool), options_(options), daemon_(DaemonName(options)), metrics_(metrics), gate_(gate) {
   if (options_.max_kernel_time > absl::ZeroDuration()) {
     watchdog_ = Watchdog::Create(
         options_.watchdog_interval,
@@ -95,7 +108,7 @@ absl::Status SessionManager::Missing(absl::string_view id, const Caller& caller)
     return absl::FailedPreconditionError(absl::StrCat(
         "session ", id, " was closed by the daemon: ", it->second.reason, "; open a new session"));
   }
-  return NotFound(id, options_.session_idle_timeout);
+  return NotFound(id, options_.session_idle_timeout, daemon_);
 }
 
 void SessionManager::Free(Session& session, const char* reason) {

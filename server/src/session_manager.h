@@ -79,6 +79,7 @@ class SessionManager {
 
   DevicePool* const pool_;
   const ServerOptions& options_;
+  const std::string daemon_;  // this daemon, as errors name it: its host, and advertised address
   Metrics* const metrics_;
   WorkGate* const gate_;
 

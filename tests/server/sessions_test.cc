@@ -1,7 +1,10 @@
 // Devices and Sessions services: listing, opening, closing, isolation and the idle reaper.
+#include <unistd.h>
+
 #include <chrono>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "test_util.h"
 
 namespace komputed::server::testing {
@@ -96,6 +99,11 @@ TEST_F(ServerTest, UnknownSessionIsNotFound) {
   grpc::Status s = client_->sessions->KeepAlive(&ctx, req, &resp);
   EXPECT_THAT(s, HasCode(grpc::StatusCode::NOT_FOUND));
   EXPECT_THAT(s.error_message(), HasSubstr("0123456789abcdef0123456789abcdef"));
+  // It names the daemon that answered: behind a balancer, a call may reach another daemon.
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
+  EXPECT_THAT(s.error_message(), HasSubstr(absl::StrCat("not found on komputed on ", host)));
+  EXPECT_THAT(s.error_message(), HasSubstr("another daemon"));
   EXPECT_THAT(CreateTensor(FloatTensor("0123456789abcdef0123456789abcdef", 1, {1.0f})),
               HasCode(grpc::StatusCode::NOT_FOUND));
   EXPECT_THAT(CreateTensor(FloatTensor("", 1, {1.0f})),

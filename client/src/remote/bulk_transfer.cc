@@ -1,6 +1,7 @@
 #include "remote/bulk_transfer.h"
 
 #include <grpcpp/support/byte_buffer.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
@@ -50,10 +51,10 @@ class BulkCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
 
   BulkCall(Next next, OnRead on_read) : next_(std::move(next)), on_read_(std::move(on_read)) {}
 
-  absl::Status Run(grpc::GenericStub& stub, grpc::ClientContext* context, const std::string& method,
-                   absl::string_view what) {
-    context_ = context;
-    stub.PrepareBidiStreamingCall(context, method, grpc::StubOptions(), this);
+  absl::Status Run(grpc::GenericStub& stub, std::unique_ptr<grpc::ClientContext> context,
+                   const std::string& method, absl::string_view what) {
+    context_ = context.get();
+    stub.PrepareBidiStreamingCall(context.get(), method, grpc::StubOptions(), this);
     StartRead(&in_);
     SendNext();
     StartCall();
@@ -67,7 +68,14 @@ class BulkCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
       context->TryCancel();
     }
     cv_.wait(lock, [this] { return done_; });
-    // gRPC gives lent data back as the call ends; wait for that before the caller may free it.
+    // The call has ended: releasing it lets gRPC drop what it still holds of the messages (a
+    // call that the daemon ended early keeps its unsent data until then). Not under mu_: the
+    // release callbacks take it.
+    lock.unlock();
+    context_ = nullptr;
+    context.reset();
+    lock.lock();
+    // gRPC gives lent data back as the call goes; wait for that before the caller may free it.
     if (!cv_.wait_for(lock, std::chrono::seconds(60), [this] { return lent_ == 0; })) {
       return absl::InternalError(
           absl::StrCat(what, ": the data was still held by gRPC 60 s after the call"));
@@ -148,8 +156,9 @@ void SetTransferDeadline(grpc::ClientContext& context, uint64_t bytes) {
 
 BulkTransfer::BulkTransfer(std::string address,
                            std::shared_ptr<const ClientCredentials> credentials,
-                           std::shared_ptr<grpc::Channel> channel, std::string session_id)
-    : address_(std::move(address)),
+                           std::shared_ptr<grpc::Channel> channel, std::string session_id,
+                           std::string direct_address)
+    : lane_address_(direct_address.empty() ? std::move(address) : std::move(direct_address)),
       credentials_(std::move(credentials)),
       channel_(std::move(channel)),
       session_id_(std::move(session_id)),
@@ -175,7 +184,7 @@ template <typename Move>
 absl::Status BulkTransfer::InLanes(uint64_t bytes, Move move) {
   const uint64_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
   const uint64_t n = std::min<uint64_t>(lanes_, chunks / kMinChunksPerLane);
-  if (n <= 1) return move(LaneStub(0), 0, bytes);
+  if (n <= 1 || single_lane_.load()) return move(LaneStub(0), 0, bytes);
   const uint64_t per_lane = (chunks + n - 1) / n * kChunkBytes;
   std::vector<absl::Status> statuses(n);
   std::vector<std::thread> threads;
@@ -186,6 +195,21 @@ absl::Status BulkTransfer::InLanes(uint64_t bytes, Move move) {
   }
   statuses[0] = move(LaneStub(0), 0, std::min(bytes, per_lane));
   for (auto& t : threads) t.join();
+  KD_RETURN_IF_ERROR(statuses[0]);
+  // A further lane that did not reach the session's daemon (unreachable, or another daemon that
+  // does not know the session: a balancer spread the connections) moves its range over the
+  // session's own connection, and this session's transfers keep to it from now on.
+  for (uint64_t i = 1; i < n; ++i) {
+    if (!absl::IsUnavailable(statuses[i]) && !absl::IsNotFound(statuses[i])) continue;
+    if (!single_lane_.exchange(true)) {
+      spdlog::warn(
+          "komputed: a parallel transfer connection to {} did not reach the daemon of session {} "
+          "({}); this session's transfers keep to its own connection",
+          lane_address_, session_id_, std::string(statuses[i].message()));
+    }
+    const uint64_t begin = std::min(bytes, i * per_lane);
+    statuses[i] = move(LaneStub(0), begin, std::min(bytes, begin + per_lane));
+  }
   for (const absl::Status& s : statuses) KD_RETURN_IF_ERROR(s);
   return absl::OkStatus();
 }
@@ -204,7 +228,7 @@ grpc::GenericStub& BulkTransfer::LaneStub(uint64_t lane) {
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetInt("komputed.bulk_lane", static_cast<int>(lane));
     lane_stubs_[lane] =
-        std::make_unique<grpc::GenericStub>(credentials_->CreateChannel(address_, args));
+        std::make_unique<grpc::GenericStub>(credentials_->CreateChannel(lane_address_, args));
   }
   return *lane_stubs_[lane];
 }
@@ -213,8 +237,8 @@ grpc::GenericStub& BulkTransfer::LaneStub(uint64_t lane) {
 absl::Status BulkTransfer::WriteRange(grpc::GenericStub& stub, uint64_t handle, const uint8_t* data,
                                       uint64_t begin, uint64_t end) {
   const uint64_t bytes = end - begin;
-  grpc::ClientContext context;
-  SetTransferDeadline(context, bytes);
+  auto context = std::make_unique<grpc::ClientContext>();
+  SetTransferDeadline(*context, bytes);
   uint64_t offset = begin;
   BulkCall call(
       [&](BulkCall& self) -> std::optional<grpc::ByteBuffer> {
@@ -234,7 +258,7 @@ absl::Status BulkTransfer::WriteRange(grpc::GenericStub& stub, uint64_t handle, 
         return chunk;
       },
       [](grpc::ByteBuffer&) { return absl::OkStatus(); });  // WriteTensorResponse
-  return call.Run(stub, &context, "/komputed.v1.Tensors/WriteTensor",
+  return call.Run(stub, std::move(context), "/komputed.v1.Tensors/WriteTensor",
                   absl::StrCat("writing tensor ", handle));
 }
 
@@ -242,8 +266,8 @@ absl::Status BulkTransfer::WriteRange(grpc::GenericStub& stub, uint64_t handle, 
 absl::Status BulkTransfer::ReadRange(grpc::GenericStub& stub, uint64_t handle, uint8_t* data,
                                      uint64_t begin, uint64_t end) {
   const uint64_t bytes = end - begin;
-  grpc::ClientContext context;
-  SetTransferDeadline(context, bytes);
+  auto context = std::make_unique<grpc::ClientContext>();
+  SetTransferDeadline(*context, bytes);
   v1::ReadTensorRequest request;
   request.set_session_id(session_id_);
   request.set_handle(handle);
@@ -274,7 +298,7 @@ absl::Status BulkTransfer::ReadRange(grpc::GenericStub& stub, uint64_t handle, u
         received += chunk.data_bytes;
         return absl::OkStatus();
       });
-  KD_RETURN_IF_ERROR(call.Run(stub, &context, "/komputed.v1.Tensors/ReadTensor",
+  KD_RETURN_IF_ERROR(call.Run(stub, std::move(context), "/komputed.v1.Tensors/ReadTensor",
                               absl::StrCat("reading tensor ", handle)));
   if (received != bytes) {
     return absl::DataLossError(

@@ -5,6 +5,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -22,11 +23,15 @@ namespace kp::internal::remote {
 // (bounded by a deadline that grows with the size). Owned by the session's Connection.
 class BulkTransfer {
  public:
-  // `channel` is the session's; further lanes open channels of their own to `address`, with the
-  // session's `credentials`. The number of lanes is $KOMPUTED_TRANSFER_STREAMS (1 to 16), else a
-  // quarter of the cores, 1 to 4.
+  // `channel` is the session's; further lanes open channels of their own, with the session's
+  // `credentials`, to the daemon's `direct_address` (OpenSessionResponse), else to `address`.
+  // The number of lanes is $KOMPUTED_TRANSFER_STREAMS (1 to 16), else a quarter of the cores, 1
+  // to 4. A further lane that does not reach the session's daemon (UNAVAILABLE, or NOT_FOUND
+  // from another daemon behind a balancer) moves its range over `channel`, and the session's
+  // transfers use `channel` alone from then on.
   BulkTransfer(std::string address, std::shared_ptr<const ClientCredentials> credentials,
-               std::shared_ptr<grpc::Channel> channel, std::string session_id);
+               std::shared_ptr<grpc::Channel> channel, std::string session_id,
+               std::string direct_address);
 
   // Streams `bytes` of host data into the tensor `handle`.
   absl::Status Write(uint64_t handle, const uint8_t* data, uint64_t bytes);
@@ -42,11 +47,12 @@ class BulkTransfer {
   absl::Status ReadRange(grpc::GenericStub& stub, uint64_t handle, uint8_t* data, uint64_t begin,
                          uint64_t end);
 
-  const std::string address_;
+  const std::string lane_address_;  // where further lanes connect
   const std::shared_ptr<const ClientCredentials> credentials_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::string session_id_;
   const uint32_t lanes_;
+  std::atomic<bool> single_lane_{false};  // set once a further lane missed the session's daemon
   absl::Mutex mu_;
   std::vector<std::unique_ptr<grpc::GenericStub>> lane_stubs_
       ABSL_GUARDED_BY(mu_);  // [0]: channel_

@@ -83,7 +83,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Open(const RemoteOptions
     c->idle_timeout_ = absl::Milliseconds(response.idle_timeout_ms());
   }
   c->bulk_ = std::make_unique<BulkTransfer>(c->address_, std::move(credentials), c->channel_,
-                                            c->session_id_);
+                                            c->session_id_, response.direct_address());
   c->StartKeepAlive();
   return c;
 }
