@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "komputed/core/status.h"
 #include "komputed/v1/komputed.grpc.pb.h"
@@ -147,6 +148,22 @@ class BulkCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
   absl::Status local_;
 };
 
+// The host of a gRPC target: "dns:///komputed.ns.svc:50051" → "komputed.ns.svc",
+// "ipv4:10.0.0.1:5001,10.0.0.2:5001" → "10.0.0.1", "[::1]:50051" → "::1".
+std::string HostOf(const std::string& target) {
+  std::string rest = target;
+  if (const size_t scheme = rest.find(":///"); scheme != std::string::npos) {
+    rest = rest.substr(scheme + 4);
+  } else if (absl::StartsWith(rest, "dns:") || absl::StartsWith(rest, "ipv4:") ||
+             absl::StartsWith(rest, "ipv6:")) {
+    rest = rest.substr(rest.find(':') + 1);
+  }
+  rest = rest.substr(0, rest.find(','));
+  if (absl::StartsWith(rest, "[")) return rest.substr(1, rest.find(']') - 1);
+  if (std::count(rest.begin(), rest.end(), ':') == 1) return rest.substr(0, rest.find(':'));
+  return rest;
+}
+
 // A transfer's deadline: the object-call bound plus time for its bytes at 100 MB/s.
 void SetTransferDeadline(grpc::ClientContext& context, uint64_t bytes) {
   SetDeadline(context, RpcTimeout() + absl::Seconds(static_cast<double>(bytes) / 1e8));
@@ -158,7 +175,9 @@ BulkTransfer::BulkTransfer(std::string address,
                            std::shared_ptr<const ClientCredentials> credentials,
                            std::shared_ptr<grpc::Channel> channel, std::string session_id,
                            std::string direct_address)
-    : lane_address_(direct_address.empty() ? std::move(address) : std::move(direct_address)),
+    : lane_address_(direct_address.empty() ? address : direct_address),
+      lane_tls_name_(direct_address.empty() || direct_address == address ? std::string()
+                                                                         : HostOf(address)),
       credentials_(std::move(credentials)),
       channel_(std::move(channel)),
       session_id_(std::move(session_id)),
@@ -227,6 +246,9 @@ grpc::GenericStub& BulkTransfer::LaneStub(uint64_t lane) {
     // A channel of its own: its own connection, not one shared through the subchannel pool.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetInt("komputed.bulk_lane", static_cast<int>(lane));
+    if (credentials_->tls() && !lane_tls_name_.empty()) {
+      args.SetSslTargetNameOverride(lane_tls_name_);
+    }
     lane_stubs_[lane] =
         std::make_unique<grpc::GenericStub>(credentials_->CreateChannel(lane_address_, args));
   }

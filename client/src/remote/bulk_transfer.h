@@ -48,6 +48,9 @@ class BulkTransfer {
                          uint64_t end);
 
   const std::string lane_address_;  // where further lanes connect
+  // Over TLS, the name that the daemon's certificate is checked against on a lane to its direct
+  // address: the host that the session was opened with (empty: the lane address's own).
+  const std::string lane_tls_name_;
   const std::shared_ptr<const ClientCredentials> credentials_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::string session_id_;

@@ -60,6 +60,8 @@ class ClientCredentials {
   // sees of a daemon that wants TLS, or a client certificate) or TLS met plain text.
   std::string Hint(grpc::StatusCode code, absl::string_view message) const;
 
+  bool tls() const { return tls_; }
+
  private:
   ClientCredentials() = default;
 
