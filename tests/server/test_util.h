@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "server.h"
 #include "support/bytes.h"
@@ -97,6 +99,12 @@ class ServerTest : public ::testing::Test {
   virtual ServerOptions Options() {
     ServerOptions options;
     options.listen = "127.0.0.1:0";
+    // The sanitizer suites raise the kernel watchdog's limit: their lavapipe runs shaders tens of
+    // times slower.
+    if (const char* limit = std::getenv("KOMPUTED_TEST_MAX_KERNEL_TIME"); limit != nullptr) {
+      EXPECT_TRUE(absl::ParseDuration(limit, &options.max_kernel_time))
+          << "KOMPUTED_TEST_MAX_KERNEL_TIME=" << limit;
+    }
     return options;
   }
 

@@ -72,6 +72,10 @@ DaemonProcess::DaemonProcess(const std::vector<std::string>& flags) {
   log_path_ = log_template;
   std::vector<std::string> argv = {KomputedBinary(), "--listen=127.0.0.1:0",
                                    "--metrics_listen=127.0.0.1:0"};
+  // The sanitizer suites raise the kernel watchdog's limit (a test's own flag still wins).
+  if (const char* limit = std::getenv("KOMPUTED_TEST_MAX_KERNEL_TIME"); limit != nullptr) {
+    argv.push_back(std::string("--max_kernel_time=") + limit);
+  }
   argv.insert(argv.end(), flags.begin(), flags.end());
   pid_ = Spawn(argv, &stdout_fd_, log_fd);
   const int spawn_errno = errno;
