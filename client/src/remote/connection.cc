@@ -56,6 +56,10 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Open(const RemoteOptions
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
+  // Each session on a connection of its own (not one shared through gRPC's global subchannel
+  // pool): behind a balancer, the sessions of one process spread over the daemons as those of
+  // separate processes do, and one session's connection failing leaves the others'.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   KD_ASSIGN_OR_RETURN(std::shared_ptr<const ClientCredentials> credentials,
                       ClientCredentials::Load(options.credentials));
   std::shared_ptr<Connection> c(new Connection());
