@@ -804,7 +804,8 @@ TEST(Algorithm, SmallTypeArithmeticRunsWhereEnabled) {
 }
 
 // On a device without them (the same device, opened with the features withheld), every shader
-// that needs one is refused before the driver sees it, naming the feature.
+// that needs one is refused before the driver sees it, naming the feature; tensors of the small
+// types are only bytes and are made all the same.
 TEST(Algorithm, SmallTypeShadersNeedTheirFeatures) {
   DeviceOptions options;
   options.physical_device_index = TestDevice()->info().index;
@@ -820,8 +821,32 @@ TEST(Algorithm, SmallTypeShadersNeedTheirFeatures) {
                f.push_constant_8bit || f.push_constant_16bit);
   EXPECT_EQ(f.float64, TestDevice()->shader_features().float64);  // the rest as ever
 
-  // The features one at a time: with the others enabled, each shader is refused for the one that
-  // it lacks.
+  struct Case {
+    ElementType type;
+    const char* feature;
+  };
+  for (const Case& c : {Case{ElementType::kInt8, "storageBuffer8BitAccess"},
+                        Case{ElementType::kUInt8, "storageBuffer8BitAccess"},
+                        Case{ElementType::kInt16, "storageBuffer16BitAccess"},
+                        Case{ElementType::kUInt16, "storageBuffer16BitAccess"},
+                        Case{ElementType::kFloat16, "storageBuffer16BitAccess"}}) {
+    SCOPED_TRACE(ElementTypeName(c.type));
+    AlgorithmSpec spec;
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> t,
+                           Tensor::Create(bare, c.type, 5, 0, MemoryType::kDevice, nullptr));
+      spec.tensors.push_back(t);
+    }
+    ASSERT_OK_AND_ASSIGN(absl::Span<const uint32_t> spirv, MultiplyShader(c.type));
+    spec.spirv.assign(spirv.begin(), spirv.end());
+    EXPECT_THAT(Algorithm::Create(bare, spec),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr(absl::StrCat("needs ", c.feature)),
+                               HasSubstr("does not have it enabled"))));
+  }
+
+  // The arithmetic features one at a time: with the storage ones enabled, each shader is refused
+  // for the one that it lacks.
   struct Arithmetic {
     const char* source;
     ElementType type;
