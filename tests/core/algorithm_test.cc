@@ -877,5 +877,41 @@ TEST(Algorithm, SmallTypeShadersNeedTheirFeatures) {
   }
 }
 
+// A shader sees a tensor's element count as its length(), also where the tensor's bytes are no
+// whole number of 4-byte words (its buffer is padded to one).
+TEST(Algorithm, LengthIsTheElementCount) {
+  constexpr char kLengths[] = R"(#version 450
+#extension GL_EXT_shader_8bit_storage : require
+#extension GL_EXT_shader_16bit_storage : require
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer A { int8_t a[]; };
+layout(set = 0, binding = 1) buffer B { uint16_t b[]; };
+layout(set = 0, binding = 2) buffer C { uint8_t c[]; };
+layout(set = 0, binding = 3) buffer Out { uint lengths[]; };
+void main() {
+  lengths[0] = uint(a.length());
+  lengths[1] = uint(b.length());
+  lengths[2] = uint(c.length());
+  lengths[3] = uint(lengths.length());
+}
+)";
+  const ShaderFeatures& f = TestDevice()->shader_features();
+  if (!f.storage_buffer_8bit || !f.storage_buffer_16bit) {
+    GTEST_SKIP() << "the device lacks 8- or 16-bit storage";
+  }
+  std::vector<std::shared_ptr<Tensor>> tensors;
+  for (auto [type, count] :
+       {std::pair{ElementType::kInt8, 5}, std::pair{ElementType::kUInt16, 3},
+        std::pair{ElementType::kUInt8, 1}, std::pair{ElementType::kUInt32, 4}}) {
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> t, Tensor::Create(TestDevice(), type, count, 0,
+                                                                   MemoryType::kDevice, nullptr));
+    tensors.push_back(t);
+  }
+  ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec, SpecFor(kLengths, tensors));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm, Algorithm::Create(TestDevice(), spec));
+  ASSERT_OK(RoundTrip(algorithm, {tensors[3]}));
+  EXPECT_THAT(HostValues<uint32_t>(*tensors[3]), ElementsAre(5, 3, 1, 4));
+}
+
 }  // namespace
 }  // namespace komputed::core
