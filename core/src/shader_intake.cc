@@ -144,15 +144,20 @@ std::string BindingName(const SpirvBinding& b) {
 
 absl::Status CheckCapabilities(const SpirvModule& module, const Device& device) {
   const ShaderFeatures& features = device.shader_features();
+  // Capabilities whose features the device did not enable: all of them are named at once.
+  std::vector<std::string> disabled;
+  std::vector<std::string> needed;
   for (uint32_t c : module.capabilities()) {
     const auto* allowed =
         std::find_if(std::begin(kAllowed), std::end(kAllowed),
                      [&](const auto& a) { return static_cast<uint32_t>(a.capability) == c; });
     if (allowed != std::end(kAllowed)) {
       if (allowed->enabled == nullptr || allowed->enabled(features)) continue;
-      return absl::InvalidArgumentError(
-          absl::StrCat("the shader declares capability ", allowed->name, " (", c, "), which needs ",
-                       allowed->feature, ": ", DeviceName(device), " does not have it enabled"));
+      disabled.push_back(absl::StrCat(allowed->name, " (", c, ")"));
+      if (std::find(needed.begin(), needed.end(), allowed->feature) == needed.end()) {
+        needed.push_back(allowed->feature);
+      }
+      continue;
     }
     const auto* refused =
         std::find_if(std::begin(kRefused), std::end(kRefused),
@@ -167,6 +172,14 @@ absl::Status CheckCapabilities(const SpirvModule& module, const Device& device) 
         DeviceName(device),
         " (allowed: Shader, Matrix, DeviceGroup, and where the device enables them the 8/16/64-bit "
         "types, 8/16-bit storage-buffer and push-constant access and subgroup operations)"));
+  }
+  if (!disabled.empty()) {
+    const bool one = needed.size() == 1;
+    return absl::InvalidArgumentError(
+        absl::StrCat("the shader declares ", disabled.size() == 1 ? "capability " : "capabilities ",
+                     absl::StrJoin(disabled, ", "), ", which ",
+                     disabled.size() == 1 ? "needs " : "need ", absl::StrJoin(needed, ", "), ": ",
+                     DeviceName(device), " does not have ", one ? "it" : "them", " enabled"));
   }
   for (const std::string& e : module.extensions()) {
     const auto* allowed = std::find_if(std::begin(kAllowedExtensions), std::end(kAllowedExtensions),

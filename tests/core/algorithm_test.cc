@@ -845,8 +845,21 @@ TEST(Algorithm, SmallTypeShadersNeedTheirFeatures) {
                                HasSubstr("does not have it enabled"))));
   }
 
-  // The arithmetic features one at a time: with the storage ones enabled, each shader is refused
-  // for the one that it lacks.
+  // Every feature that a shader lacks is named at once.
+  {
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> t, Tensor::Create(bare, ElementType::kInt8, 4, 0,
+                                                                   MemoryType::kDevice, nullptr));
+    ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec, SpecFor(kInt8ArithmeticShader, {t}));
+    EXPECT_THAT(Algorithm::Create(bare, spec),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("capabilities "), HasSubstr("Int8 (39)"),
+                               HasSubstr("StorageBuffer8BitAccess (4448)"), HasSubstr("shaderInt8"),
+                               HasSubstr("storageBuffer8BitAccess"),
+                               HasSubstr("does not have them enabled"))));
+  }
+
+  // The features one at a time: with the others enabled, each shader is refused for the one that
+  // it lacks.
   struct Arithmetic {
     const char* source;
     ElementType type;
