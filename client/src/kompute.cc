@@ -49,6 +49,16 @@ core::ElementType ToCore(Memory::DataTypes type) {
       return core::ElementType::kFloat64;
     case Memory::DataTypes::eCustom:
       return core::ElementType::kBytes;
+    case Memory::DataTypes::eShort:
+      return core::ElementType::kInt16;
+    case Memory::DataTypes::eUnsignedShort:
+      return core::ElementType::kUInt16;
+    case Memory::DataTypes::eChar:
+      return core::ElementType::kInt8;
+    case Memory::DataTypes::eUnsignedChar:
+      return core::ElementType::kUInt8;
+    case Memory::DataTypes::eHalf:
+      return core::ElementType::kFloat16;
   }
   throw Error(ErrorCode::kInvalidArgument,
               absl::StrCat("unknown data type ", static_cast<int>(type)));
@@ -331,10 +341,18 @@ void Sequence::recordLocked(const OpBase& op) {
       if (op.algorithm() == nullptr) {
         throw Error(ErrorCode::kInvalidArgument, "OpMult: null algorithm");
       }
-      auto spirv = Check(core::MultiplyShader(ToCore(tensors[0]->dataType())));
+      const core::ElementType type = ToCore(tensors[0]->dataType());
+      auto spirv = Check(core::MultiplyShader(type));
       const std::array<uint32_t, 3> workgroup = Check(core::MultiplyWorkgroup(tensors[0]->size()));
-      op.algorithm()->rebuildRaw(tensors, std::vector<uint32_t>(spirv.begin(), spirv.end()),
-                                 workgroup, {}, 4, {});
+      try {
+        op.algorithm()->rebuildRaw(tensors, std::vector<uint32_t>(spirv.begin(), spirv.end()),
+                                   workgroup, {}, 4, {});
+      } catch (const Error& e) {
+        // The built-in shader refused for a feature that the device lacks, say: the caller wrote
+        // no shader, so say whose it is.
+        throw Error(e.code(), absl::StrCat("OpMult of ", core::ElementTypeName(type),
+                                           " tensors: ", e.what()));
+      }
       desc.algorithm = op.algorithm()->backendAlgorithm();
       break;
     }

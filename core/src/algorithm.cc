@@ -179,7 +179,9 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
     std::vector<VkDescriptorBufferInfo> infos(n);
     std::vector<VkWriteDescriptorSet> writes(n);
     for (uint32_t i = 0; i < n; ++i) {
-      infos[i] = {spec.tensors[i]->buffer(), 0, VK_WHOLE_SIZE};
+      // The tensor's bytes, not its buffer's padding to whole words: a shader's length() of a
+      // tensor of 8- or 16-bit elements is its element count.
+      infos[i] = {spec.tensors[i]->buffer(), 0, spec.tensors[i]->byte_size()};
       writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
       writes[i].dstSet = p->set;
       writes[i].dstBinding = i;

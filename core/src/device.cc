@@ -51,6 +51,131 @@ int TypeRank(VkPhysicalDeviceType type) {
   }
 }
 
+bool HasExtension(const std::vector<VkExtensionProperties>& available, const char* name) {
+  return std::any_of(available.begin(), available.end(), [&](const VkExtensionProperties& e) {
+    return std::strcmp(e.extensionName, name) == 0;
+  });
+}
+
+// The 8- and 16-bit features and timeline semaphores that a physical device has: from Vulkan
+// 1.2's feature structs; on a Vulkan 1.1 device from 16-bit storage (core there) and the
+// extensions VK_KHR_8bit_storage and VK_KHR_shader_float16_int8 where it has them. A Vulkan 1.0
+// device reports none of them here.
+struct SupportedFeatures {
+  bool float16 = false;
+  bool int8 = false;
+  bool storage_buffer_8bit = false;
+  bool storage_buffer_16bit = false;
+  bool uniform_and_storage_buffer_8bit = false;
+  bool uniform_and_storage_buffer_16bit = false;
+  bool push_constant_8bit = false;
+  bool push_constant_16bit = false;
+  bool timeline = false;
+  // Enabled through Vulkan 1.2's structs; else through 1.1's and the extensions.
+  bool core_1_2 = false;
+
+  void Query(VkPhysicalDevice physical, uint32_t api_version,
+             const std::vector<VkExtensionProperties>& available) {
+    if (api_version >= VK_API_VERSION_1_2) {
+      core_1_2 = true;
+      VkPhysicalDeviceVulkan11Features v11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+      VkPhysicalDeviceVulkan12Features v12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+      VkPhysicalDeviceFeatures2 query{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+      query.pNext = &v11;
+      v11.pNext = &v12;
+      vkGetPhysicalDeviceFeatures2(physical, &query);
+      storage_buffer_16bit = v11.storageBuffer16BitAccess == VK_TRUE;
+      uniform_and_storage_buffer_16bit = v11.uniformAndStorageBuffer16BitAccess == VK_TRUE;
+      push_constant_16bit = v11.storagePushConstant16 == VK_TRUE;
+      storage_buffer_8bit = v12.storageBuffer8BitAccess == VK_TRUE;
+      uniform_and_storage_buffer_8bit = v12.uniformAndStorageBuffer8BitAccess == VK_TRUE;
+      push_constant_8bit = v12.storagePushConstant8 == VK_TRUE;
+      float16 = v12.shaderFloat16 == VK_TRUE;
+      int8 = v12.shaderInt8 == VK_TRUE;
+      timeline = v12.timelineSemaphore == VK_TRUE;
+      return;
+    }
+    if (api_version < VK_API_VERSION_1_1) return;
+    VkPhysicalDevice16BitStorageFeatures s16{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
+    VkPhysicalDevice8BitStorageFeatures s8{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES};
+    VkPhysicalDeviceShaderFloat16Int8Features f16i8{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
+    VkPhysicalDeviceFeatures2 query{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+    query.pNext = &s16;
+    void** next = &s16.pNext;
+    if (HasExtension(available, VK_KHR_8BIT_STORAGE_EXTENSION_NAME)) {
+      *next = &s8;
+      next = &s8.pNext;
+    }
+    if (HasExtension(available, VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME)) *next = &f16i8;
+    vkGetPhysicalDeviceFeatures2(physical, &query);
+    storage_buffer_16bit = s16.storageBuffer16BitAccess == VK_TRUE;
+    uniform_and_storage_buffer_16bit = s16.uniformAndStorageBuffer16BitAccess == VK_TRUE;
+    push_constant_16bit = s16.storagePushConstant16 == VK_TRUE;
+    storage_buffer_8bit = s8.storageBuffer8BitAccess == VK_TRUE;
+    uniform_and_storage_buffer_8bit = s8.uniformAndStorageBuffer8BitAccess == VK_TRUE;
+    push_constant_8bit = s8.storagePushConstant8 == VK_TRUE;
+    float16 = f16i8.shaderFloat16 == VK_TRUE;
+    int8 = f16i8.shaderInt8 == VK_TRUE;
+  }
+};
+
+// The structs that enable the features of `enabled` beyond Vulkan 1.0's, chained to a
+// VkPhysicalDeviceFeatures2, and the extensions that they need. Lives until vkCreateDevice.
+struct EnabledFeatures {
+  VkPhysicalDeviceVulkan11Features v11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+  VkPhysicalDeviceVulkan12Features v12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  VkPhysicalDevice16BitStorageFeatures s16{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_16BIT_STORAGE_FEATURES};
+  VkPhysicalDevice8BitStorageFeatures s8{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_8BIT_STORAGE_FEATURES};
+  VkPhysicalDeviceShaderFloat16Int8Features f16i8{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES};
+  std::vector<const char*> extensions;
+
+  void Chain(VkPhysicalDeviceFeatures2& features, const SupportedFeatures& supported,
+             const ShaderFeatures& enabled) {
+    if (supported.core_1_2) {
+      v11.storageBuffer16BitAccess = enabled.storage_buffer_16bit;
+      v11.uniformAndStorageBuffer16BitAccess = enabled.uniform_and_storage_buffer_16bit;
+      v11.storagePushConstant16 = enabled.push_constant_16bit;
+      v12.storageBuffer8BitAccess = enabled.storage_buffer_8bit;
+      v12.uniformAndStorageBuffer8BitAccess = enabled.uniform_and_storage_buffer_8bit;
+      v12.storagePushConstant8 = enabled.push_constant_8bit;
+      v12.shaderFloat16 = enabled.float16;
+      v12.shaderInt8 = enabled.int8;
+      v12.timelineSemaphore = supported.timeline;
+      features.pNext = &v11;
+      v11.pNext = &v12;
+      return;
+    }
+    void** next = &features.pNext;
+    if (enabled.storage_buffer_16bit || enabled.uniform_and_storage_buffer_16bit ||
+        enabled.push_constant_16bit) {
+      s16.storageBuffer16BitAccess = enabled.storage_buffer_16bit;
+      s16.uniformAndStorageBuffer16BitAccess = enabled.uniform_and_storage_buffer_16bit;
+      s16.storagePushConstant16 = enabled.push_constant_16bit;
+      *next = &s16;
+      next = &s16.pNext;
+    }
+    if (enabled.storage_buffer_8bit || enabled.uniform_and_storage_buffer_8bit ||
+        enabled.push_constant_8bit) {
+      s8.storageBuffer8BitAccess = enabled.storage_buffer_8bit;
+      s8.uniformAndStorageBuffer8BitAccess = enabled.uniform_and_storage_buffer_8bit;
+      s8.storagePushConstant8 = enabled.push_constant_8bit;
+      *next = &s8;
+      next = &s8.pNext;
+      extensions.push_back(VK_KHR_8BIT_STORAGE_EXTENSION_NAME);
+    }
+    if (enabled.float16 || enabled.int8) {
+      f16i8.shaderFloat16 = enabled.float16;
+      f16i8.shaderInt8 = enabled.int8;
+      *next = &f16i8;
+      extensions.push_back(VK_KHR_SHADER_FLOAT16_INT8_EXTENSION_NAME);
+    }
+  }
+};
+
 }  // namespace
 
 uint64_t ValidationErrorCount() { return g_validation_errors.load(); }
@@ -298,7 +423,6 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
   std::vector<VkExtensionProperties> available(ext_count);
   vkEnumerateDeviceExtensionProperties(device->physical_device_, nullptr, &ext_count,
                                        available.data());
-  std::vector<const char*> extension_names;
   for (const std::string& wanted : options.extensions) {
     bool found = std::any_of(available.begin(), available.end(),
                              [&](const auto& e) { return wanted == e.extensionName; });
@@ -309,47 +433,48 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
       spdlog::warn("{}: extension {} is not supported; skipped", device_name, wanted);
     }
   }
-  for (const std::string& e : device->enabled_extensions_) extension_names.push_back(e.c_str());
 
-  // Features that shaders commonly need, where the device has them, and robust buffer access
-  // (out-of-bounds accesses stay inside the buffer's memory) for shaders of untrusted clients.
+  // Features that shaders commonly need, where the device has them (less those withheld), and
+  // robust buffer access (out-of-bounds accesses stay inside the buffer's memory) for shaders of
+  // untrusted clients.
   VkPhysicalDeviceFeatures supported{};
   vkGetPhysicalDeviceFeatures(device->physical_device_, &supported);
+  SupportedFeatures query;
+  query.Query(device->physical_device_, info.properties.apiVersion, available);
+  const ShaderFeatures& withheld = options.withheld_features;
+  ShaderFeatures& enabled = device->features_;
+  enabled.float64 = supported.shaderFloat64 == VK_TRUE && !withheld.float64;
+  enabled.int64 = supported.shaderInt64 == VK_TRUE && !withheld.int64;
+  enabled.int16 = supported.shaderInt16 == VK_TRUE && !withheld.int16;
+  enabled.float16 = query.float16 && !withheld.float16;
+  enabled.int8 = query.int8 && !withheld.int8;
+  enabled.storage_buffer_8bit = query.storage_buffer_8bit && !withheld.storage_buffer_8bit;
+  enabled.storage_buffer_16bit = query.storage_buffer_16bit && !withheld.storage_buffer_16bit;
+  enabled.uniform_and_storage_buffer_8bit =
+      query.uniform_and_storage_buffer_8bit && !withheld.uniform_and_storage_buffer_8bit;
+  enabled.uniform_and_storage_buffer_16bit =
+      query.uniform_and_storage_buffer_16bit && !withheld.uniform_and_storage_buffer_16bit;
+  enabled.push_constant_8bit = query.push_constant_8bit && !withheld.push_constant_8bit;
+  enabled.push_constant_16bit = query.push_constant_16bit && !withheld.push_constant_16bit;
+  device->robust_buffer_access_ = supported.robustBufferAccess == VK_TRUE;
+  device->timeline_ = query.timeline;
+
   VkPhysicalDeviceFeatures2 features{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
   features.features.robustBufferAccess = supported.robustBufferAccess;
-  features.features.shaderFloat64 = supported.shaderFloat64;
-  features.features.shaderInt64 = supported.shaderInt64;
-  features.features.shaderInt16 = supported.shaderInt16;
-  device->robust_buffer_access_ = supported.robustBufferAccess == VK_TRUE;
-  ShaderFeatures& enabled = device->features_;
-  enabled.float64 = supported.shaderFloat64 == VK_TRUE;
-  enabled.int64 = supported.shaderInt64 == VK_TRUE;
-  enabled.int16 = supported.shaderInt16 == VK_TRUE;
-  VkPhysicalDeviceVulkan11Features v11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
-  VkPhysicalDeviceVulkan11Features v11_enable{
-      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
-  VkPhysicalDeviceVulkan12Features v12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
-  VkPhysicalDeviceVulkan12Features v12_enable{
-      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
-  bool have_v12 = info.properties.apiVersion >= VK_API_VERSION_1_2;
-  if (have_v12) {
-    VkPhysicalDeviceFeatures2 query{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
-    query.pNext = &v11;
-    v11.pNext = &v12;
-    vkGetPhysicalDeviceFeatures2(device->physical_device_, &query);
-    v11_enable.storageBuffer16BitAccess = v11.storageBuffer16BitAccess;
-    v12_enable.storageBuffer8BitAccess = v12.storageBuffer8BitAccess;
-    v12_enable.shaderInt8 = v12.shaderInt8;
-    v12_enable.shaderFloat16 = v12.shaderFloat16;
-    v12_enable.timelineSemaphore = v12.timelineSemaphore;
-    enabled.storage_buffer_16bit = v11.storageBuffer16BitAccess == VK_TRUE;
-    enabled.storage_buffer_8bit = v12.storageBuffer8BitAccess == VK_TRUE;
-    enabled.int8 = v12.shaderInt8 == VK_TRUE;
-    enabled.float16 = v12.shaderFloat16 == VK_TRUE;
-    device->timeline_ = v12.timelineSemaphore == VK_TRUE;
-    features.pNext = &v11_enable;
-    v11_enable.pNext = &v12_enable;
+  features.features.shaderFloat64 = enabled.float64;
+  features.features.shaderInt64 = enabled.int64;
+  features.features.shaderInt16 = enabled.int16;
+  EnabledFeatures enable;
+  enable.Chain(features, query, enabled);
+  for (const char* e : enable.extensions) {
+    if (std::find(device->enabled_extensions_.begin(), device->enabled_extensions_.end(), e) ==
+        device->enabled_extensions_.end()) {
+      device->enabled_extensions_.push_back(e);
+    }
   }
+  std::vector<const char*> extension_names;
+  for (const std::string& e : device->enabled_extensions_) extension_names.push_back(e.c_str());
+
   if (info.properties.apiVersion >= VK_API_VERSION_1_1) {
     VkPhysicalDeviceSubgroupProperties subgroup{
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
@@ -357,7 +482,7 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
     p2.pNext = &subgroup;
     vkGetPhysicalDeviceProperties2(device->physical_device_, &p2);
     if (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) {
-      enabled.subgroup_operations = subgroup.supportedOperations;
+      enabled.subgroup_operations = subgroup.supportedOperations & ~withheld.subgroup_operations;
     }
   }
 

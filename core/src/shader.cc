@@ -24,6 +24,21 @@ const uint32_t kMultiplyUint[] =
 const uint32_t kMultiplyDouble[] =
 #include "multiply_double.spv.inc"
     ;
+const uint32_t kMultiplyInt16[] =
+#include "multiply_int16.spv.inc"
+    ;
+const uint32_t kMultiplyUint16[] =
+#include "multiply_uint16.spv.inc"
+    ;
+const uint32_t kMultiplyInt8[] =
+#include "multiply_int8.spv.inc"
+    ;
+const uint32_t kMultiplyUint8[] =
+#include "multiply_uint8.spv.inc"
+    ;
+const uint32_t kMultiplyFloat16[] =
+#include "multiply_float16.spv.inc"
+    ;
 
 spv_target_env TargetFor(uint32_t api_version) {
   uint32_t minor = VK_API_VERSION_MINOR(api_version);
@@ -111,6 +126,16 @@ absl::StatusOr<absl::Span<const uint32_t>> MultiplyShader(ElementType type) {
       return absl::MakeConstSpan(kMultiplyUint);
     case ElementType::kFloat64:
       return absl::MakeConstSpan(kMultiplyDouble);
+    case ElementType::kInt16:
+      return absl::MakeConstSpan(kMultiplyInt16);
+    case ElementType::kUInt16:
+      return absl::MakeConstSpan(kMultiplyUint16);
+    case ElementType::kInt8:
+      return absl::MakeConstSpan(kMultiplyInt8);
+    case ElementType::kUInt8:
+      return absl::MakeConstSpan(kMultiplyUint8);
+    case ElementType::kFloat16:
+      return absl::MakeConstSpan(kMultiplyFloat16);
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("no built-in multiply for ", ElementTypeName(type), " elements"));

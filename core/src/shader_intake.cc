@@ -40,6 +40,17 @@ constexpr AllowedCapability kAllowed[] = {
      [](const ShaderFeatures& f) { return f.storage_buffer_8bit; }},
     {Cap::StorageBuffer16BitAccess, "StorageBuffer16BitAccess", "storageBuffer16BitAccess",
      [](const ShaderFeatures& f) { return f.storage_buffer_16bit; }},
+    // (Uniform buffers stay refused: CheckBindings admits storage buffers only.)
+    {Cap::UniformAndStorageBuffer8BitAccess, "UniformAndStorageBuffer8BitAccess",
+     "uniformAndStorageBuffer8BitAccess",
+     [](const ShaderFeatures& f) { return f.uniform_and_storage_buffer_8bit; }},
+    {Cap::UniformAndStorageBuffer16BitAccess, "UniformAndStorageBuffer16BitAccess",
+     "uniformAndStorageBuffer16BitAccess",
+     [](const ShaderFeatures& f) { return f.uniform_and_storage_buffer_16bit; }},
+    {Cap::StoragePushConstant8, "StoragePushConstant8", "storagePushConstant8",
+     [](const ShaderFeatures& f) { return f.push_constant_8bit; }},
+    {Cap::StoragePushConstant16, "StoragePushConstant16", "storagePushConstant16",
+     [](const ShaderFeatures& f) { return f.push_constant_16bit; }},
     {Cap::GroupNonUniform, "GroupNonUniform", "subgroup operations (basic)",
      HasSubgroup<VK_SUBGROUP_FEATURE_BASIC_BIT>},
     {Cap::GroupNonUniformVote, "GroupNonUniformVote", "subgroup operations (vote)",
@@ -75,10 +86,6 @@ constexpr RefusedCapability kRefused[] = {
      "variable pointers defeat the bounds on accesses"},
     {Cap::PhysicalStorageBufferAddresses, "PhysicalStorageBufferAddresses",
      "buffer device address: pointers that no descriptor bounds"},
-    {Cap::UniformAndStorageBuffer8BitAccess, "UniformAndStorageBuffer8BitAccess",
-     "uniform buffers have no descriptor here"},
-    {Cap::UniformAndStorageBuffer16BitAccess, "UniformAndStorageBuffer16BitAccess",
-     "uniform buffers have no descriptor here"},
     {Cap::Int64Atomics, "Int64Atomics", "shaderBufferInt64Atomics is not enabled"},
     {Cap::VulkanMemoryModel, "VulkanMemoryModel", "vulkanMemoryModel is not enabled"},
     {Cap::ShaderNonUniform, "ShaderNonUniform", "descriptor indexing is not enabled"},
@@ -99,8 +106,14 @@ constexpr AllowedExtension kAllowedExtensions[] = {
     {"SPV_GOOGLE_decorate_string", nullptr},
     {"SPV_GOOGLE_hlsl_functionality1", nullptr},
     {"SPV_GOOGLE_user_type", nullptr},
-    {"SPV_KHR_8bit_storage", [](const ShaderFeatures& f) { return f.storage_buffer_8bit; }},
-    {"SPV_KHR_16bit_storage", [](const ShaderFeatures& f) { return f.storage_buffer_16bit; }},
+    {"SPV_KHR_8bit_storage",
+     [](const ShaderFeatures& f) {
+       return f.storage_buffer_8bit || f.uniform_and_storage_buffer_8bit || f.push_constant_8bit;
+     }},
+    {"SPV_KHR_16bit_storage",
+     [](const ShaderFeatures& f) {
+       return f.storage_buffer_16bit || f.uniform_and_storage_buffer_16bit || f.push_constant_16bit;
+     }},
 };
 
 std::string DeviceName(const Device& device) {
@@ -131,15 +144,20 @@ std::string BindingName(const SpirvBinding& b) {
 
 absl::Status CheckCapabilities(const SpirvModule& module, const Device& device) {
   const ShaderFeatures& features = device.shader_features();
+  // Capabilities whose features the device did not enable: all of them are named at once.
+  std::vector<std::string> disabled;
+  std::vector<std::string> needed;
   for (uint32_t c : module.capabilities()) {
     const auto* allowed =
         std::find_if(std::begin(kAllowed), std::end(kAllowed),
                      [&](const auto& a) { return static_cast<uint32_t>(a.capability) == c; });
     if (allowed != std::end(kAllowed)) {
       if (allowed->enabled == nullptr || allowed->enabled(features)) continue;
-      return absl::InvalidArgumentError(
-          absl::StrCat("the shader declares capability ", allowed->name, " (", c, "), which needs ",
-                       allowed->feature, ": ", DeviceName(device), " does not have it enabled"));
+      disabled.push_back(absl::StrCat(allowed->name, " (", c, ")"));
+      if (std::find(needed.begin(), needed.end(), allowed->feature) == needed.end()) {
+        needed.push_back(allowed->feature);
+      }
+      continue;
     }
     const auto* refused =
         std::find_if(std::begin(kRefused), std::end(kRefused),
@@ -153,7 +171,15 @@ absl::Status CheckCapabilities(const SpirvModule& module, const Device& device) 
         "the shader declares capability ", c, ", which is not allowed for compute shaders on ",
         DeviceName(device),
         " (allowed: Shader, Matrix, DeviceGroup, and where the device enables them the 8/16/64-bit "
-        "types, 8/16-bit storage-buffer access and subgroup operations)"));
+        "types, 8/16-bit storage-buffer and push-constant access and subgroup operations)"));
+  }
+  if (!disabled.empty()) {
+    const bool one = needed.size() == 1;
+    return absl::InvalidArgumentError(
+        absl::StrCat("the shader declares ", disabled.size() == 1 ? "capability " : "capabilities ",
+                     absl::StrJoin(disabled, ", "), ", which ",
+                     disabled.size() == 1 ? "needs " : "need ", absl::StrJoin(needed, ", "), ": ",
+                     DeviceName(device), " does not have ", one ? "it" : "them", " enabled"));
   }
   for (const std::string& e : module.extensions()) {
     const auto* allowed = std::find_if(std::begin(kAllowedExtensions), std::end(kAllowedExtensions),

@@ -34,6 +34,16 @@ absl::string_view ElementTypeName(ElementType type) {
       return "float64";
     case ElementType::kBytes:
       return "bytes";
+    case ElementType::kInt16:
+      return "int16";
+    case ElementType::kUInt16:
+      return "uint16";
+    case ElementType::kInt8:
+      return "int8";
+    case ElementType::kUInt8:
+      return "uint8";
+    case ElementType::kFloat16:
+      return "float16";
   }
   return "unknown";
 }
@@ -41,7 +51,13 @@ absl::string_view ElementTypeName(ElementType type) {
 uint32_t ElementTypeSize(ElementType type) {
   switch (type) {
     case ElementType::kBool:
+    case ElementType::kInt8:
+    case ElementType::kUInt8:
       return 1;
+    case ElementType::kInt16:
+    case ElementType::kUInt16:
+    case ElementType::kFloat16:
+      return 2;
     case ElementType::kInt32:
     case ElementType::kUInt32:
     case ElementType::kFloat32:

@@ -721,5 +721,210 @@ TEST(Algorithm, ClampingCanBeLeftOutForMeasurements) {
   EXPECT_THAT(HostFloats(*f.b), ElementsAre(2.5f, 4.5f, 6.5f, 8.5f));
 }
 
+// Shaders that compute on 8- and 16-bit values, with 8-bit push constants: they need shaderInt8,
+// shaderInt16, shaderFloat16 and storagePushConstant8 besides the storage features.
+constexpr char kInt8ArithmeticShader[] = R"(#version 450
+#extension GL_EXT_shader_explicit_arithmetic_types : require
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer A { int8_t a[]; };
+void main() { a[gl_GlobalInvocationID.x] *= int8_t(-3); }
+)";
+constexpr char kInt16ArithmeticShader[] = R"(#version 450
+#extension GL_EXT_shader_explicit_arithmetic_types : require
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer A { uint16_t a[]; };
+void main() { a[gl_GlobalInvocationID.x] += uint16_t(65535); }
+)";
+constexpr char kFloat16ArithmeticShader[] = R"(#version 450
+#extension GL_EXT_shader_explicit_arithmetic_types : require
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer A { float16_t a[]; };
+void main() { a[gl_GlobalInvocationID.x] *= float16_t(0.5); }
+)";
+constexpr char kPushConstant8Shader[] = R"(#version 450
+#extension GL_EXT_shader_8bit_storage : require
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer A { int a[]; };
+layout(push_constant) uniform Push { int8_t add; } push;
+void main() { a[gl_GlobalInvocationID.x] += int(push.add); }
+)";
+
+template <typename T>
+std::vector<T> HostValues(const Tensor& t) {
+  std::vector<T> values(t.count());
+  std::memcpy(values.data(), t.host_data(), t.byte_size());
+  return values;
+}
+
+// Where the device has the features, shaders that use them run (the test device's are enabled).
+TEST(Algorithm, SmallTypeArithmeticRunsWhereEnabled) {
+  const ShaderFeatures& f = TestDevice()->shader_features();
+  if (!f.int8 || !f.int16 || !f.float16 || !f.storage_buffer_8bit || !f.storage_buffer_16bit ||
+      !f.push_constant_8bit) {
+    GTEST_SKIP() << "the device lacks one of the 8/16-bit features";
+  }
+  const int8_t i8[] = {5, -7, 100};
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> t8, Tensor::Create(TestDevice(), ElementType::kInt8,
+                                                                  3, 0, MemoryType::kDevice, i8));
+  ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec8, SpecFor(kInt8ArithmeticShader, {t8}));
+  spec8.workgroup = {3, 1, 1};
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> a8, Algorithm::Create(TestDevice(), spec8));
+  ASSERT_OK(RoundTrip(a8, {t8}));
+  EXPECT_THAT(HostValues<int8_t>(*t8), ElementsAre(-15, 21, static_cast<int8_t>(-300 + 256)));
+
+  const uint16_t u16[] = {1, 0, 40000};
+  ASSERT_OK_AND_ASSIGN(
+      std::shared_ptr<Tensor> t16,
+      Tensor::Create(TestDevice(), ElementType::kUInt16, 3, 0, MemoryType::kDevice, u16));
+  ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec16, SpecFor(kInt16ArithmeticShader, {t16}));
+  spec16.workgroup = {3, 1, 1};
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> a16, Algorithm::Create(TestDevice(), spec16));
+  ASSERT_OK(RoundTrip(a16, {t16}));
+  EXPECT_THAT(HostValues<uint16_t>(*t16), ElementsAre(0, 65535, 39999));
+
+  const uint16_t h[] = {0x3C00, 0xC500, 0x0001};  // 1, -5, the least subnormal
+  ASSERT_OK_AND_ASSIGN(
+      std::shared_ptr<Tensor> th,
+      Tensor::Create(TestDevice(), ElementType::kFloat16, 3, 0, MemoryType::kDevice, h));
+  ASSERT_OK_AND_ASSIGN(AlgorithmSpec spech, SpecFor(kFloat16ArithmeticShader, {th}));
+  spech.workgroup = {2, 1, 1};  // (the subnormal's half would depend on the device's rounding)
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> ah, Algorithm::Create(TestDevice(), spech));
+  ASSERT_OK(RoundTrip(ah, {th}));
+  EXPECT_THAT(HostValues<uint16_t>(*th), ElementsAre(0x3800, 0xC100, 0x0001));  // 0.5, -2.5
+
+  ASSERT_OK_AND_ASSIGN(
+      std::shared_ptr<Tensor> ti,
+      Tensor::Create(TestDevice(), ElementType::kInt32, 2, 0, MemoryType::kDevice, nullptr));
+  ASSERT_OK_AND_ASSIGN(AlgorithmSpec specp, SpecFor(kPushConstant8Shader, {ti}));
+  specp.workgroup = {2, 1, 1};
+  specp.push_constants = Bytes(int8_t{-9}, int8_t{0}, int8_t{0}, int8_t{0});
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> ap, Algorithm::Create(TestDevice(), specp));
+  ASSERT_OK(RoundTrip(ap, {ti}));
+  EXPECT_THAT(HostValues<int32_t>(*ti), ElementsAre(-9, -9));
+}
+
+// On a device without them (the same device, opened with the features withheld), every shader
+// that needs one is refused before the driver sees it, naming the feature; tensors of the small
+// types are only bytes and are made all the same.
+TEST(Algorithm, SmallTypeShadersNeedTheirFeatures) {
+  DeviceOptions options;
+  options.physical_device_index = TestDevice()->info().index;
+  ShaderFeatures& withheld = options.withheld_features;
+  withheld.int8 = withheld.int16 = withheld.float16 = true;
+  withheld.storage_buffer_8bit = withheld.storage_buffer_16bit = true;
+  withheld.uniform_and_storage_buffer_8bit = withheld.uniform_and_storage_buffer_16bit = true;
+  withheld.push_constant_8bit = withheld.push_constant_16bit = true;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Device> bare, Device::Create(options));
+  const ShaderFeatures& f = bare->shader_features();
+  EXPECT_FALSE(f.int8 || f.int16 || f.float16 || f.storage_buffer_8bit || f.storage_buffer_16bit ||
+               f.uniform_and_storage_buffer_8bit || f.uniform_and_storage_buffer_16bit ||
+               f.push_constant_8bit || f.push_constant_16bit);
+  EXPECT_EQ(f.float64, TestDevice()->shader_features().float64);  // the rest as ever
+
+  struct Case {
+    ElementType type;
+    const char* feature;
+  };
+  for (const Case& c : {Case{ElementType::kInt8, "storageBuffer8BitAccess"},
+                        Case{ElementType::kUInt8, "storageBuffer8BitAccess"},
+                        Case{ElementType::kInt16, "storageBuffer16BitAccess"},
+                        Case{ElementType::kUInt16, "storageBuffer16BitAccess"},
+                        Case{ElementType::kFloat16, "storageBuffer16BitAccess"}}) {
+    SCOPED_TRACE(ElementTypeName(c.type));
+    AlgorithmSpec spec;
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> t,
+                           Tensor::Create(bare, c.type, 5, 0, MemoryType::kDevice, nullptr));
+      spec.tensors.push_back(t);
+    }
+    ASSERT_OK_AND_ASSIGN(absl::Span<const uint32_t> spirv, MultiplyShader(c.type));
+    spec.spirv.assign(spirv.begin(), spirv.end());
+    EXPECT_THAT(Algorithm::Create(bare, spec),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr(absl::StrCat("needs ", c.feature)),
+                               HasSubstr("does not have it enabled"))));
+  }
+
+  // Every feature that a shader lacks is named at once.
+  {
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> t, Tensor::Create(bare, ElementType::kInt8, 4, 0,
+                                                                   MemoryType::kDevice, nullptr));
+    ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec, SpecFor(kInt8ArithmeticShader, {t}));
+    EXPECT_THAT(Algorithm::Create(bare, spec),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("capabilities "), HasSubstr("Int8 (39)"),
+                               HasSubstr("StorageBuffer8BitAccess (4448)"), HasSubstr("shaderInt8"),
+                               HasSubstr("storageBuffer8BitAccess"),
+                               HasSubstr("does not have them enabled"))));
+  }
+
+  // The features one at a time: with the others enabled, each shader is refused for the one that
+  // it lacks.
+  struct Arithmetic {
+    const char* source;
+    ElementType type;
+    const char* feature;
+  };
+  for (const Arithmetic& c :
+       {Arithmetic{kInt8ArithmeticShader, ElementType::kInt8, "shaderInt8"},
+        Arithmetic{kInt16ArithmeticShader, ElementType::kUInt16, "shaderInt16"},
+        Arithmetic{kFloat16ArithmeticShader, ElementType::kFloat16, "shaderFloat16"},
+        Arithmetic{kPushConstant8Shader, ElementType::kInt32, "storagePushConstant8"}}) {
+    SCOPED_TRACE(c.feature);
+    DeviceOptions one;
+    one.physical_device_index = TestDevice()->info().index;
+    const std::string feature = c.feature;
+    one.withheld_features.int8 = feature == "shaderInt8";
+    one.withheld_features.int16 = feature == "shaderInt16";
+    one.withheld_features.float16 = feature == "shaderFloat16";
+    one.withheld_features.push_constant_8bit = feature == "storagePushConstant8";
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Device> device, Device::Create(one));
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> t,
+                         Tensor::Create(device, c.type, 4, 0, MemoryType::kDevice, nullptr));
+    ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec, SpecFor(c.source, {t}));
+    if (c.type == ElementType::kInt32) spec.push_constants = Bytes(int32_t{0});
+    EXPECT_THAT(Algorithm::Create(device, spec),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr(absl::StrCat("needs ", c.feature)),
+                               HasSubstr("does not have it enabled"))));
+  }
+}
+
+// A shader sees a tensor's element count as its length(), also where the tensor's bytes are no
+// whole number of 4-byte words (its buffer is padded to one).
+TEST(Algorithm, LengthIsTheElementCount) {
+  constexpr char kLengths[] = R"(#version 450
+#extension GL_EXT_shader_8bit_storage : require
+#extension GL_EXT_shader_16bit_storage : require
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer A { int8_t a[]; };
+layout(set = 0, binding = 1) buffer B { uint16_t b[]; };
+layout(set = 0, binding = 2) buffer C { uint8_t c[]; };
+layout(set = 0, binding = 3) buffer Out { uint lengths[]; };
+void main() {
+  lengths[0] = uint(a.length());
+  lengths[1] = uint(b.length());
+  lengths[2] = uint(c.length());
+  lengths[3] = uint(lengths.length());
+}
+)";
+  const ShaderFeatures& f = TestDevice()->shader_features();
+  if (!f.storage_buffer_8bit || !f.storage_buffer_16bit) {
+    GTEST_SKIP() << "the device lacks 8- or 16-bit storage";
+  }
+  std::vector<std::shared_ptr<Tensor>> tensors;
+  for (auto [type, count] :
+       {std::pair{ElementType::kInt8, 5}, std::pair{ElementType::kUInt16, 3},
+        std::pair{ElementType::kUInt8, 1}, std::pair{ElementType::kUInt32, 4}}) {
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> t, Tensor::Create(TestDevice(), type, count, 0,
+                                                                   MemoryType::kDevice, nullptr));
+    tensors.push_back(t);
+  }
+  ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec, SpecFor(kLengths, tensors));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm, Algorithm::Create(TestDevice(), spec));
+  ASSERT_OK(RoundTrip(algorithm, {tensors[3]}));
+  EXPECT_THAT(HostValues<uint32_t>(*tensors[3]), ElementsAre(5, 3, 1, 4));
+}
+
 }  // namespace
 }  // namespace komputed::core

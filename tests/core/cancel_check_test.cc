@@ -92,8 +92,8 @@ TEST(CancelChecks, RewrittenModulesAreValid) {
     EXPECT_GT(stoppable.size(), spirv.size());
     ASSERT_OK(ValidateSpirv(stoppable, api));
   }
-  for (ElementType type :
-       {ElementType::kFloat32, ElementType::kInt32, ElementType::kUInt32, ElementType::kFloat64}) {
+  for (ElementType type : kMultiplyTypes) {
+    SCOPED_TRACE(ElementTypeName(type));
     ASSERT_OK_AND_ASSIGN(absl::Span<const uint32_t> multiply, MultiplyShader(type));
     ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> stoppable, AddCancelChecks(multiply));
     ASSERT_OK(ValidateSpirv(stoppable, api));

@@ -59,6 +59,51 @@ TEST(Device, EnablesWhatShadersMayUse) {
     // Every Vulkan 1.1 device has basic subgroup operations in compute shaders.
     EXPECT_NE(f.subgroup_operations & VK_SUBGROUP_FEATURE_BASIC_BIT, 0u);
   }
+  if (device->properties().apiVersion >= VK_API_VERSION_1_2) {
+    VkPhysicalDeviceVulkan11Features v11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+    VkPhysicalDeviceVulkan12Features v12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    VkPhysicalDeviceFeatures2 query{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+    query.pNext = &v11;
+    v11.pNext = &v12;
+    vkGetPhysicalDeviceFeatures2(device->physical_device(), &query);
+    EXPECT_EQ(f.storage_buffer_16bit, v11.storageBuffer16BitAccess == VK_TRUE);
+    EXPECT_EQ(f.uniform_and_storage_buffer_16bit,
+              v11.uniformAndStorageBuffer16BitAccess == VK_TRUE);
+    EXPECT_EQ(f.push_constant_16bit, v11.storagePushConstant16 == VK_TRUE);
+    EXPECT_EQ(f.storage_buffer_8bit, v12.storageBuffer8BitAccess == VK_TRUE);
+    EXPECT_EQ(f.uniform_and_storage_buffer_8bit, v12.uniformAndStorageBuffer8BitAccess == VK_TRUE);
+    EXPECT_EQ(f.push_constant_8bit, v12.storagePushConstant8 == VK_TRUE);
+    EXPECT_EQ(f.float16, v12.shaderFloat16 == VK_TRUE);
+    EXPECT_EQ(f.int8, v12.shaderInt8 == VK_TRUE);
+    RecordProperty("shaderInt8", f.int8);
+    RecordProperty("shaderFloat16", f.float16);
+    RecordProperty("storageBuffer8BitAccess", f.storage_buffer_8bit);
+    RecordProperty("storageBuffer16BitAccess", f.storage_buffer_16bit);
+  }
+}
+
+// Features can be withheld: the device is opened without them, as one that lacks them.
+TEST(Device, WithheldFeaturesAreLeftDisabled) {
+  DeviceOptions options;
+  options.withheld_features.float64 = true;
+  options.withheld_features.int16 = true;
+  options.withheld_features.storage_buffer_8bit = true;
+  options.withheld_features.subgroup_operations = VK_SUBGROUP_FEATURE_BALLOT_BIT;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Device> device, Device::Create(options));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Device> full, Device::Create({}));
+  const ShaderFeatures& f = device->shader_features();
+  EXPECT_FALSE(f.float64);
+  EXPECT_FALSE(device->float64_supported());
+  EXPECT_FALSE(f.int16);
+  EXPECT_FALSE(f.storage_buffer_8bit);
+  EXPECT_EQ(f.subgroup_operations & VK_SUBGROUP_FEATURE_BALLOT_BIT, 0u);
+  // The others as on a device opened with nothing withheld.
+  const ShaderFeatures& all = full->shader_features();
+  EXPECT_EQ(f.storage_buffer_16bit, all.storage_buffer_16bit);
+  EXPECT_EQ(f.int8, all.int8);
+  EXPECT_EQ(f.float16, all.float16);
+  EXPECT_EQ(f.subgroup_operations,
+            all.subgroup_operations & ~uint32_t{VK_SUBGROUP_FEATURE_BALLOT_BIT});
 }
 
 TEST(Device, ListDescribesEveryPhysicalDevice) {

@@ -148,8 +148,14 @@ TEST(TensorShape, BadShapesNameWhatIsWrong) {
   EXPECT_THAT(
       CheckTensorShape(ElementType::kBytes, MemoryType::kDevice, uint64_t{1} << 62, 8).status(),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("overflows")));
-  EXPECT_THAT(CheckTensorShape(static_cast<ElementType>(9), MemoryType::kDevice, 1, 0).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown element type 9")));
+  EXPECT_THAT(CheckTensorShape(static_cast<ElementType>(11), MemoryType::kDevice, 1, 0).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown element type 11")));
+  EXPECT_THAT(CheckTensorShape(ElementType::kFloat16, MemoryType::kDevice, 3, 4).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("element size 4 does not match float16 (2 bytes")));
+  EXPECT_THAT(CheckTensorShape(ElementType::kUInt8, MemoryType::kDevice, 3, 2).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("element size 2 does not match uint8 (1 bytes")));
   EXPECT_THAT(CheckTensorShape(ElementType::kBool, static_cast<MemoryType>(7), 1, 0).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown memory type 7")));
 }

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -26,6 +27,7 @@
 #include "komputed/core/device.h"
 #include "komputed/core/shader.h"
 #include "komputed/core/tensor.h"
+#include "support/half_reference.h"
 #include "support/status_matchers.h"
 #include "test_device.h"
 
@@ -270,12 +272,32 @@ TEST(Sequence, MultiplyShaderForEveryNumericType) {
     cases.push_back(
         {ElementType::kFloat64, Bytes(0.1, 3.0), Bytes(10.0, -0.5), Bytes(0.1 * 10.0, -1.5)});
   }
+  // The small types: three elements (buffers of a size that is no multiple of 4 bytes), products
+  // that wrap as the type's own multiply does.
+  cases.push_back({ElementType::kInt16, Bytes(int16_t{-3}, int16_t{300}, int16_t{-32768}),
+                   Bytes(int16_t{5}, int16_t{300}, int16_t{-1}),
+                   Bytes(int16_t{-15}, int16_t{90000 - 65536}, int16_t{-32768})});
+  cases.push_back({ElementType::kUInt16, Bytes(uint16_t{3}, uint16_t{65535}, uint16_t{256}),
+                   Bytes(uint16_t{5}, uint16_t{65535}, uint16_t{256}),
+                   Bytes(uint16_t{15}, uint16_t{1}, uint16_t{0})});
+  cases.push_back({ElementType::kInt8, Bytes(int8_t{-3}, int8_t{100}, int8_t{-128}),
+                   Bytes(int8_t{5}, int8_t{3}, int8_t{-1}),
+                   Bytes(int8_t{-15}, int8_t{300 - 256}, int8_t{-128})});
+  cases.push_back({ElementType::kUInt8, Bytes(uint8_t{3}, uint8_t{255}, uint8_t{16}),
+                   Bytes(uint8_t{5}, uint8_t{255}, uint8_t{16}),
+                   Bytes(uint8_t{15}, uint8_t{1}, uint8_t{0})});
+  // float16 bits: 1.5 × 2 = 3, -2 × 3 = -6, 65504 × 2 overflows to infinity.
+  cases.push_back({ElementType::kFloat16,
+                   Bytes(uint16_t{0x3E00}, uint16_t{0xC000}, uint16_t{0x7BFF}),
+                   Bytes(uint16_t{0x4000}, uint16_t{0x4200}, uint16_t{0x4000}),
+                   Bytes(uint16_t{0x4200}, uint16_t{0xC600}, uint16_t{0x7C00})});
   for (const Case& c : cases) {
     SCOPED_TRACE(ElementTypeName(c.type));
+    const uint64_t count = c.a.size() / ElementTypeSize(c.type);
     std::vector<std::shared_ptr<Tensor>> t;
     for (const std::vector<uint8_t>* init : {&c.a, &c.b, &c.want}) {
       ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> tensor,
-                           Tensor::Create(TestDevice(), c.type, 2, 0, MemoryType::kDevice,
+                           Tensor::Create(TestDevice(), c.type, count, 0, MemoryType::kDevice,
                                           init == &c.want ? nullptr : init->data()));
       t.push_back(tensor);
     }
@@ -283,7 +305,7 @@ TEST(Sequence, MultiplyShaderForEveryNumericType) {
     AlgorithmSpec spec;
     spec.tensors = t;
     spec.spirv.assign(spirv.begin(), spirv.end());
-    ASSERT_OK_AND_ASSIGN(auto workgroup, MultiplyWorkgroup(2));
+    ASSERT_OK_AND_ASSIGN(auto workgroup, MultiplyWorkgroup(count));
     spec.workgroup = {workgroup[0], workgroup[1], workgroup[2]};
     ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> multiply,
                          Algorithm::Create(TestDevice(), spec));
@@ -294,6 +316,60 @@ TEST(Sequence, MultiplyShaderForEveryNumericType) {
     const auto* got = static_cast<const uint8_t*>(t[2]->host_data());
     EXPECT_EQ(std::vector<uint8_t>(got, got + t[2]->byte_size()), c.want);
   }
+}
+
+// The float16 multiply over every half: a[i] takes each of the 65536 bit patterns (zeros,
+// subnormals, normals, infinities, NaNs) and b[i] a scrambled one, so that products underflow,
+// overflow and round; each is checked against the exact product rounded to the nearest half, ties
+// to even (test_support::NearestHalf).
+TEST(Sequence, MultiplyFloat16RoundsEveryProductToNearestEven) {
+  if (!TestDevice()->shader_features().storage_buffer_16bit) {
+    GTEST_SKIP() << "the device has no storageBuffer16BitAccess";
+  }
+  constexpr uint32_t kCount = 65536;
+  std::vector<uint16_t> a(kCount), b(kCount);
+  for (uint32_t i = 0; i < kCount; ++i) {
+    a[i] = static_cast<uint16_t>(i);
+    b[i] = static_cast<uint16_t>(i * 40503u + 12345u);  // odd factor: every pattern once
+  }
+  std::vector<std::shared_ptr<Tensor>> t;
+  for (const uint16_t* init : {a.data(), b.data(), static_cast<uint16_t*>(nullptr)}) {
+    ASSERT_OK_AND_ASSIGN(
+        std::shared_ptr<Tensor> tensor,
+        Tensor::Create(TestDevice(), ElementType::kFloat16, kCount, 0, MemoryType::kDevice, init));
+    t.push_back(tensor);
+  }
+  ASSERT_OK_AND_ASSIGN(absl::Span<const uint32_t> spirv, MultiplyShader(ElementType::kFloat16));
+  AlgorithmSpec spec;
+  spec.tensors = t;
+  spec.spirv.assign(spirv.begin(), spirv.end());
+  ASSERT_OK_AND_ASSIGN(auto workgroup, MultiplyWorkgroup(kCount));
+  spec.workgroup = {workgroup[0], workgroup[1], workgroup[2]};
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> multiply, Algorithm::Create(TestDevice(), spec));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(TestDevice(), 0, 0));
+  ASSERT_OK(seq->Record(op::SyncToDevice{{t[0], t[1]}}));
+  ASSERT_OK(seq->Record(op::Dispatch{multiply}));
+  ASSERT_OK(seq->Record(op::SyncToHost{{t[2]}}));
+  ASSERT_OK(seq->Eval(kTimeout));
+  std::vector<uint16_t> got(kCount);
+  std::memcpy(got.data(), t[2]->host_data(), t[2]->byte_size());
+  uint32_t wrong = 0, subnormal = 0, overflow = 0;
+  for (uint32_t i = 0; i < kCount; ++i) {
+    const double exact = test_support::HalfValue(a[i]) * test_support::HalfValue(b[i]);
+    const uint16_t want = test_support::NearestHalf(exact);
+    const bool ok =
+        test_support::HalfIsNan(want) ? test_support::HalfIsNan(got[i]) : got[i] == want;
+    if (!ok && wrong++ < 10) {
+      ADD_FAILURE() << "0x" << std::hex << a[i] << " * 0x" << b[i] << " = 0x" << got[i]
+                    << ", want 0x" << want << " (" << exact << ")";
+    }
+    subnormal += (want & 0x7C00) == 0 && (want & 0x3FF) != 0;
+    overflow += std::isfinite(exact) && (want & 0x7FFF) == 0x7C00;
+  }
+  EXPECT_EQ(wrong, 0u);
+  // The inputs reach the cases that matter.
+  EXPECT_GT(subnormal, 100u);
+  EXPECT_GT(overflow, 100u);
 }
 
 TEST(Sequence, CopyToEveryMemoryType) {

@@ -7,6 +7,9 @@
 
 #include <array>
 #include <cstdint>
+#include <iterator>
+#include <set>
+#include <spirv/unified1/spirv.hpp11>
 #include <string>
 #include <vector>
 
@@ -25,6 +28,7 @@ using ::testing::AllOf;
 using ::testing::Contains;
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::testing::UnorderedElementsAre;
 
 constexpr uint32_t kSpirvMagic = 0x07230203u;
 
@@ -116,18 +120,42 @@ TEST(Shader, ValidateSpirvTruncated) {
 }
 
 TEST(Shader, MultiplyShaderForEveryNumericType) {
-  for (ElementType type :
-       {ElementType::kFloat32, ElementType::kInt32, ElementType::kUInt32, ElementType::kFloat64}) {
+  std::set<std::vector<uint32_t>> distinct;
+  for (ElementType type : kMultiplyTypes) {
     SCOPED_TRACE(ElementTypeName(type));
     ASSERT_OK_AND_ASSIGN(absl::Span<const uint32_t> spirv, MultiplyShader(type));
     ASSERT_FALSE(spirv.empty());
     EXPECT_EQ(spirv[0], kSpirvMagic);
-    EXPECT_TRUE(ValidateSpirv(spirv, VK_API_VERSION_1_1).ok());
+    EXPECT_THAT(ValidateSpirv(spirv, VK_API_VERSION_1_1), StatusIs(absl::StatusCode::kOk));
+    // The robust-access pass takes it, and its result is valid.
+    ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> clamped,
+                         ClampBufferAccesses(spirv, VK_API_VERSION_1_1));
+    EXPECT_THAT(ValidateSpirv(clamped, VK_API_VERSION_1_1), StatusIs(absl::StatusCode::kOk));
+    EXPECT_EQ(ShaderLocalSize(spirv, {}, 4), (std::array<uint64_t, 3>{kMultiplyLocalSize, 1, 1}));
+    distinct.insert(std::vector<uint32_t>(spirv.begin(), spirv.end()));
   }
-  // Four distinct shaders.
-  ASSERT_OK_AND_ASSIGN(absl::Span<const uint32_t> f, MultiplyShader(ElementType::kFloat32));
-  ASSERT_OK_AND_ASSIGN(absl::Span<const uint32_t> i, MultiplyShader(ElementType::kInt32));
-  EXPECT_NE(std::vector<uint32_t>(f.begin(), f.end()), std::vector<uint32_t>(i.begin(), i.end()));
+  EXPECT_EQ(distinct.size(), std::size(kMultiplyTypes));
+}
+
+// The 8- and 16-bit multiplies only load and store their elements: they need the storage features
+// and none of the arithmetic ones (Int8, Int16, Float16).
+TEST(Shader, SmallTypeMultipliesNeedOnlyStorageCapabilities) {
+  struct Case {
+    ElementType type;
+    spv::Capability storage;
+  };
+  for (const Case& c : {Case{ElementType::kInt8, spv::Capability::StorageBuffer8BitAccess},
+                        Case{ElementType::kUInt8, spv::Capability::StorageBuffer8BitAccess},
+                        Case{ElementType::kInt16, spv::Capability::StorageBuffer16BitAccess},
+                        Case{ElementType::kUInt16, spv::Capability::StorageBuffer16BitAccess},
+                        Case{ElementType::kFloat16, spv::Capability::StorageBuffer16BitAccess}}) {
+    SCOPED_TRACE(ElementTypeName(c.type));
+    ASSERT_OK_AND_ASSIGN(absl::Span<const uint32_t> spirv, MultiplyShader(c.type));
+    const SpirvModule module = SpirvModule::Parse(spirv);
+    EXPECT_THAT(module.capabilities(),
+                UnorderedElementsAre(static_cast<uint32_t>(spv::Capability::Shader),
+                                     static_cast<uint32_t>(c.storage)));
+  }
 }
 
 // The multiply's grid stays within 65535 workgroups per dimension and covers every element.

@@ -29,9 +29,10 @@ using ::testing::Each;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-constexpr ElementType kElementTypes[] = {ElementType::kBool,    ElementType::kInt32,
-                                         ElementType::kUInt32,  ElementType::kFloat32,
-                                         ElementType::kFloat64, ElementType::kBytes};
+constexpr ElementType kElementTypes[] = {
+    ElementType::kBool,    ElementType::kInt32, ElementType::kUInt32, ElementType::kFloat32,
+    ElementType::kFloat64, ElementType::kBytes, ElementType::kInt16,  ElementType::kUInt16,
+    ElementType::kInt8,    ElementType::kUInt8, ElementType::kFloat16};
 constexpr MemoryType kMemoryTypes[] = {MemoryType::kDevice, MemoryType::kHost, MemoryType::kStorage,
                                        MemoryType::kDeviceAndHost};
 
@@ -79,12 +80,23 @@ TEST(Tensor, Names) {
   EXPECT_EQ(ElementTypeName(ElementType::kFloat32), "float32");
   EXPECT_EQ(ElementTypeName(ElementType::kFloat64), "float64");
   EXPECT_EQ(ElementTypeName(ElementType::kBytes), "bytes");
+  EXPECT_EQ(ElementTypeName(ElementType::kInt16), "int16");
+  EXPECT_EQ(ElementTypeName(ElementType::kUInt16), "uint16");
+  EXPECT_EQ(ElementTypeName(ElementType::kInt8), "int8");
+  EXPECT_EQ(ElementTypeName(ElementType::kUInt8), "uint8");
+  EXPECT_EQ(ElementTypeName(ElementType::kFloat16), "float16");
+  EXPECT_EQ(ElementTypeName(static_cast<ElementType>(11)), "unknown");
   EXPECT_EQ(ElementTypeSize(ElementType::kBool), 1u);
   EXPECT_EQ(ElementTypeSize(ElementType::kInt32), 4u);
   EXPECT_EQ(ElementTypeSize(ElementType::kUInt32), 4u);
   EXPECT_EQ(ElementTypeSize(ElementType::kFloat32), 4u);
   EXPECT_EQ(ElementTypeSize(ElementType::kFloat64), 8u);
   EXPECT_EQ(ElementTypeSize(ElementType::kBytes), 0u);
+  EXPECT_EQ(ElementTypeSize(ElementType::kInt16), 2u);
+  EXPECT_EQ(ElementTypeSize(ElementType::kUInt16), 2u);
+  EXPECT_EQ(ElementTypeSize(ElementType::kInt8), 1u);
+  EXPECT_EQ(ElementTypeSize(ElementType::kUInt8), 1u);
+  EXPECT_EQ(ElementTypeSize(ElementType::kFloat16), 2u);
 }
 
 TEST(Tensor, EveryElementAndMemoryTypeCreates) {

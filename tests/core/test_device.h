@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "komputed/core/device.h"
+#include "komputed/core/types.h"
 
 namespace komputed::core {
 
@@ -29,6 +30,12 @@ inline std::shared_ptr<Device> TestDevice() {
   }();
   return *device;
 }
+
+// Every element type that the built-in multiply (MultiplyShader) takes.
+inline constexpr ElementType kMultiplyTypes[] = {
+    ElementType::kFloat32, ElementType::kInt32, ElementType::kUInt32,
+    ElementType::kFloat64, ElementType::kInt16, ElementType::kUInt16,
+    ElementType::kInt8,    ElementType::kUInt8, ElementType::kFloat16};
 
 // b[i] += a[i]
 inline constexpr char kAddShader[] = R"(#version 450

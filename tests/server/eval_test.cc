@@ -274,6 +274,24 @@ TEST_P(EvalTest, BadTensorsAreInvalidArguments) {
   bad_element_size.set_element_size(8);
   EXPECT_THAT(CreateTensor(bad_element_size), HasCode(grpc::StatusCode::INVALID_ARGUMENT));
 
+  // The small element types have their own sizes: 2 bytes for float16.
+  v1::CreateTensorRequest half;
+  half.set_session_id(session_);
+  half.set_handle(76);
+  half.set_element_type(v1::ELEMENT_TYPE_FLOAT16);
+  half.set_count(3);
+  half.set_element_size(4);
+  s = CreateTensor(half);
+  EXPECT_THAT(s, HasCode(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(s.error_message(), HasSubstr("float16 (2 bytes"));
+  half.set_element_size(0);
+  half.set_data(std::string(5, '\0'));
+  s = CreateTensor(half);
+  EXPECT_THAT(s, HasCode(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_THAT(s.error_message(), HasSubstr("data of 5 bytes given"));
+  half.set_data(std::string(6, '\0'));
+  EXPECT_THAT(CreateTensor(half), IsOk());
+
   v1::CreateTensorRequest raw;
   raw.set_session_id(session_);
   raw.set_handle(75);

@@ -75,16 +75,93 @@ class Memory {
     eStorage = 2,        // device memory only; no host data
     eDeviceAndHost = 3,  // device-local memory that is also host-visible
   };
+  // The element types, numbered as Kompute's (eShort to eUnsignedChar as its later versions);
+  // eHalf is komputed's own.
   enum class DataTypes {
     eBool = 0,
     eInt = 1,
     eUnsignedInt = 2,
     eFloat = 3,
     eDouble = 4,
-    eCustom = 5,  // raw elements of a given size
+    eCustom = 5,         // raw elements of a given size
+    eShort = 6,          // int16_t
+    eUnsignedShort = 7,  // uint16_t
+    eChar = 8,           // int8_t
+    eUnsignedChar = 9,   // uint8_t
+    eHalf = 10,          // kp::float16: IEEE 754 binary16
   };
   virtual ~Memory() = default;
 };
+
+// An IEEE 754 binary16 ("half") value, held as its 16 bits: the element type of float16
+// tensors (DataTypes::eHalf, tensorT<kp::float16>), laid out as shaders' float16_t. It converts
+// implicitly from and to float: to float exactly; from float rounded to the nearest half, ties to
+// even, beyond 65504 (from 65520 on) to infinity, NaN to a quiet NaN. Arithmetic happens in float.
+class float16 {
+ public:
+  constexpr float16() = default;
+  float16(float value) : bits_(fromFloat(value)) {}
+  operator float() const { return toFloat(bits_); }
+  static constexpr float16 fromBits(uint16_t bits) {
+    float16 h;
+    h.bits_ = bits;
+    return h;
+  }
+  constexpr uint16_t bits() const { return bits_; }
+
+ private:
+  static uint16_t fromFloat(float value) {
+    uint32_t x;
+    std::memcpy(&x, &value, sizeof(x));
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    const uint32_t exponent = (x >> 23) & 0xFFu;
+    const uint32_t mantissa = x & 0x7FFFFFu;
+    if (exponent == 0xFFu) {  // infinity, or NaN (kept quiet, with its payload's top bits)
+      return static_cast<uint16_t>(sign | 0x7C00u |
+                                   (mantissa != 0 ? 0x200u | (mantissa >> 13) : 0u));
+    }
+    const int e = static_cast<int>(exponent) - 112;  // the half's biased exponent
+    if (e >= 31) return static_cast<uint16_t>(sign | 0x7C00u);
+    // A normal half keeps the top 10 fraction bits; a subnormal one (e <= 0) the significand
+    // shifted right by 14 - e. Below half of the least subnormal it is zero.
+    const int shift = e > 0 ? 13 : 14 - e;
+    if (shift > 24) return static_cast<uint16_t>(sign);
+    const uint32_t significand = mantissa | (exponent != 0 ? 0x800000u : 0u);
+    uint32_t kept =
+        e > 0 ? (static_cast<uint32_t>(e) << 10) | (mantissa >> 13) : significand >> shift;
+    const uint32_t rest = significand & ((1u << shift) - 1u);
+    const uint32_t halfway = 1u << (shift - 1);
+    // Rounding up may carry into the exponent, up to infinity: still the right bits.
+    if (rest > halfway || (rest == halfway && (kept & 1u) != 0)) ++kept;
+    return static_cast<uint16_t>(sign | kept);
+  }
+  static float toFloat(uint16_t h) {
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    const uint32_t exponent = (h >> 10) & 0x1Fu;
+    uint32_t mantissa = h & 0x3FFu;
+    uint32_t x;
+    if (exponent == 0x1F) {
+      x = sign | 0x7F800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+      x = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+      x = sign;
+    } else {  // subnormal: mantissa × 2^-24, a normal float
+      int e = 113;
+      while ((mantissa & 0x400u) == 0) {
+        mantissa <<= 1;
+        --e;
+      }
+      x = sign | (static_cast<uint32_t>(e) << 23) | ((mantissa & 0x3FFu) << 13);
+    }
+    float value;
+    std::memcpy(&value, &x, sizeof(value));
+    return value;
+  }
+
+  uint16_t bits_ = 0;
+};
+static_assert(sizeof(float16) == 2 && std::is_trivially_copyable_v<float16>);
 
 // A typed array on the device with its host copy.
 class Tensor : public Memory {
@@ -148,6 +225,11 @@ constexpr Memory::DataTypes DataTypeOf() {
   if constexpr (std::is_same_v<T, uint32_t>) return Memory::DataTypes::eUnsignedInt;
   if constexpr (std::is_same_v<T, float>) return Memory::DataTypes::eFloat;
   if constexpr (std::is_same_v<T, double>) return Memory::DataTypes::eDouble;
+  if constexpr (std::is_same_v<T, int16_t>) return Memory::DataTypes::eShort;
+  if constexpr (std::is_same_v<T, uint16_t>) return Memory::DataTypes::eUnsignedShort;
+  if constexpr (std::is_same_v<T, int8_t>) return Memory::DataTypes::eChar;
+  if constexpr (std::is_same_v<T, uint8_t>) return Memory::DataTypes::eUnsignedChar;
+  if constexpr (std::is_same_v<T, float16>) return Memory::DataTypes::eHalf;
   return Memory::DataTypes::eCustom;
 }
 

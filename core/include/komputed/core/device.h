@@ -68,6 +68,27 @@ class Instance {
   std::vector<VkPhysicalDevice> physical_devices_;
 };
 
+// What shaders may use on a device: the features that Device::Create enabled on it (each where
+// the device has it: Vulkan 1.2's feature structs, on a Vulkan 1.1 device 16-bit storage and the
+// extensions VK_KHR_8bit_storage and VK_KHR_shader_float16_int8; a Vulkan 1.0 device gets the 1.0
+// features only).
+struct ShaderFeatures {
+  bool float64 = false;                           // shaderFloat64
+  bool float16 = false;                           // shaderFloat16
+  bool int64 = false;                             // shaderInt64
+  bool int16 = false;                             // shaderInt16
+  bool int8 = false;                              // shaderInt8
+  bool storage_buffer_8bit = false;               // storageBuffer8BitAccess
+  bool storage_buffer_16bit = false;              // storageBuffer16BitAccess
+  bool uniform_and_storage_buffer_8bit = false;   // uniformAndStorageBuffer8BitAccess
+  bool uniform_and_storage_buffer_16bit = false;  // uniformAndStorageBuffer16BitAccess
+  bool push_constant_8bit = false;                // storagePushConstant8
+  bool push_constant_16bit = false;               // storagePushConstant16
+  // The subgroup operations (VkSubgroupFeatureFlags) of compute shaders; 0 when the device has
+  // none in the compute stage.
+  uint32_t subgroup_operations = 0;
+};
+
 // How to open a device.
 struct DeviceOptions {
   // Index into the physical device list. Unset: the first discrete GPU, then integrated, virtual,
@@ -86,20 +107,10 @@ struct DeviceOptions {
   // Map device-local memory that the host can also see (all memory on a CPU device); false makes
   // buffers behave as on a GPU whose device memory the host cannot reach (tests of those paths).
   bool map_device_memory = true;
-};
-
-// What shaders may use on a device: the features that Device::Create enabled on it.
-struct ShaderFeatures {
-  bool float64 = false;               // shaderFloat64
-  bool float16 = false;               // shaderFloat16
-  bool int64 = false;                 // shaderInt64
-  bool int16 = false;                 // shaderInt16
-  bool int8 = false;                  // shaderInt8
-  bool storage_buffer_8bit = false;   // storageBuffer8BitAccess
-  bool storage_buffer_16bit = false;  // storageBuffer16BitAccess
-  // The subgroup operations (VkSubgroupFeatureFlags) of compute shaders; 0 when the device has
-  // none in the compute stage.
-  uint32_t subgroup_operations = 0;
+  // Shader features to leave disabled even where the device has them (each one set here, and the
+  // subgroup operations whose bits are set), so that shaders are checked as on a device without
+  // them.
+  ShaderFeatures withheld_features;
 };
 
 // One queue of a device. Submissions to it are serialised by its mutex.

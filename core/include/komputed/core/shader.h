@@ -41,8 +41,14 @@ std::array<uint64_t, 3> ShaderLocalSize(absl::Span<const uint32_t> spirv,
                                         uint32_t spec_constant_size);
 
 // The built-in element-wise multiply shader (c[i] = a[i] * b[i]) for an element type: kFloat32,
-// kInt32, kUInt32 or kFloat64; INVALID_ARGUMENT for others. Its workgroups have
-// kMultiplyLocalSize invocations; dispatch it with MultiplyWorkgroup(count).
+// kInt32, kUInt32, kFloat64, kInt16, kUInt16, kInt8, kUInt8 or kFloat16; INVALID_ARGUMENT for
+// others. Integer products wrap (the low bits of the exact product). The 8- and 16-bit elements
+// are only loaded and stored, and multiplied as 32-bit values, so the shaders need the storage
+// features alone: storageBuffer8BitAccess (int8, uint8) or storageBuffer16BitAccess (int16,
+// uint16, float16), and shaderFloat64 for kFloat64. float16's product is computed exactly in
+// float and rounded to the nearest binary16, ties to even (overflow to infinity, NaN stays NaN),
+// with integer operations, the same on every device. Its workgroups have kMultiplyLocalSize
+// invocations; dispatch it with MultiplyWorkgroup(count).
 absl::StatusOr<absl::Span<const uint32_t>> MultiplyShader(ElementType type);
 
 inline constexpr uint32_t kMultiplyLocalSize = 64;

@@ -19,6 +19,8 @@ enum class MemoryType : uint8_t {
 };
 inline constexpr MemoryType kLastMemoryType = MemoryType::kDeviceAndHost;
 
+// The values follow Kompute's Memory::DataTypes (eShort = 6 ... eUnsignedChar = 9); kFloat16 is
+// komputed's own.
 enum class ElementType : uint8_t {
   kBool = 0,  // 1 byte
   kInt32 = 1,
@@ -26,8 +28,13 @@ enum class ElementType : uint8_t {
   kFloat32 = 3,
   kFloat64 = 4,
   kBytes = 5,  // raw elements of a size given at creation
+  kInt16 = 6,
+  kUInt16 = 7,
+  kInt8 = 8,
+  kUInt8 = 9,
+  kFloat16 = 10,  // IEEE 754 binary16 ("half"), little-endian
 };
-inline constexpr ElementType kLastElementType = ElementType::kBytes;
+inline constexpr ElementType kLastElementType = ElementType::kFloat16;
 
 absl::string_view MemoryTypeName(MemoryType type);
 absl::string_view ElementTypeName(ElementType type);
