@@ -2,10 +2,6 @@
 // reach the daemon that holds the session, and where they cannot (another daemon behind a
 // balancer, an address that does not answer), the transfer keeps to the session's connection,
 // whole and exact.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -15,6 +11,7 @@
 
 #include "kp_test.h"
 #include "support/daemon_process.h"
+#include "support/process.h"
 #include "support/scoped_env.h"
 
 namespace kptest {
@@ -46,25 +43,9 @@ void RoundTripInLanes(const std::string& address) {
   EXPECT_EQ(wrong, 0u);
 }
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 TEST(DirectAddress, LanesToTheAdvertisedAddressReachTheSession) {
   // The daemon advertises its own address, as the manifests do with the pod's IP.
-  const int port = FreePort();
+  const int port = komputed::test_support::FreeLoopbackPort();
   ASSERT_GT(port, 0);
   const std::string address = "127.0.0.1:" + std::to_string(port);
   DaemonProcess daemon({"--listen=" + address, "--advertise_address=" + address});

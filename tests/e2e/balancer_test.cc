@@ -3,12 +3,9 @@
 // the daemon that holds the session; with the daemons' direct addresses advertised, and without.
 //
 // Environment: HAPROXY, the balancer's binary (default /usr/sbin/haproxy, from scripts/setup).
-#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,33 +36,6 @@ using test_support::Stubs;
 using ::testing::HasSubstr;
 using TensorList = std::vector<std::shared_ptr<kp::Tensor>>;
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
-bool Accepts(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  close(fd);
-  return ok;
-}
-
 std::string Haproxy() {
   const char* value = std::getenv("HAPROXY");
   return value != nullptr && value[0] != '\0' ? value : "/usr/sbin/haproxy";
@@ -81,13 +51,13 @@ class Balanced {
  public:
   explicit Balanced(bool advertise) {
     for (int i = 0; i < 2; ++i) {
-      const int port = FreePort();
+      const int port = test_support::FreeLoopbackPort();
       const std::string address = absl::StrCat("127.0.0.1:", port);
       std::vector<std::string> flags = {"--listen=" + address};
       if (advertise) flags.push_back("--advertise_address=" + address);
       daemons_.push_back(std::make_unique<DaemonProcess>(flags));
     }
-    const int port = FreePort();
+    const int port = test_support::FreeLoopbackPort();
     address_ = absl::StrCat("127.0.0.1:", port);
     char folder[] = "/tmp/komputed-haproxy-XXXXXX";
     if (mkdtemp(folder) == nullptr) return;
@@ -106,10 +76,10 @@ class Balanced {
     haproxy_ = test_support::Spawn({Haproxy(), "-db", "-f", folder_ + "/haproxy.cfg"}, &out);
     if (out >= 0) close(out);
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (haproxy_ > 0 && !Accepts(port) && absl::Now() < deadline) {
+    while (haproxy_ > 0 && !test_support::AcceptsOnLoopback(port) && absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(20));
     }
-    ready_ = haproxy_ > 0 && Accepts(port);
+    ready_ = haproxy_ > 0 && test_support::AcceptsOnLoopback(port);
   }
   ~Balanced() {
     if (haproxy_ > 0) {

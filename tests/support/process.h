@@ -31,6 +31,12 @@ std::string ReadLine(int fd, absl::Time deadline);
 // Waits up to `timeout` for the child `pid` to exit: its wait status, or -1 when it still runs.
 int WaitExit(pid_t pid, absl::Duration timeout);
 
+// A TCP port on 127.0.0.1 that was free a moment ago (0 when none could be had): for a daemon
+// that must know its own port before it starts (--advertise_address).
+int FreeLoopbackPort();
+// Whether something accepts TCP connections on 127.0.0.1:`port`.
+bool AcceptsOnLoopback(int port);
+
 // Runs `argv` (argv[0]: the program's path) to its end, killed after `timeout`: its exit code
 // (-1 when it did not exit normally), with its stdout and stderr.
 int RunProgram(const std::vector<std::string>& argv, std::string* out, std::string* err,
