@@ -37,6 +37,7 @@
 #include "bench_common.h"
 #include "komputed/core/shader.h"
 #include "server.h"
+#include "support/slow_kernel.h"
 
 ABSL_FLAG(absl::Duration, limit, absl::Seconds(5), "the daemon's --max_kernel_time");
 ABSL_FLAG(absl::Duration, idle, absl::Seconds(3),
@@ -53,19 +54,6 @@ layout(set = 0, binding = 0) buffer Data { float v[]; };
 void main() {
   uint i = gl_GlobalInvocationID.x;
   v[i] = v[i] * 2.0 + 1.0;
-}
-)";
-
-// Loops for ever while params.iterations is 0.
-constexpr char kRunawayShader[] = R"(
-#version 450
-layout(local_size_x = 64) in;
-layout(set = 0, binding = 0) buffer Out { float result[]; };
-layout(push_constant) uniform Params { uint iterations; } params;
-void main() {
-  float acc = float(gl_GlobalInvocationID.x + gl_GlobalInvocationID.y);
-  for (uint k = 0; params.iterations == 0u || k < params.iterations; ++k) acc = acc * 0.999 + 1.0;
-  if (acc == -12345.0) result[0] = acc;
 }
 )";
 
@@ -148,7 +136,7 @@ int Run() {
   absl::StatusOr<std::vector<uint32_t>> tiny_spirv =
       komputed::core::CompileGlsl(kTinyShader, "tiny.comp");
   absl::StatusOr<std::vector<uint32_t>> runaway_spirv =
-      komputed::core::CompileGlsl(kRunawayShader, "runaway.comp");
+      komputed::core::CompileGlsl(komputed::test_support::kRunawayShader, "runaway.comp");
   if (!tiny_spirv.ok() || !runaway_spirv.ok()) {
     std::fprintf(stderr, "komputed_watchdog_bench: the shaders do not compile\n");
     return 1;

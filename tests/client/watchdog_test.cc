@@ -7,33 +7,21 @@
 
 #include "kp_test.h"
 #include "support/daemon_process.h"
+#include "support/slow_kernel.h"
 
 namespace kptest {
 namespace {
 
 using ::testing::HasSubstr;
 
-// Each invocation loops for ever on a GPU (lavapipe ends loops after about 65535 iterations:
-// there the work is in the 65535 x 64 workgroups of 64 invocations, hours of it).
-constexpr char kRunaway[] = R"(
-  #version 450
-  layout(local_size_x = 64) in;
-  layout(set = 0, binding = 0) buffer Out { float result[]; };
-  layout(push_constant) uniform Params { uint iterations; } params;
-  void main() {
-    float acc = float(gl_GlobalInvocationID.x + gl_GlobalInvocationID.y);
-    for (uint k = 0; params.iterations == 0u || k < params.iterations; ++k) acc = acc * 0.999 + 1.0;
-    if (acc == -12345.0) result[0] = acc;
-  }
-)";
-
 TEST(RemoteWatchdog, AStoppedKernelIsAnErrorNotATimedOutWait) {
   komputed::test_support::DaemonProcess daemon({"--max_kernel_time=1s"});
   ASSERT_TRUE(daemon.started());
   kp::Manager mgr(kp::Remote{daemon.address(), 0, {}});
   auto out = mgr.tensorT<float>(std::vector<float>(64, 0.0f));
-  auto algo = mgr.algorithm<float, uint32_t>({out}, kp::compileSource(kRunaway),
-                                             kp::Workgroup{65535, 64, 1}, {}, {0u});
+  auto algo = mgr.algorithm<float, uint32_t>(
+      {out}, kp::compileSource(komputed::test_support::kRunawayShader), kp::Workgroup{65535, 64, 1},
+      {}, {0u});
   auto seq = mgr.sequence();
   seq->record<kp::OpAlgoDispatch>(algo);
   seq->evalAsync();

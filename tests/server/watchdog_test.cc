@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "support/slow_kernel.h"
 #include "test_util.h"
 
 namespace komputed::server::testing {
@@ -24,19 +25,6 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-// Each invocation loops `iterations` times, for ever when it is 0 (lavapipe ends loops after about
-// 65535 iterations: there the work is in the number of invocations).
-constexpr char kRunawayShader[] = R"(#version 450
-layout(local_size_x = 64) in;
-layout(set = 0, binding = 0) buffer Out { float result[]; };
-layout(push_constant) uniform Params { uint iterations; } params;
-void main() {
-  float acc = float(gl_GlobalInvocationID.x + gl_GlobalInvocationID.y);
-  for (uint k = 0; params.iterations == 0u || k < params.iterations; ++k) acc = acc * 0.999 + 1.0;
-  if (acc == -12345.0) result[0] = acc;
-}
-)";
 
 class WatchdogTest : public ServerTest {
  protected:

@@ -36,6 +36,22 @@ void main() {
 }
 )";
 
+// A kernel that never ends on a GPU while its push constant `iterations` is 0: each invocation
+// loops for ever (lavapipe ends an invocation's loops after about 65535 iterations, so there the
+// work is in the number of invocations: 65535 x 64 workgroups of 64 are hours of it). For the
+// kernel watchdog's tests and benchmark. Binding 0: a float buffer that is never written.
+inline constexpr char kRunawayShader[] = R"(
+#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) buffer Out { float result[]; };
+layout(push_constant) uniform Params { uint iterations; } params;
+void main() {
+  float acc = float(gl_GlobalInvocationID.x + gl_GlobalInvocationID.y);
+  for (uint k = 0; params.iterations == 0u || k < params.iterations; ++k) acc = acc * 0.999 + 1.0;
+  if (acc == -12345.0) result[0] = acc;
+}
+)";
+
 // How much kSlowShader does per element.
 struct SlowWork {
   uint32_t units = 1;
