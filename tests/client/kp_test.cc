@@ -2,6 +2,20 @@
 
 namespace kptest {
 
+std::string MemoryName(kp::Tensor::TensorTypes type) {
+  switch (type) {
+    case kp::Tensor::TensorTypes::eDevice:
+      return "eDevice";
+    case kp::Tensor::TensorTypes::eHost:
+      return "eHost";
+    case kp::Tensor::TensorTypes::eStorage:
+      return "eStorage";
+    case kp::Tensor::TensorTypes::eDeviceAndHost:
+      return "eDeviceAndHost";
+  }
+  return "?";
+}
+
 std::string CodeName(kp::ErrorCode code) {
   switch (code) {
     case kp::ErrorCode::kOk:

@@ -19,6 +19,12 @@ using TensorList = std::vector<std::shared_ptr<kp::Tensor>>;
 
 // "kInvalidArgument" etc.
 std::string CodeName(kp::ErrorCode code);
+
+// Every tensor memory type, and its name ("eDevice" etc.).
+inline constexpr kp::Tensor::TensorTypes kAllMemoryTypes[] = {
+    kp::Tensor::TensorTypes::eDevice, kp::Tensor::TensorTypes::eHost,
+    kp::Tensor::TensorTypes::eStorage, kp::Tensor::TensorTypes::eDeviceAndHost};
+std::string MemoryName(kp::Tensor::TensorTypes type);
 void PrintTo(BackendKind kind, std::ostream* os);
 
 // Success when `f()` throws a kp::Error with `code`; otherwise says what happened instead.

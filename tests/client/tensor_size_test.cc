@@ -14,23 +14,6 @@ namespace {
 
 using MemoryType = kp::Tensor::TensorTypes;
 
-constexpr MemoryType kAllMemoryTypes[] = {MemoryType::eDevice, MemoryType::eHost,
-                                          MemoryType::eStorage, MemoryType::eDeviceAndHost};
-
-std::string MemoryName(MemoryType type) {
-  switch (type) {
-    case MemoryType::eDevice:
-      return "eDevice";
-    case MemoryType::eHost:
-      return "eHost";
-    case MemoryType::eStorage:
-      return "eStorage";
-    case MemoryType::eDeviceAndHost:
-      return "eDeviceAndHost";
-  }
-  return "?";
-}
-
 // Element counts: a few, and 8 MiB of 32-bit elements plus a few (not a multiple of a chunk).
 constexpr size_t kSmall = 5;
 constexpr size_t kLarge = (size_t{8} << 20) / 4 + 3;

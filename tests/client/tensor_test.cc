@@ -10,23 +10,6 @@ namespace {
 using MemoryType = kp::Tensor::TensorTypes;
 using DataType = kp::Tensor::TensorDataTypes;
 
-constexpr MemoryType kAllMemoryTypes[] = {MemoryType::eDevice, MemoryType::eHost,
-                                          MemoryType::eStorage, MemoryType::eDeviceAndHost};
-
-std::string MemoryName(MemoryType type) {
-  switch (type) {
-    case MemoryType::eDevice:
-      return "eDevice";
-    case MemoryType::eHost:
-      return "eHost";
-    case MemoryType::eStorage:
-      return "eStorage";
-    case MemoryType::eDeviceAndHost:
-      return "eDeviceAndHost";
-  }
-  return "?";
-}
-
 // out[i] = in[i] * 2.0 (float).
 constexpr char kDoubleShader[] = R"(
   #version 450
