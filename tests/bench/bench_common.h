@@ -17,6 +17,17 @@ inline constexpr uint64_t kTinyBytes = kTinyCount * sizeof(float);
 inline constexpr uint64_t kBulkBytes = uint64_t{256} << 20;
 inline constexpr uint64_t kBulkCount = kBulkBytes / sizeof(float);
 
+// The tiny eval's shader: v[i] = v[i] * 2 + 1 over kTinyCount floats, kTinyLocalSize per group.
+inline constexpr char kTinyShader[] = R"(
+#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) buffer Data { float v[]; };
+void main() {
+  uint i = gl_GlobalInvocationID.x;
+  v[i] = v[i] * 2.0 + 1.0;
+}
+)";
+
 // The host's part of each tiny iteration: write element k, then (after the round trip) expect
 // 2v+1 there.
 struct TinyStep {

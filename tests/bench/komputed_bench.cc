@@ -91,15 +91,7 @@ constexpr float kSaxpyA = 2.0f;
 // The bound on every fence wait of the raw and core paths.
 constexpr uint64_t kTimeoutNs = uint64_t{30} * 1000 * 1000 * 1000;
 
-constexpr char kTinyShader[] = R"(
-#version 450
-layout(local_size_x = 64) in;
-layout(set = 0, binding = 0) buffer Data { float v[]; };
-void main() {
-  uint i = gl_GlobalInvocationID.x;
-  v[i] = v[i] * 2.0 + 1.0;
-}
-)";
+using komputed_bench::kTinyShader;
 
 // Two-dimensional grid (maxComputeWorkGroupCount[0] is 65535 on many devices); the tail is
 // guarded by the vector's length.

@@ -47,16 +47,6 @@ ABSL_FLAG(uint32_t, device, 0, "the physical device (Vulkan index) that the daem
 namespace komputed_bench {
 namespace {
 
-constexpr char kTinyShader[] = R"(
-#version 450
-layout(local_size_x = 64) in;
-layout(set = 0, binding = 0) buffer Data { float v[]; };
-void main() {
-  uint i = gl_GlobalInvocationID.x;
-  v[i] = v[i] * 2.0 + 1.0;
-}
-)";
-
 // One neighbour eval: when it completed, and how long it took.
 struct Sample {
   absl::Time done;
