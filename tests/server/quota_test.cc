@@ -82,8 +82,8 @@ class QuotaTest : public ::testing::Test {
     req.set_sequence(sequence);
     return req;
   }
-  // Work that takes about half a second here, measured in a session of the unlimited tenant.
-  test_support::SlowWork HalfSecond() {
+  // Work that takes about `target` here, measured in a session of the unlimited tenant.
+  test_support::SlowWork WorkOf(absl::Duration target) {
     auto free = As("free");
     const std::string id = OpenAs(*free);
     grpc::ClientContext context;
@@ -91,7 +91,7 @@ class QuotaTest : public ::testing::Test {
     EXPECT_THAT(free->devices->ListDevices(&context, v1::ListDevicesRequest(), &devices), IsOk());
     const bool cpu = devices.devices_size() > 0 && devices.devices(0).device_type() == 4;
     uint64_t h = 900;
-    return test_support::SlowWorkFor(absl::Milliseconds(500), cpu, [&](test_support::SlowWork w) {
+    return test_support::SlowWorkFor(target, cpu, [&](test_support::SlowWork w) {
       MakeSlow(*free, id, h, w);
       v1::EvalResponse resp;
       EXPECT_THAT(Eval(*free, EvalOf(id, h + 2), &resp), IsOk());
@@ -278,7 +278,7 @@ TEST_F(QuotaTest, OpsPerSequence) {
 }
 
 TEST_F(QuotaTest, InflightSubmissions) {
-  const test_support::SlowWork work = HalfSecond();
+  const test_support::SlowWork work = WorkOf(absl::Milliseconds(500));
   auto c = As("inflight_submissions");
   const std::string id = OpenAs(*c);
   MakeSlow(*c, id, 1, work);
@@ -301,7 +301,7 @@ TEST_F(QuotaTest, InflightSubmissions) {
 
 // An eval that gives up waiting (its timeout) does not free its place while the GPU still runs it.
 TEST_F(QuotaTest, ATimedOutSubmissionKeepsItsPlaceUntilItCompletes) {
-  const test_support::SlowWork work = HalfSecond();
+  const test_support::SlowWork work = WorkOf(absl::Milliseconds(500));
   auto c = As("inflight_submissions");
   const std::string id = OpenAs(*c);
   MakeSlow(*c, id, 1, work);
@@ -322,7 +322,8 @@ TEST_F(QuotaTest, ATimedOutSubmissionKeepsItsPlaceUntilItCompletes) {
 }
 
 TEST_F(QuotaTest, MemoryStaysChargedWhileASubmissionUsesADestroyedTensor) {
-  const test_support::SlowWork work = HalfSecond();
+  // Long enough for four calls to land while it runs, under a sanitizer on a busy machine too.
+  const test_support::SlowWork work = WorkOf(absl::Seconds(3));
   auto c = As("held_memory");
   const std::string id = OpenAs(*c);
   // One slow pipeline takes the whole quota (its tensor and staging copy).
