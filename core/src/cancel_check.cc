@@ -20,17 +20,20 @@ constexpr uint32_t kOpUndef = 1, kOpExtension = 10, kOpMemoryModel = 14, kOpEntr
                    kOpCapability = 17, kOpTypeBool = 20, kOpTypeInt = 21, kOpTypeStruct = 30,
                    kOpTypePointer = 32, kOpConstant = 43, kOpFunction = 54,
                    kOpFunctionParameter = 55, kOpFunctionEnd = 56, kOpVariable = 59,
-                   kOpAccessChain = 65, kOpLoad = 61, kOpDecorate = 71, kOpMemberDecorate = 72,
-                   kOpLogicalOr = 166, kOpLogicalNot = 168, kOpLogicalAnd = 167, kOpIEqual = 170,
-                   kOpPhi = 245, kOpLoopMerge = 246, kOpSelectionMerge = 247, kOpLabel = 248,
-                   kOpBranch = 249, kOpBranchConditional = 250, kOpSwitch = 251, kOpReturn = 253,
+                   kOpAccessChain = 65, kOpAtomicLoad = 227, kOpDecorate = 71,
+                   kOpMemberDecorate = 72, kOpLogicalOr = 166, kOpLogicalNot = 168,
+                   kOpLogicalAnd = 167, kOpIEqual = 170, kOpPhi = 245, kOpLoopMerge = 246,
+                   kOpSelectionMerge = 247, kOpLabel = 248, kOpBranch = 249,
+                   kOpBranchConditional = 250, kOpSwitch = 251, kOpReturn = 253,
                    kOpReturnValue = 254, kOpUnreachable = 255, kOpTypeVoid = 19, kOpLine = 8,
                    kOpNoLine = 317;
 constexpr uint32_t kCapabilityVulkanMemoryModel = 5345;
-constexpr uint32_t kMemoryAccessVolatile = 1;
+// The atomic load's scope: Device, or QueueFamily in modules of the Vulkan memory model (where
+// Device scope needs a capability of its own); its semantics: Relaxed.
+constexpr uint32_t kScopeDevice = 1, kScopeQueueFamily = 5, kSemanticsRelaxed = 0;
 constexpr uint32_t kStorageBuffer = 12, kGLCompute = 5, kAddressingLogical = 0;
-constexpr uint32_t kDecorationBlock = 2, kDecorationVolatile = 21, kDecorationBinding = 33,
-                   kDecorationDescriptorSet = 34, kDecorationOffset = 35;
+constexpr uint32_t kDecorationBlock = 2, kDecorationBinding = 33, kDecorationDescriptorSet = 34,
+                   kDecorationOffset = 35;
 
 // Layout sections before the types: capabilities ... debug names, annotations.
 bool IsBeforeTypes(uint32_t op) {
@@ -98,7 +101,7 @@ class Rewriter {
   std::vector<Inst> globals_;  // everything before the first function
   std::vector<Inst> added_globals_;
   std::vector<Function> functions_;
-  uint32_t uint_ = 0, bool_ = 0, zero_ = 0, ptr_uint_ = 0, var_ = 0;
+  uint32_t uint_ = 0, bool_ = 0, zero_ = 0, ptr_uint_ = 0, var_ = 0, scope_ = 0, semantics_ = 0;
   absl::flat_hash_set<uint32_t> void_types_;
   absl::flat_hash_map<uint32_t, uint32_t> undefs_;  // type → OpUndef of it
 };
@@ -151,7 +154,7 @@ absl::Status Rewriter::Parse(absl::Span<const uint32_t> spirv) {
 uint32_t Rewriter::EmitNotCancelled(std::vector<Inst>& out) {
   const uint32_t pointer = NewId(), word = NewId(), ok = NewId();
   out.push_back(Make(kOpAccessChain, {ptr_uint_, pointer, var_, zero_}));
-  out.push_back(Make(kOpLoad, {uint_, word, pointer, kMemoryAccessVolatile}));
+  out.push_back(Make(kOpAtomicLoad, {uint_, word, pointer, scope_, semantics_}));
   out.push_back(Make(kOpIEqual, {bool_, ok, word, zero_}));
   return ok;
 }
@@ -342,16 +345,17 @@ absl::Status Rewriter::Rewrite(uint32_t set, uint32_t binding) {
   added_globals_.push_back(Make(kOpTypePointer, {ptr_uint_, kStorageBuffer, uint_}));
   added_globals_.push_back(Make(kOpVariable, {ptr_block, var_, kStorageBuffer}));
   added_globals_.push_back(Make(kOpConstant, {uint_, zero_, 0}));
-  std::vector<Inst> decorations = {
+  scope_ = NewId();
+  added_globals_.push_back(
+      Make(kOpConstant, {uint_, scope_, vulkan_memory_model ? kScopeQueueFamily : kScopeDevice}));
+  semantics_ = zero_;
+  static_assert(kSemanticsRelaxed == 0);
+  const std::vector<Inst> decorations = {
       Make(kOpDecorate, {block, kDecorationBlock}),
       Make(kOpMemberDecorate, {block, 0, kDecorationOffset, 0}),
       Make(kOpDecorate, {var_, kDecorationDescriptorSet, set}),
       Make(kOpDecorate, {var_, kDecorationBinding, binding}),
   };
-  // (The Vulkan memory model has no Volatile decoration; the loads are volatile either way.)
-  if (!vulkan_memory_model) {
-    decorations.push_back(Make(kOpDecorate, {var_, kDecorationVolatile}));
-  }
 
   for (Function& f : functions_) KD_RETURN_IF_ERROR(CheckLoops(f));
   for (Function& f : functions_) {

@@ -55,6 +55,17 @@ void main() {
 }
 )";
 
+// A module of the Vulkan memory model (the word's atomic load takes another scope there).
+constexpr char kMemoryModelShader[] = R"(#version 450
+#pragma use_vulkan_memory_model
+#extension GL_KHR_memory_scope_semantics : require
+layout(local_size_x = 32) in;
+layout(set = 0, binding = 0) buffer Out { uint v[]; };
+void main() {
+  for (uint k = 0u; k < v[0]; ++k) { v[k + 1u] = k; }
+}
+)";
+
 // A loop that never ends (on a GPU; lavapipe ends any loop after about 65535 iterations).
 constexpr char kEndlessShader[] = R"(#version 450
 layout(local_size_x = 32) in;
@@ -86,7 +97,7 @@ std::vector<float> HostFloats(const Tensor& t) {
 TEST(CancelChecks, RewrittenModulesAreValid) {
   const uint32_t api = TestDevice()->properties().apiVersion;
   for (const char* source :
-       {kLoopsShader, kAddShader, kAffineShader, kBusyShader, kEndlessShader}) {
+       {kLoopsShader, kAddShader, kAffineShader, kBusyShader, kEndlessShader, kMemoryModelShader}) {
     std::vector<uint32_t> spirv = Compile(source);
     ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> stoppable, AddCancelChecks(spirv));
     EXPECT_GT(stoppable.size(), spirv.size());
@@ -168,10 +179,10 @@ void main() {
 )";
 
 TEST(CancelChecks, SettingTheWordStopsARunningDispatch) {
-  // Minutes of work on lavapipe (and seconds on a GPU): 65535 x 16 workgroups of 64 invocations,
-  // each looping 60000 times. Stopped, most invocations never finish their loop; how long the
-  // dispatch takes to wind down is for komputed_watchdog_bench (a loaded or sanitized lavapipe
-  // takes a minute), so the wait here only bounds a hang.
+  // Minutes of work on lavapipe (and on a GPU): 65535 x 16 workgroups of 64 invocations, each
+  // looping 60000 times (6 million on a GPU). Stopped, most invocations never finish their loop;
+  // how long the dispatch takes to wind down is for komputed_watchdog_bench (a loaded or sanitized
+  // lavapipe takes a minute), so the wait here only bounds a hang.
   std::shared_ptr<Device> device = TestDevice();
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<CancelWord> word, CancelWord::Create(device));
   std::shared_ptr<Tensor> out = Floats(std::vector<float>(4, 0.0f), MemoryType::kDevice);
@@ -180,7 +191,9 @@ TEST(CancelChecks, SettingTheWordStopsARunningDispatch) {
   spec.spirv = Compile(kCountedBusyShader);
   spec.workgroup = {65535, 16, 1};
   const uint64_t invocations = uint64_t{65535} * 16 * 64;
-  const uint32_t iterations = 60000;
+  // (A GPU runs all of it in about a second at 60000: there each loop is a hundred times longer.)
+  const uint32_t iterations =
+      device->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? 60000 : 6000000;
   spec.push_constants.resize(4);
   std::memcpy(spec.push_constants.data(), &iterations, 4);
   spec.cancel = word;

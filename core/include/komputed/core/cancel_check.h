@@ -17,8 +17,10 @@ inline constexpr uint32_t kCancelSet = 1;
 inline constexpr uint32_t kCancelBinding = 0;
 
 // Rewrites a compute module so that a running dispatch of it can be stopped: at the start of every
-// GLCompute entry point and at every loop back-edge it reads (a volatile load, so never hoisted)
-// the first 32-bit word of a storage buffer at descriptor set `set`, binding `binding`; once that
+// GLCompute entry point and at every loop back-edge it reads the first 32-bit word of a storage
+// buffer at descriptor set `set`, binding `binding`, with a relaxed atomic load (device scope: it
+// always reaches the memory the host writes, where a Volatile load was served from a cache that
+// never saw the host's write on NVIDIA, and it is never hoisted out of a loop); once that
 // word is nonzero, entry points return at once and every loop exits at its next iteration. A
 // dispatch then ends within one loop iteration per invocation still running, plus the time to
 // start and return the invocations not yet begun.
