@@ -91,7 +91,19 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
     KD_ASSIGN_OR_RETURN(code, ClampBufferAccesses(code, api_version));
   }
   if (spec.cancel != nullptr) {
-    KD_ASSIGN_OR_RETURN(code, AddCancelChecks(code));
+    // Entry checks only where the dispatch could run long without them: a module with loops
+    // (which the back-edge checks stop only once they are running), or a loop-free one whose
+    // invocations together may execute more than UncheckedWorkLimit instructions.
+    CancelCheckOptions checks;
+    KD_ASSIGN_OR_RETURN(const std::optional<uint64_t> per_invocation,
+                        LoopFreeInstructionBound(code));
+    if (per_invocation.has_value()) {
+      const unsigned __int128 work = static_cast<unsigned __int128>(*per_invocation) *
+                                     spec.workgroup.x * spec.workgroup.y * spec.workgroup.z *
+                                     limits.maxComputeWorkGroupInvocations;
+      checks.check_entry = work > UncheckedWorkLimit(device);
+    }
+    KD_ASSIGN_OR_RETURN(code, AddCancelChecks(code, checks));
     absl::Status valid = ValidateSpirv(code, api_version);
     if (!valid.ok()) {
       return absl::InternalError(absl::StrCat(

@@ -2,8 +2,10 @@
 // CancelWord they read.
 #include "komputed/core/cancel_check.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <initializer_list>
 #include <string>
 
@@ -19,11 +21,12 @@ namespace {
 constexpr uint32_t kOpUndef = 1, kOpExtension = 10, kOpMemoryModel = 14, kOpEntryPoint = 15,
                    kOpCapability = 17, kOpTypeBool = 20, kOpTypeInt = 21, kOpTypeStruct = 30,
                    kOpTypePointer = 32, kOpConstant = 43, kOpFunction = 54,
-                   kOpFunctionParameter = 55, kOpFunctionEnd = 56, kOpVariable = 59,
-                   kOpAccessChain = 65, kOpAtomicLoad = 227, kOpDecorate = 71,
-                   kOpMemberDecorate = 72, kOpLogicalOr = 166, kOpLogicalNot = 168,
-                   kOpLogicalAnd = 167, kOpIEqual = 170, kOpPhi = 245, kOpLoopMerge = 246,
-                   kOpSelectionMerge = 247, kOpLabel = 248, kOpBranch = 249,
+                   kOpFunctionParameter = 55, kOpFunctionEnd = 56, kOpFunctionCall = 57,
+                   kOpVariable = 59, kOpAccessChain = 65, kOpLoad = 61, kOpStore = 62,
+                   kOpAtomicLoad = 227, kOpConstantTrue = 41, kOpISub = 130, kOpSelect = 169,
+                   kOpDecorate = 71, kOpMemberDecorate = 72, kOpLogicalOr = 166,
+                   kOpLogicalNot = 168, kOpLogicalAnd = 167, kOpIEqual = 170, kOpPhi = 245,
+                   kOpLoopMerge = 246, kOpSelectionMerge = 247, kOpLabel = 248, kOpBranch = 249,
                    kOpBranchConditional = 250, kOpSwitch = 251, kOpReturn = 253,
                    kOpReturnValue = 254, kOpUnreachable = 255, kOpTypeVoid = 19, kOpLine = 8,
                    kOpNoLine = 317;
@@ -31,7 +34,7 @@ constexpr uint32_t kCapabilityVulkanMemoryModel = 5345;
 // The atomic load's scope: Device, or QueueFamily in modules of the Vulkan memory model (where
 // Device scope needs a capability of its own); its semantics: Relaxed.
 constexpr uint32_t kScopeDevice = 1, kScopeQueueFamily = 5, kSemanticsRelaxed = 0;
-constexpr uint32_t kStorageBuffer = 12, kGLCompute = 5, kAddressingLogical = 0;
+constexpr uint32_t kPrivate = 6, kStorageBuffer = 12, kGLCompute = 5, kAddressingLogical = 0;
 constexpr uint32_t kDecorationBlock = 2, kDecorationBinding = 33, kDecorationDescriptorSet = 34,
                    kDecorationOffset = 35;
 
@@ -84,8 +87,10 @@ struct Function {
 class Rewriter {
  public:
   absl::Status Parse(absl::Span<const uint32_t> spirv);
-  absl::Status Rewrite(uint32_t set, uint32_t binding);
+  absl::Status Rewrite(const CancelCheckOptions& options);
   std::vector<uint32_t> Serialize() const;
+  // LoopFreeInstructionBound of the parsed module.
+  absl::StatusOr<std::optional<uint64_t>> LoopFreeBound() const;
 
  private:
   uint32_t NewId() { return bound_++; }
@@ -102,6 +107,7 @@ class Rewriter {
   std::vector<Inst> added_globals_;
   std::vector<Function> functions_;
   uint32_t uint_ = 0, bool_ = 0, zero_ = 0, ptr_uint_ = 0, var_ = 0, scope_ = 0, semantics_ = 0;
+  uint32_t one_ = 0, true_ = 0, interval_ = 0, ticks_ = 0;  // the loops' countdown
   absl::flat_hash_set<uint32_t> void_types_;
   absl::flat_hash_map<uint32_t, uint32_t> undefs_;  // type → OpUndef of it
 };
@@ -184,11 +190,17 @@ absl::Status Rewriter::CheckLoops(Function& f) {
     auto it = index.find(target);
     return merge_of.contains(target) && it != index.end() && it->second <= from;
   };
-  // Blocks that gain an edge to a merge block, for its OpPhi instructions.
-  std::vector<std::pair<uint32_t, uint32_t>> new_edges;  // (from, merge)
+  // The back edges' new predecessors of headers and merge blocks, for their OpPhi instructions:
+  // (block, old predecessor or 0 for a new edge, new predecessor).
+  struct Edge {
+    uint32_t to, from, now;
+  };
+  std::vector<Edge> edges;
+  std::vector<Block> blocks;
+  blocks.reserve(f.blocks.size());
   for (size_t i = 0; i < f.blocks.size(); ++i) {
-    Block& b = f.blocks[i];
-    Inst& term = b.body.back();
+    Block b = std::move(f.blocks[i]);
+    Inst term = b.body.back();
     const uint32_t op = Opcode(term);
     if (op == kOpSwitch) {
       // (The default target and every case's; a literal that happens to equal a header's id
@@ -201,31 +213,52 @@ absl::Status Rewriter::CheckLoops(Function& f) {
                            "cannot be stopped by the daemon's kernel watchdog"));
         }
       }
-      continue;
     }
-    if (op != kOpBranch && op != kOpBranchConditional) continue;
-    if (op == kOpBranch && (term.size() < 2 || !back_edge(term[1], i))) continue;
-    if (op == kOpBranchConditional &&
-        (term.size() < 4 || (!back_edge(term[2], i) && !back_edge(term[3], i)))) {
+    const bool is_back_edge = (op == kOpBranch && term.size() >= 2 && back_edge(term[1], i)) ||
+                              (op == kOpBranchConditional && term.size() >= 4 &&
+                               (back_edge(term[2], i) || back_edge(term[3], i)));
+    if (!is_back_edge) {
+      blocks.push_back(std::move(b));
       continue;
     }
     const uint32_t header = op == kOpBranch ? term[1] : (back_edge(term[2], i) ? term[2] : term[3]);
     const uint32_t merge = merge_of[header];
-    // The checks go before the block's merge instruction (a loop header that is its own back
-    // edge), else before the terminator.
-    size_t insert_at = b.body.size() - 1;
-    if (b.body.size() >= 2) {
-      const uint32_t before = Opcode(b.body[b.body.size() - 2]);
-      if (before == kOpSelectionMerge) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("block %", b.label,
-                         " is both a selection header and a loop's back edge: loops of "
-                         "that form cannot be stopped by the daemon's kernel watchdog"));
-      }
-      if (before == kOpLoopMerge) insert_at = b.body.size() - 2;
+    b.body.pop_back();
+    if (!b.body.empty() && Opcode(b.body.back()) == kOpSelectionMerge) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block %", b.label,
+                       " is both a selection header and a loop's back edge: loops of "
+                       "that form cannot be stopped by the daemon's kernel watchdog"));
     }
-    std::vector<Inst> check;
-    const uint32_t ok = EmitNotCancelled(check);
+    // A header that is its own back edge (and continue target) gets a new continue target,
+    // which counts; any other back-edge block counts itself.
+    Block counting{b.label, {}};
+    if (!b.body.empty() && Opcode(b.body.back()) == kOpLoopMerge) {
+      counting.label = NewId();
+      b.body.back()[2] = counting.label;
+      b.body.push_back(Make(kOpBranch, {counting.label}));
+      blocks.push_back(std::move(b));
+    } else {
+      counting.body = std::move(b.body);
+    }
+    // counting: the countdown; at zero it starts again and `reading` reads the word.
+    // decided: whether to go round again, from the loop's own condition and the word.
+    Block reading{NewId(), {}};
+    Block decided{NewId(), {}};
+    const uint32_t left = NewId(), next = NewId(), due = NewId(), stored = NewId();
+    counting.body.push_back(Make(kOpLoad, {uint_, left, ticks_}));
+    counting.body.push_back(Make(kOpISub, {uint_, next, left, one_}));
+    counting.body.push_back(Make(kOpIEqual, {bool_, due, next, zero_}));
+    counting.body.push_back(Make(kOpSelect, {uint_, stored, due, interval_, next}));
+    counting.body.push_back(Make(kOpStore, {ticks_, stored}));
+    counting.body.push_back(Make(kOpSelectionMerge, {decided.label, 0}));
+    counting.body.push_back(Make(kOpBranchConditional, {due, reading.label, decided.label}));
+    const uint32_t read_ok = EmitNotCancelled(reading.body);
+    reading.body.push_back(Make(kOpBranch, {decided.label}));
+    const uint32_t ok = NewId();
+    decided.body.push_back(
+        Make(kOpPhi, {bool_, ok, true_, counting.label, read_ok, reading.label}));
+
     Inst branch;
     bool adds_merge_edge = true;
     if (op == kOpBranch || term[2] == term[3]) {
@@ -242,39 +275,48 @@ absl::Status Rewriter::CheckLoops(Function& f) {
       adds_merge_edge = false;
       const uint32_t condition = NewId();
       if (header_on_true) {
-        check.push_back(Make(kOpLogicalAnd, {bool_, condition, term[1], ok}));
+        decided.body.push_back(Make(kOpLogicalAnd, {bool_, condition, term[1], ok}));
         branch = Make(kOpBranchConditional, {condition, header, merge});
       } else {
         const uint32_t cancelled = NewId();
-        check.push_back(Make(kOpLogicalNot, {bool_, cancelled, ok}));
-        check.push_back(Make(kOpLogicalOr, {bool_, condition, term[1], cancelled}));
+        decided.body.push_back(Make(kOpLogicalNot, {bool_, cancelled, ok}));
+        decided.body.push_back(Make(kOpLogicalOr, {bool_, condition, term[1], cancelled}));
         branch = Make(kOpBranchConditional, {condition, merge, header});
       }
     }
-    term = std::move(branch);
-    b.body.insert(b.body.begin() + static_cast<std::ptrdiff_t>(insert_at), check.begin(),
-                  check.end());
-    if (adds_merge_edge) new_edges.emplace_back(b.label, merge);
+    decided.body.push_back(std::move(branch));
+    edges.push_back({header, b.label, decided.label});
+    edges.push_back({merge, adds_merge_edge ? 0 : b.label, decided.label});
+    blocks.push_back(std::move(counting));
+    blocks.push_back(std::move(reading));
+    blocks.push_back(std::move(decided));
   }
-  // The merge blocks' OpPhi instructions take an undefined value from their new predecessors
-  // (the loop was left early: what follows it does not matter any more). The merge block of a
-  // loop that never ended is unreachable: it returns instead.
-  for (const auto& [from, merge] : new_edges) {
-    auto it = index.find(merge);
+  f.blocks = std::move(blocks);
+  index.clear();
+  for (size_t i = 0; i < f.blocks.size(); ++i) index[f.blocks[i].label] = i;
+  // OpPhi instructions name the block that now branches in; on a new edge to a merge block they
+  // take an undefined value (the loop was left early: what follows it does not matter any more).
+  // The merge block of a loop that never ended is unreachable: it returns instead.
+  for (const Edge& e : edges) {
+    auto it = index.find(e.to);
     if (it == index.end()) continue;
-    Inst& last = f.blocks[it->second].body.back();
-    if (Opcode(last) == kOpUnreachable) {
+    std::vector<Inst>& body = f.blocks[it->second].body;
+    if (e.from == 0 && Opcode(body.back()) == kOpUnreachable) {
       const uint32_t result_type = f.head[0][1];
-      last = void_types_.contains(result_type) ? Make(kOpReturn, {})
-                                               : Make(kOpReturnValue, {UndefOf(result_type)});
+      body.back() = void_types_.contains(result_type)
+                        ? Make(kOpReturn, {})
+                        : Make(kOpReturnValue, {UndefOf(result_type)});
     }
-    for (Inst& inst : f.blocks[it->second].body) {
-      const uint32_t op = Opcode(inst);
-      if (op == kOpLine || op == kOpNoLine) continue;
-      if (op != kOpPhi) break;
+    for (Inst& inst : body) {
+      const uint32_t phi_op = Opcode(inst);
+      if (phi_op == kOpLine || phi_op == kOpNoLine) continue;
+      if (phi_op != kOpPhi) break;
       bool has = false;
-      for (size_t w = 4; w < inst.size(); w += 2) has = has || inst[w] == from;
-      if (!has) Append(inst, {UndefOf(inst[1]), from});
+      for (size_t w = 4; w < inst.size(); w += 2) {
+        if (e.from != 0 && inst[w] == e.from) inst[w] = e.now;
+        has = has || inst[w] == e.now;
+      }
+      if (!has) Append(inst, {UndefOf(inst[1]), e.now});
     }
   }
   return absl::OkStatus();
@@ -303,7 +345,8 @@ void Rewriter::CheckEntry(Function& f) {
   f.blocks.insert(f.blocks.begin(), {std::move(first), std::move(stop)});
 }
 
-absl::Status Rewriter::Rewrite(uint32_t set, uint32_t binding) {
+absl::Status Rewriter::Rewrite(const CancelCheckOptions& options) {
+  if (options.interval == 0) return absl::InvalidArgumentError("a cancel check interval of 0");
   const uint32_t version = header_[1];
   bool has_storage_buffer_ext = false, vulkan_memory_model = false;
   absl::flat_hash_set<uint32_t> compute_entries;
@@ -350,16 +393,29 @@ absl::Status Rewriter::Rewrite(uint32_t set, uint32_t binding) {
       Make(kOpConstant, {uint_, scope_, vulkan_memory_model ? kScopeQueueFamily : kScopeDevice}));
   semantics_ = zero_;
   static_assert(kSemanticsRelaxed == 0);
+  // Each invocation's countdown to its next read of the word: a Private variable.
+  const uint32_t ptr_private_uint = NewId();
+  one_ = NewId();
+  true_ = NewId();
+  interval_ = NewId();
+  ticks_ = NewId();
+  added_globals_.push_back(Make(kOpConstant, {uint_, one_, 1}));
+  added_globals_.push_back(Make(kOpConstantTrue, {bool_, true_}));
+  added_globals_.push_back(Make(kOpConstant, {uint_, interval_, options.interval}));
+  added_globals_.push_back(Make(kOpTypePointer, {ptr_private_uint, kPrivate, uint_}));
+  added_globals_.push_back(Make(kOpVariable, {ptr_private_uint, ticks_, kPrivate, interval_}));
   const std::vector<Inst> decorations = {
       Make(kOpDecorate, {block, kDecorationBlock}),
       Make(kOpMemberDecorate, {block, 0, kDecorationOffset, 0}),
-      Make(kOpDecorate, {var_, kDecorationDescriptorSet, set}),
-      Make(kOpDecorate, {var_, kDecorationBinding, binding}),
+      Make(kOpDecorate, {var_, kDecorationDescriptorSet, options.set}),
+      Make(kOpDecorate, {var_, kDecorationBinding, options.binding}),
   };
 
   for (Function& f : functions_) KD_RETURN_IF_ERROR(CheckLoops(f));
   for (Function& f : functions_) {
-    if (f.head[0].size() >= 3 && compute_entries.contains(f.head[0][2])) CheckEntry(f);
+    if (options.check_entry && f.head[0].size() >= 3 && compute_entries.contains(f.head[0][2])) {
+      CheckEntry(f);
+    }
   }
 
   // Place the new global instructions where the layout wants them.
@@ -369,7 +425,7 @@ absl::Status Rewriter::Rewrite(uint32_t set, uint32_t binding) {
     if (IsBeforeTypes(op)) last_before_types = i + 1;
     if (op == kOpCapability) last_capability = i + 1;
     // From SPIR-V 1.4 an entry point lists every global variable it uses.
-    if (op == kOpEntryPoint && version >= 0x00010400) Append(globals_[i], {var_});
+    if (op == kOpEntryPoint && version >= 0x00010400) Append(globals_[i], {var_, ticks_});
   }
   globals_.insert(globals_.end(), added_globals_.begin(), added_globals_.end());
   globals_.insert(globals_.begin() + static_cast<std::ptrdiff_t>(last_before_types),
@@ -399,14 +455,71 @@ std::vector<uint32_t> Rewriter::Serialize() const {
   return out;
 }
 
+absl::StatusOr<std::optional<uint64_t>> Rewriter::LoopFreeBound() const {
+  absl::flat_hash_map<uint32_t, const Function*> by_id;
+  for (const Function& f : functions_) {
+    if (f.head[0].size() >= 3) by_id[f.head[0][2]] = &f;
+    for (const Block& b : f.blocks) {
+      for (const Inst& inst : b.body) {
+        if (Opcode(inst) == kOpLoopMerge) return std::nullopt;
+      }
+    }
+  }
+  auto add = [](uint64_t a, uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; };
+  // Each function's bound, its callees' first (a call graph has no cycles in valid SPIR-V).
+  absl::flat_hash_map<uint32_t, uint64_t> bound;
+  absl::flat_hash_set<uint32_t> open;
+  std::function<absl::StatusOr<uint64_t>(uint32_t)> of =
+      [&](uint32_t id) -> absl::StatusOr<uint64_t> {
+    if (auto it = bound.find(id); it != bound.end()) return it->second;
+    auto f = by_id.find(id);
+    if (f == by_id.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("a call of %", id, ", which is no function"));
+    }
+    if (!open.insert(id).second) {
+      return absl::InvalidArgumentError(absl::StrCat("function %", id, " calls itself"));
+    }
+    uint64_t n = 0;
+    for (const Block& b : f->second->blocks) {
+      n = add(n, b.body.size() + 1);
+      for (const Inst& inst : b.body) {
+        if (Opcode(inst) != kOpFunctionCall || inst.size() < 4) continue;
+        KD_ASSIGN_OR_RETURN(const uint64_t callee, of(inst[3]));
+        n = add(n, callee);
+      }
+    }
+    open.erase(id);
+    bound[id] = n;
+    return n;
+  };
+  uint64_t most = 0;
+  for (const Inst& inst : globals_) {
+    if (Opcode(inst) != kOpEntryPoint || inst.size() < 3 || inst[1] != kGLCompute) continue;
+    KD_ASSIGN_OR_RETURN(const uint64_t n, of(inst[2]));
+    most = std::max(most, n);
+  }
+  return most;
+}
+
 }  // namespace
 
-absl::StatusOr<std::vector<uint32_t>> AddCancelChecks(absl::Span<const uint32_t> spirv,
-                                                      uint32_t set, uint32_t binding) {
+absl::StatusOr<std::optional<uint64_t>> LoopFreeInstructionBound(absl::Span<const uint32_t> spirv) {
   Rewriter rewriter;
   KD_RETURN_IF_ERROR(rewriter.Parse(spirv));
-  KD_RETURN_IF_ERROR(rewriter.Rewrite(set, binding));
+  return rewriter.LoopFreeBound();
+}
+
+absl::StatusOr<std::vector<uint32_t>> AddCancelChecks(absl::Span<const uint32_t> spirv,
+                                                      const CancelCheckOptions& options) {
+  Rewriter rewriter;
+  KD_RETURN_IF_ERROR(rewriter.Parse(spirv));
+  KD_RETURN_IF_ERROR(rewriter.Rewrite(options));
   return rewriter.Serialize();
+}
+
+uint64_t UncheckedWorkLimit(const Device& device) {
+  return device.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU ? uint64_t{1} << 32
+                                                                       : uint64_t{1} << 40;
 }
 
 absl::StatusOr<std::shared_ptr<CancelWord>> CancelWord::Create(std::shared_ptr<Device> device) {

@@ -11,6 +11,9 @@
 //  3b. The cost of clamping shaders' buffer accesses (core::ClampBufferAccesses, which every
 //     algorithm gets): tiny/core_unclamped against tiny/core, and saxpy_<N>MiB/core{,_unclamped}
 //     (one pair of tensors, an algorithm with and one without the clamping).
+//  3c. The cost of the watchdog's cancel checks (core::AddCancelChecks, which the daemon adds to
+//     every algorithm): saxpy_<N>MiB/core_stoppable against saxpy_<N>MiB/core, and
+//     loop/core_stoppable against loop/core (a kernel bound by a 4096-step loop).
 //
 // Remote (remote_bench.cc): a komputed daemon started in this process (Server::Start on
 // 127.0.0.1:0, serving the same device) and a second kp::Manager connected to it over TCP
@@ -65,6 +68,7 @@
 #include "absl/time/time.h"
 #include "bench_common.h"
 #include "komputed/core/algorithm.h"
+#include "komputed/core/cancel_check.h"
 #include "komputed/core/device.h"
 #include "komputed/core/sequence.h"
 #include "komputed/core/shader.h"
@@ -95,6 +99,21 @@ using komputed_bench::kTinyShader;
 
 // Two-dimensional grid (maxComputeWorkGroupCount[0] is 65535 on many devices); the tail is
 // guarded by the vector's length.
+// Each invocation runs a dependent loop of `iterations` steps; nothing is written (the
+// condition is never true, but the compiler cannot know).
+constexpr char kLoopShader[] = R"(
+#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) buffer Out { float result[]; };
+layout(push_constant) uniform Push { uint iterations; } push;
+void main() {
+  float acc = float(gl_GlobalInvocationID.x);
+  for (uint k = 0u; k < push.iterations; ++k) acc = acc * 0.999 + 1.0;
+  if (acc == -12345.0) result[0] = acc;
+}
+)";
+constexpr uint32_t kLoopIterations = 4096;
+
 constexpr char kSaxpyShader[] = R"(
 #version 450
 layout(local_size_x = 256) in;
@@ -524,9 +543,19 @@ struct CoreSaxpy {
   uint64_t count = 0;
   std::shared_ptr<core::Tensor> x;
   std::shared_ptr<core::Tensor> y;
+  // [kClamped] as every algorithm is in-process, [kUnclamped] without the clamping,
+  // [kStoppable] clamped and with the watchdog's cancel checks, as the daemon runs every algorithm.
+  std::shared_ptr<core::Algorithm> algorithm[3];
+  std::unique_ptr<core::Sequence> sequence[3];  // one dispatch each, recorded once
+  uint64_t dispatches = 0;                      // so far, by all
+};
+enum SaxpyVariant { kClamped = 0, kUnclamped = 1, kStoppable = 2 };
+
+// A loop-bound kernel (kLoopShader), plain and with the watchdog's cancel checks.
+struct CoreLoop {
+  std::shared_ptr<core::Tensor> out;
   std::shared_ptr<core::Algorithm> algorithm[2];
-  std::unique_ptr<core::Sequence> sequence[2];  // one dispatch each, recorded once
-  uint64_t dispatches = 0;                      // so far, by both
+  std::unique_ptr<core::Sequence> sequence[2];
 };
 
 struct KpSaxpy {
@@ -550,6 +579,7 @@ struct Env {
   CoreTiny core_tiny;
   CoreTiny core_tiny_unclamped;
   std::unique_ptr<CoreSaxpy> core_saxpy;  // made by the first run of either
+  std::unique_ptr<CoreLoop> core_loop;    // made by the first run of either
   std::unique_ptr<kp::Manager> mgr;
   KpTiny kp_tiny;
   std::unique_ptr<KpSaxpy> saxpy;                       // made by its first run
@@ -561,6 +591,7 @@ struct Env {
     kp_tiny = KpTiny{};
     mgr.reset();
     core_saxpy.reset();
+    core_loop.reset();
     for (CoreTiny* t : {&core_tiny, &core_tiny_unclamped}) {
       t->sequence.reset();
       t->algorithm.reset();
@@ -813,31 +844,32 @@ absl::Status MakeCoreSaxpy(Env& env) {
       s->y, core::Tensor::Create(env.core_device, core::ElementType::kFloat32, s->count, 0,
                                  core::MemoryType::kDevice, zeros.data()));
   const kp::Workgroup wg = SaxpyWorkgroup(s->count);
-  for (int unclamped = 0; unclamped < 2; ++unclamped) {
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<core::CancelWord> word,
+                      core::CancelWord::Create(env.core_device));
+  for (int v : {kClamped, kUnclamped, kStoppable}) {
     core::AlgorithmSpec spec;
     spec.tensors = {s->x, s->y};
     spec.spirv = env.saxpy_spirv;
     spec.workgroup = {wg[0], wg[1], wg[2]};
     spec.push_constants.resize(sizeof(kSaxpyA));
     std::memcpy(spec.push_constants.data(), &kSaxpyA, sizeof(kSaxpyA));
-    spec.clamp_buffer_accesses = unclamped == 0;
-    KD_ASSIGN_OR_RETURN(s->algorithm[unclamped],
-                        core::Algorithm::Create(env.core_device, std::move(spec)));
-    KD_ASSIGN_OR_RETURN(s->sequence[unclamped], core::Sequence::Create(env.core_device, 0, 0));
-    KD_RETURN_IF_ERROR(
-        s->sequence[unclamped]->Record(core::op::Dispatch{s->algorithm[unclamped], std::nullopt}));
+    spec.clamp_buffer_accesses = v != kUnclamped;
+    if (v == kStoppable) spec.cancel = word;
+    KD_ASSIGN_OR_RETURN(s->algorithm[v], core::Algorithm::Create(env.core_device, std::move(spec)));
+    KD_ASSIGN_OR_RETURN(s->sequence[v], core::Sequence::Create(env.core_device, 0, 0));
+    KD_RETURN_IF_ERROR(s->sequence[v]->Record(core::op::Dispatch{s->algorithm[v], std::nullopt}));
   }
   env.core_saxpy = std::move(s);
   return absl::OkStatus();
 }
 
-void RunCoreSaxpy(benchmark::State& state, bool clamped) {
+void RunCoreSaxpy(benchmark::State& state, SaxpyVariant variant) {
   if (absl::Status s = MakeCoreSaxpy(*g_env); !s.ok()) {
     state.SkipWithError(s.ToString().c_str());
     return;
   }
   CoreSaxpy& s = *g_env->core_saxpy;
-  core::Sequence& seq = *s.sequence[clamped ? 0 : 1];
+  core::Sequence& seq = *s.sequence[variant];
   const absl::Duration timeout = absl::Nanoseconds(static_cast<int64_t>(kTimeoutNs));
   for (auto _ : state) {
     if (absl::Status st = seq.Eval(timeout); !st.ok()) {
@@ -864,8 +896,56 @@ void RunCoreSaxpy(benchmark::State& state, bool clamped) {
   }
 }
 
-void BM_SaxpyCore(benchmark::State& state) { RunCoreSaxpy(state, /*clamped=*/true); }
-void BM_SaxpyCoreUnclamped(benchmark::State& state) { RunCoreSaxpy(state, /*clamped=*/false); }
+void BM_SaxpyCore(benchmark::State& state) { RunCoreSaxpy(state, kClamped); }
+void BM_SaxpyCoreUnclamped(benchmark::State& state) { RunCoreSaxpy(state, kUnclamped); }
+void BM_SaxpyCoreStoppable(benchmark::State& state) { RunCoreSaxpy(state, kStoppable); }
+
+// Makes the loop pair on first use: 4096 workgroups of 64 on a GPU, 64 on a CPU device.
+absl::Status MakeCoreLoop(Env& env) {
+  if (env.core_loop != nullptr) return absl::OkStatus();
+  auto l = std::make_unique<CoreLoop>();
+  const std::vector<float> zeros(4, 0.0f);
+  KD_ASSIGN_OR_RETURN(l->out, core::Tensor::Create(env.core_device, core::ElementType::kFloat32, 4,
+                                                   0, core::MemoryType::kDevice, zeros.data()));
+  KD_ASSIGN_OR_RETURN(std::vector<uint32_t> spirv, core::CompileGlsl(kLoopShader, "loop.comp"));
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<core::CancelWord> word,
+                      core::CancelWord::Create(env.core_device));
+  const bool cpu = env.core_device->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+  for (int stoppable = 0; stoppable < 2; ++stoppable) {
+    core::AlgorithmSpec spec;
+    spec.tensors = {l->out};
+    spec.spirv = spirv;
+    spec.workgroup = {cpu ? 64u : 4096u, 1, 1};
+    spec.push_constants.resize(sizeof(kLoopIterations));
+    std::memcpy(spec.push_constants.data(), &kLoopIterations, sizeof(kLoopIterations));
+    if (stoppable == 1) spec.cancel = word;
+    KD_ASSIGN_OR_RETURN(l->algorithm[stoppable],
+                        core::Algorithm::Create(env.core_device, std::move(spec)));
+    KD_ASSIGN_OR_RETURN(l->sequence[stoppable], core::Sequence::Create(env.core_device, 0, 0));
+    KD_RETURN_IF_ERROR(
+        l->sequence[stoppable]->Record(core::op::Dispatch{l->algorithm[stoppable], std::nullopt}));
+  }
+  env.core_loop = std::move(l);
+  return absl::OkStatus();
+}
+
+void RunCoreLoop(benchmark::State& state, bool stoppable) {
+  if (absl::Status s = MakeCoreLoop(*g_env); !s.ok()) {
+    state.SkipWithError(s.ToString().c_str());
+    return;
+  }
+  core::Sequence& seq = *g_env->core_loop->sequence[stoppable ? 1 : 0];
+  const absl::Duration timeout = absl::Nanoseconds(static_cast<int64_t>(kTimeoutNs));
+  for (auto _ : state) {
+    if (absl::Status st = seq.Eval(timeout); !st.ok()) {
+      state.SkipWithError(st.ToString().c_str());
+      return;
+    }
+  }
+}
+
+void BM_LoopCore(benchmark::State& state) { RunCoreLoop(state, /*stoppable=*/false); }
+void BM_LoopCoreStoppable(benchmark::State& state) { RunCoreLoop(state, /*stoppable=*/true); }
 
 // ---------------------------------------------------------------------------------------------
 // Reporting: the console output, plus the run's results kept for the summary.
@@ -981,10 +1061,13 @@ constexpr char kUploadRaw[] = "upload_256MiB/raw";
 constexpr char kUploadKp[] = "upload_256MiB/kp";
 constexpr char kDownloadRaw[] = "download_256MiB/raw";
 constexpr char kDownloadKp[] = "download_256MiB/kp";
+constexpr char kLoopCore[] = "loop/core";
+constexpr char kLoopCoreStoppable[] = "loop/core_stoppable";
 
 // True when every target was met.
 bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
-                  const std::string& saxpy_core, const std::string& saxpy_core_unclamped) {
+                  const std::string& saxpy_core, const std::string& saxpy_core_unclamped,
+                  const std::string& saxpy_core_stoppable) {
   const auto raw = r.MeanSeconds(kTinyRaw);
   const auto core_s = r.MeanSeconds(kTinyCore);
   const auto kp_s = r.MeanSeconds(kTinyKp);
@@ -1005,6 +1088,15 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
             << " vs unclamped " << GBps(r.MeanBytesPerSecond(saxpy_core_unclamped)) << "\n";
   PrintInfoRatio("clamped/unclamped (tiny sequence time)", Ratio(core_s, core_unclamped));
   PrintInfoRatio("clamped/unclamped (saxpy time)", Ratio(saxpy_clamped_s, saxpy_unclamped_s));
+  std::cout << "the watchdog's cancel checks (as the daemon runs every algorithm): saxpy core "
+            << GBps(r.MeanBytesPerSecond(saxpy_core_stoppable)) << " vs without "
+            << GBps(r.MeanBytesPerSecond(saxpy_core)) << "; loop "
+            << Micros(r.MeanSeconds(kLoopCoreStoppable)) << " vs without "
+            << Micros(r.MeanSeconds(kLoopCore)) << "\n";
+  PrintInfoRatio("stoppable/plain (saxpy time)",
+                 Ratio(r.MeanSeconds(saxpy_core_stoppable), saxpy_clamped_s));
+  PrintInfoRatio("stoppable/plain (loop time)",
+                 Ratio(r.MeanSeconds(kLoopCoreStoppable), r.MeanSeconds(kLoopCore)));
   bool met = true;
   met &= PrintRatio("core/raw (tiny sequence)", Ratio(core_s, raw), true, 1.10);
   met &= PrintRatio("kp/raw (tiny sequence)", Ratio(kp_s, raw), true, 1.10);
@@ -1085,6 +1177,8 @@ int main(int argc, char** argv) {
   const std::string saxpy_name = absl::StrCat("saxpy_", c.saxpy_mb, "MiB/kp");
   const std::string saxpy_core = absl::StrCat("saxpy_", c.saxpy_mb, "MiB/core");
   const std::string saxpy_core_unclamped = absl::StrCat("saxpy_", c.saxpy_mb, "MiB/core_unclamped");
+  const std::string saxpy_core_stoppable = absl::StrCat("saxpy_", c.saxpy_mb, "MiB/core_stoppable");
+  const std::string loop_core = kLoopCore, loop_core_stoppable = kLoopCoreStoppable;
   benchmark::RegisterBenchmark(kTinyRaw, BM_TinyRaw)
       ->UseRealTime()
       ->MinTime(c.min_time_s)
@@ -1127,7 +1221,9 @@ int main(int argc, char** argv) {
     void (*fn)(benchmark::State&);
   };
   for (const Named& b :
-       {Named{&saxpy_core, BM_SaxpyCore}, Named{&saxpy_core_unclamped, BM_SaxpyCoreUnclamped}}) {
+       {Named{&saxpy_core, BM_SaxpyCore}, Named{&saxpy_core_unclamped, BM_SaxpyCoreUnclamped},
+        Named{&saxpy_core_stoppable, BM_SaxpyCoreStoppable}, Named{&loop_core, BM_LoopCore},
+        Named{&loop_core_stoppable, BM_LoopCoreStoppable}}) {
     benchmark::RegisterBenchmark(b.name->c_str(), b.fn)
         ->UseRealTime()
         ->MinTime(c.min_time_s)
@@ -1140,7 +1236,8 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
 
-  const bool met = PrintSummary(reporter, saxpy_name, saxpy_core, saxpy_core_unclamped);
+  const bool met =
+      PrintSummary(reporter, saxpy_name, saxpy_core, saxpy_core_unclamped, saxpy_core_stoppable);
   env.Teardown();
   g_env = nullptr;
   const uint64_t validation_errors = core::ValidationErrorCount();

@@ -6,10 +6,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "komputed/core/sequence.h"
 #include "komputed/core/shader.h"
 #include "komputed/core/tensor.h"
+#include "spirv-tools/optimizer.hpp"
 #include "support/status_matchers.h"
 #include "test_device.h"
 
@@ -111,23 +114,16 @@ TEST(CancelChecks, RewrittenModulesAreValid) {
   }
 }
 
-TEST(CancelChecks, MalformedModulesAreRefused) {
-  EXPECT_THAT(AddCancelChecks(std::vector<uint32_t>{0x07230203u, 0x10000}),
-              StatusIs(absl::StatusCode::kInvalidArgument));
-  std::vector<uint32_t> spirv = Compile(kAddShader);
-  spirv.push_back(0xffff0000u | 59);  // an instruction that runs past the end
-  EXPECT_THAT(AddCancelChecks(spirv), StatusIs(absl::StatusCode::kInvalidArgument));
-}
-
-// Runs `source` over a (read) and b (written) with the cancel word in place; returns b.
-absl::StatusOr<std::vector<float>> RunWithWord(const char* source, std::shared_ptr<CancelWord> word,
-                                               const std::vector<float>& a, uint32_t groups) {
+// Runs `spirv` over a (read) and b (written) with the cancel word in place; returns b.
+absl::StatusOr<std::vector<float>> RunWithWord(std::vector<uint32_t> spirv,
+                                               std::shared_ptr<CancelWord> word,
+                                               const std::vector<float>& a, Workgroup groups) {
   std::shared_ptr<Tensor> ta = Floats(a, MemoryType::kDevice);
   std::shared_ptr<Tensor> tb = Floats(std::vector<float>(a.size(), -1.0f), MemoryType::kDevice);
   AlgorithmSpec spec;
   spec.tensors = {ta, tb};
-  spec.spirv = Compile(source);
-  spec.workgroup = {groups, 1, 1};
+  spec.spirv = std::move(spirv);
+  spec.workgroup = groups;
   spec.cancel = std::move(word);
   absl::StatusOr<std::shared_ptr<Algorithm>> algorithm = Algorithm::Create(TestDevice(), spec);
   if (!algorithm.ok()) return algorithm.status();
@@ -143,6 +139,130 @@ absl::StatusOr<std::vector<float>> RunWithWord(const char* source, std::shared_p
   return HostFloats(*tb);
 }
 
+// Loops as an optimizer leaves them: a do-while becomes one block that is its loop's header,
+// continue target and back edge, which the rewrite splits.
+constexpr char kOptimizedLoopsShader[] = R"(#version 450
+layout(local_size_x = 4) in;
+layout(set = 0, binding = 0) readonly buffer A { float a[]; };
+layout(set = 0, binding = 1) buffer B { float b[]; };
+void main() {
+  uint i = gl_GlobalInvocationID.x;
+  float acc = 0.0;
+  uint k = 0u;
+  do { acc = acc * 0.5 + a[k % 8u]; k++; } while (k < i + 3u);
+  for (uint j = 0u; j < i; ++j) acc += 1.0;
+  b[i] = acc;
+}
+)";
+
+std::vector<uint32_t> Optimized(const std::vector<uint32_t>& spirv) {
+  spvtools::Optimizer optimizer(SPV_ENV_VULKAN_1_3);
+  optimizer.RegisterPerformancePasses();
+  std::vector<uint32_t> out;
+  EXPECT_TRUE(optimizer.Run(spirv.data(), spirv.size(), &out));
+  return out;
+}
+
+// Whether some block of `spirv` names itself as its loop's continue target.
+bool HasSingleBlockLoop(const std::vector<uint32_t>& spirv) {
+  uint32_t label = 0;
+  for (size_t at = 5; at < spirv.size() && (spirv[at] >> 16) > 0; at += spirv[at] >> 16) {
+    const uint32_t op = spirv[at] & 0xffff;
+    if (op == 248) label = spirv[at + 1];                  // OpLabel
+    if (op == 246 && spirv[at + 2] == label) return true;  // OpLoopMerge
+  }
+  return false;
+}
+
+TEST(CancelChecks, OptimizedLoopsKeepTheirResultsAtEveryInterval) {
+  const std::vector<uint32_t> spirv = Optimized(Compile(kOptimizedLoopsShader));
+  ASSERT_TRUE(HasSingleBlockLoop(spirv));
+  const uint32_t api = TestDevice()->properties().apiVersion;
+  for (uint32_t interval : {1u, 3u, 256u}) {
+    SCOPED_TRACE(interval);
+    CancelCheckOptions options;
+    options.interval = interval;
+    ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> stoppable, AddCancelChecks(spirv, options));
+    ASSERT_OK(ValidateSpirv(stoppable, api));
+    options.check_entry = false;
+    ASSERT_OK_AND_ASSIGN(stoppable, AddCancelChecks(spirv, options));
+    ASSERT_OK(ValidateSpirv(stoppable, api));
+  }
+  EXPECT_THAT(AddCancelChecks(spirv, CancelCheckOptions{.interval = 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  // Through Algorithm (the default interval), against the same sums on the host.
+  std::vector<float> a(40);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i % 5);
+  std::vector<float> want(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    float acc = 0;
+    uint32_t k = 0;
+    do {
+      acc = acc * 0.5f + a[k % 8];
+      ++k;
+    } while (k < i + 3);
+    for (size_t j = 0; j < i; ++j) acc += 1.0f;
+    want[i] = acc;
+  }
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<CancelWord> word, CancelWord::Create(TestDevice()));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> b, RunWithWord(spirv, word, a, {10, 1, 1}));
+  EXPECT_THAT(b, ElementsAreArray(want));
+}
+
+TEST(CancelChecks, OnlyLoopFreeModulesHaveAnInstructionBound) {
+  ASSERT_OK_AND_ASSIGN(std::optional<uint64_t> add, LoopFreeInstructionBound(Compile(kAddShader)));
+  ASSERT_TRUE(add.has_value());
+  EXPECT_GT(*add, 5u);
+  EXPECT_LT(*add, 100u);
+  ASSERT_OK_AND_ASSIGN(std::optional<uint64_t> loops,
+                       LoopFreeInstructionBound(Compile(kLoopsShader)));
+  EXPECT_FALSE(loops.has_value());
+  // Calls count their callee each time.
+  ASSERT_OK_AND_ASSIGN(std::optional<uint64_t> calls,
+                       LoopFreeInstructionBound(Compile(R"(#version 450
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) buffer B { float b[]; };
+float f(float x) { return x * x + 1.0; }
+float g(float x) { return f(f(x)) + f(x); }
+void main() { b[0] = g(g(b[0])); }
+)")));
+  ASSERT_TRUE(calls.has_value());
+  EXPECT_GT(*calls, 4u * 3u * 4u);  // main calls g twice, each g calls f three times
+}
+
+// A small loop-free dispatch runs to its end even with the word set (it ends soon by itself, and
+// each invocation spared the read of the word at its start); a large one is checked at entry.
+TEST(CancelChecks, OnlyADispatchThatCouldRunLongIsCheckedAtEntry) {
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<CancelWord> word, CancelWord::Create(TestDevice()));
+  word->Set();
+  const std::vector<float> a(64, 2.0f);
+  ASSERT_OK_AND_ASSIGN(std::vector<float> small,
+                       RunWithWord(Compile(kAddShader), word, a, {64, 1, 1}));
+  EXPECT_THAT(small, Each(1.0f));  // -1 + 2: every invocation ran
+  // Enough workgroups that the bound passes UncheckedWorkLimit (the accesses are clamped into
+  // the 64 elements, so all would add into them).
+  const VkPhysicalDeviceLimits& limits = TestDevice()->limits();
+  ASSERT_OK_AND_ASSIGN(std::optional<uint64_t> per_invocation,
+                       LoopFreeInstructionBound(Compile(kAddShader)));
+  const uint64_t groups_needed = UncheckedWorkLimit(*TestDevice()) /
+                                     (*per_invocation * limits.maxComputeWorkGroupInvocations) +
+                                 1;
+  const uint32_t x = static_cast<uint32_t>(std::min<uint64_t>(groups_needed, 65535));
+  const uint32_t y = static_cast<uint32_t>((groups_needed + x - 1) / x);
+  ASSERT_LE(y, limits.maxComputeWorkGroupCount[1]);
+  ASSERT_OK_AND_ASSIGN(std::vector<float> large,
+                       RunWithWord(Compile(kAddShader), word, a, {x, y, 1}));
+  EXPECT_THAT(large, Each(-1.0f));  // no invocation ran past its first check
+}
+
+TEST(CancelChecks, MalformedModulesAreRefused) {
+  EXPECT_THAT(AddCancelChecks(std::vector<uint32_t>{0x07230203u, 0x10000}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  std::vector<uint32_t> spirv = Compile(kAddShader);
+  spirv.push_back(0xffff0000u | 59);  // an instruction that runs past the end
+  EXPECT_THAT(AddCancelChecks(spirv), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 TEST(CancelChecks, ResultsAreUnchangedWhileTheWordIsClear) {
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<CancelWord> word, CancelWord::Create(TestDevice()));
   EXPECT_FALSE(word->set());
@@ -151,7 +271,8 @@ TEST(CancelChecks, ResultsAreUnchangedWhileTheWordIsClear) {
   std::vector<float> want(a.size());
   float sum = 0;
   for (size_t i = 0; i < a.size(); ++i) want[i] = sum += a[i];
-  ASSERT_OK_AND_ASSIGN(std::vector<float> b, RunWithWord(kLoopsShader, word, a, 16));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> b,
+                       RunWithWord(Compile(kLoopsShader), word, a, {16, 1, 1}));
   EXPECT_THAT(b, ElementsAreArray(want));
 }
 
@@ -160,8 +281,8 @@ TEST(CancelChecks, ASetWordSkipsEveryInvocation) {
   word->Set();
   EXPECT_TRUE(word->set());
   // b keeps what it held: no invocation ran past its first check.
-  ASSERT_OK_AND_ASSIGN(std::vector<float> b,
-                       RunWithWord(kLoopsShader, word, std::vector<float>(64, 1.0f), 16));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> b, RunWithWord(Compile(kLoopsShader), word,
+                                                         std::vector<float>(64, 1.0f), {16, 1, 1}));
   EXPECT_THAT(b, Each(-1.0f));
 }
 

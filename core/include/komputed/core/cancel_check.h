@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -16,21 +17,48 @@ namespace komputed::core {
 inline constexpr uint32_t kCancelSet = 1;
 inline constexpr uint32_t kCancelBinding = 0;
 
-// Rewrites a compute module so that a running dispatch of it can be stopped: at the start of every
-// GLCompute entry point and at every loop back-edge it reads the first 32-bit word of a storage
-// buffer at descriptor set `set`, binding `binding`, with a relaxed atomic load (device scope: it
-// always reaches the memory the host writes, where a Volatile load was served from a cache that
-// never saw the host's write on NVIDIA, and it is never hoisted out of a loop); once that
-// word is nonzero, entry points return at once and every loop exits at its next iteration. A
-// dispatch then ends within one loop iteration per invocation still running, plus the time to
-// start and return the invocations not yet begun.
+// How AddCancelChecks instruments a module.
+struct CancelCheckOptions {
+  // Where the word is: a storage buffer's first 32-bit word.
+  uint32_t set = kCancelSet;
+  uint32_t binding = kCancelBinding;
+  // Loop back-edges read the word once per `interval` of them (an invocation's loops together):
+  // reading memory the host writes takes a round trip to the device's memory, so a loop that read
+  // it every iteration would wait on it every iteration (60 times slower, measured on the H200).
+  uint32_t interval = 256;
+  // Whether each entry point reads the word before anything else, so that the invocations of a
+  // stopped dispatch that have not begun return at once. It costs every invocation that round
+  // trip at its start, which a short memory-bound kernel notices (1.4 times, saxpy on the H200).
+  bool check_entry = true;
+};
+
+// Rewrites a compute module so that a running dispatch of it can be stopped: every loop back-edge
+// counts down a per-invocation countdown (a Private variable) and, each time it reaches zero, reads
+// the word with a relaxed atomic load of device scope (which always reaches the memory the host
+// writes: a Volatile load was served from a cache that never saw the host's write on NVIDIA, and
+// an atomic load is never hoisted out of a loop); with `check_entry`, every GLCompute entry point
+// reads it first. Once the word is nonzero, entry points return at once and every loop exits at
+// its next check. A dispatch then ends within `interval` loop iterations per invocation still
+// running, plus the time to start and return the invocations not yet begun (or, without entry
+// checks, to run them).
 //
 // Takes a module that passed ValidateSpirv (Logical addressing). INVALID_ARGUMENT for a loop whose
 // back edge it cannot check (a back-edge block that branches anywhere but to its loop's header
 // and merge block); the result is what the caller should validate again.
 absl::StatusOr<std::vector<uint32_t>> AddCancelChecks(absl::Span<const uint32_t> spirv,
-                                                      uint32_t set = kCancelSet,
-                                                      uint32_t binding = kCancelBinding);
+                                                      const CancelCheckOptions& options = {});
+
+// For a module without loops (no OpLoopMerge): at most how many instructions one invocation of its
+// GLCompute entry points executes, its calls followed (saturating at UINT64_MAX). nullopt for a
+// module with a loop, where no bound is known; INVALID_ARGUMENT for a malformed module.
+absl::StatusOr<std::optional<uint64_t>> LoopFreeInstructionBound(absl::Span<const uint32_t> spirv);
+
+// The most instructions that a stoppable dispatch of a loop-free module may execute in all
+// without entry checks (what it takes to run them bounds the time from a set word to its end):
+// 2^32 on a CPU device (about half a second for lavapipe on two cores), 2^40 on a GPU (a few
+// milliseconds on the H200). Algorithm::Create estimates a dispatch's instructions as
+// LoopFreeInstructionBound times its workgroups times maxComputeWorkGroupInvocations.
+uint64_t UncheckedWorkLimit(const Device& device);
 
 // The word that AddCancelChecks' shaders read: a small host-visible, host-coherent storage buffer
 // that the host sets while a dispatch runs. Thread-safe.
