@@ -24,6 +24,8 @@ constexpr uint32_t kOpUndef = 1, kOpExtension = 10, kOpMemoryModel = 14, kOpEntr
                    kOpFunctionParameter = 55, kOpFunctionEnd = 56, kOpFunctionCall = 57,
                    kOpVariable = 59, kOpAccessChain = 65, kOpLoad = 61, kOpStore = 62,
                    kOpAtomicLoad = 227, kOpConstantTrue = 41, kOpISub = 130, kOpSelect = 169,
+                   kOpTypeVector = 23, kOpTypeArray = 28, kOpCompositeExtract = 81,
+                   kOpBitcast = 124, kOpIAdd = 128, kOpIMul = 132, kOpBitwiseAnd = 199,
                    kOpDecorate = 71, kOpMemberDecorate = 72, kOpLogicalOr = 166,
                    kOpLogicalNot = 168, kOpLogicalAnd = 167, kOpIEqual = 170, kOpPhi = 245,
                    kOpLoopMerge = 246, kOpSelectionMerge = 247, kOpLabel = 248, kOpBranch = 249,
@@ -34,9 +36,11 @@ constexpr uint32_t kCapabilityVulkanMemoryModel = 5345;
 // The atomic load's scope: Device, or QueueFamily in modules of the Vulkan memory model (where
 // Device scope needs a capability of its own); its semantics: Relaxed.
 constexpr uint32_t kScopeDevice = 1, kScopeQueueFamily = 5, kSemanticsRelaxed = 0;
-constexpr uint32_t kPrivate = 6, kStorageBuffer = 12, kGLCompute = 5, kAddressingLogical = 0;
-constexpr uint32_t kDecorationBlock = 2, kDecorationBinding = 33, kDecorationDescriptorSet = 34,
-                   kDecorationOffset = 35;
+constexpr uint32_t kInput = 1, kFunction = 7, kStorageBuffer = 12, kGLCompute = 5,
+                   kAddressingLogical = 0;
+constexpr uint32_t kBuiltInWorkgroupId = 26;
+constexpr uint32_t kDecorationBlock = 2, kDecorationArrayStride = 6, kDecorationBuiltIn = 11,
+                   kDecorationBinding = 33, kDecorationDescriptorSet = 34, kDecorationOffset = 35;
 
 // Layout sections before the types: capabilities ... debug names, annotations.
 bool IsBeforeTypes(uint32_t op) {
@@ -107,7 +111,10 @@ class Rewriter {
   std::vector<Inst> added_globals_;
   std::vector<Function> functions_;
   uint32_t uint_ = 0, bool_ = 0, zero_ = 0, ptr_uint_ = 0, var_ = 0, scope_ = 0, semantics_ = 0;
-  uint32_t one_ = 0, true_ = 0, interval_ = 0, ticks_ = 0;  // the loops' countdown
+  uint32_t one_ = 0, true_ = 0, interval_ = 0, ptr_function_uint_ = 0;  // the loops' countdown
+  // Which copy of the word an invocation reads: from its workgroup's id.
+  uint32_t workgroup_id_ = 0, id_vector_ = 0, id_component_ = 0, y_factor_ = 0, z_factor_ = 0,
+           copy_mask_ = 0, copy_stride_ = 0;
   absl::flat_hash_set<uint32_t> void_types_;
   absl::flat_hash_map<uint32_t, uint32_t> undefs_;  // type → OpUndef of it
 };
@@ -158,8 +165,30 @@ absl::Status Rewriter::Parse(absl::Span<const uint32_t> spirv) {
 }
 
 uint32_t Rewriter::EmitNotCancelled(std::vector<Inst>& out) {
+  // The copy of the word: (x + 97 y + 89 z) mod kCancelWordCopies of the workgroup's id, so that
+  // the reads of a large dispatch spread over many cache lines instead of queueing at one.
+  const uint32_t ids = NewId();
+  out.push_back(Make(kOpLoad, {id_vector_, ids, workgroup_id_}));
+  uint32_t c[3];
+  for (uint32_t d = 0; d < 3; ++d) {
+    c[d] = NewId();
+    out.push_back(Make(kOpCompositeExtract, {id_component_, c[d], ids, d}));
+    if (id_component_ != uint_) {
+      const uint32_t u = NewId();
+      out.push_back(Make(kOpBitcast, {uint_, u, c[d]}));
+      c[d] = u;
+    }
+  }
+  const uint32_t y = NewId(), z = NewId(), xy = NewId(), xyz = NewId(), copy = NewId(),
+                 index = NewId();
+  out.push_back(Make(kOpIMul, {uint_, y, c[1], y_factor_}));
+  out.push_back(Make(kOpIMul, {uint_, z, c[2], z_factor_}));
+  out.push_back(Make(kOpIAdd, {uint_, xy, c[0], y}));
+  out.push_back(Make(kOpIAdd, {uint_, xyz, xy, z}));
+  out.push_back(Make(kOpBitwiseAnd, {uint_, copy, xyz, copy_mask_}));
+  out.push_back(Make(kOpIMul, {uint_, index, copy, copy_stride_}));
   const uint32_t pointer = NewId(), word = NewId(), ok = NewId();
-  out.push_back(Make(kOpAccessChain, {ptr_uint_, pointer, var_, zero_}));
+  out.push_back(Make(kOpAccessChain, {ptr_uint_, pointer, var_, zero_, index}));
   out.push_back(Make(kOpAtomicLoad, {uint_, word, pointer, scope_, semantics_}));
   out.push_back(Make(kOpIEqual, {bool_, ok, word, zero_}));
   return ok;
@@ -198,6 +227,9 @@ absl::Status Rewriter::CheckLoops(Function& f) {
   std::vector<Edge> edges;
   std::vector<Block> blocks;
   blocks.reserve(f.blocks.size());
+  // The function's countdown to its next read of the word: a variable of its own, which the
+  // driver keeps in a register (a Private one was kept in memory on the H200, five times slower).
+  uint32_t ticks = 0;
   for (size_t i = 0; i < f.blocks.size(); ++i) {
     Block b = std::move(f.blocks[i]);
     Inst term = b.body.back();
@@ -246,11 +278,12 @@ absl::Status Rewriter::CheckLoops(Function& f) {
     Block reading{NewId(), {}};
     Block decided{NewId(), {}};
     const uint32_t left = NewId(), next = NewId(), due = NewId(), stored = NewId();
-    counting.body.push_back(Make(kOpLoad, {uint_, left, ticks_}));
+    if (ticks == 0) ticks = NewId();
+    counting.body.push_back(Make(kOpLoad, {uint_, left, ticks}));
     counting.body.push_back(Make(kOpISub, {uint_, next, left, one_}));
     counting.body.push_back(Make(kOpIEqual, {bool_, due, next, zero_}));
     counting.body.push_back(Make(kOpSelect, {uint_, stored, due, interval_, next}));
-    counting.body.push_back(Make(kOpStore, {ticks_, stored}));
+    counting.body.push_back(Make(kOpStore, {ticks, stored}));
     counting.body.push_back(Make(kOpSelectionMerge, {decided.label, 0}));
     counting.body.push_back(Make(kOpBranchConditional, {due, reading.label, decided.label}));
     const uint32_t read_ok = EmitNotCancelled(reading.body);
@@ -292,6 +325,10 @@ absl::Status Rewriter::CheckLoops(Function& f) {
     blocks.push_back(std::move(decided));
   }
   f.blocks = std::move(blocks);
+  if (ticks != 0) {
+    f.blocks[0].body.insert(f.blocks[0].body.begin(),
+                            Make(kOpVariable, {ptr_function_uint_, ticks, kFunction, interval_}));
+  }
   index.clear();
   for (size_t i = 0; i < f.blocks.size(); ++i) index[f.blocks[i].label] = i;
   // OpPhi instructions name the block that now branches in; on a new edge to a merge block they
@@ -379,37 +416,101 @@ absl::Status Rewriter::Rewrite(const CancelCheckOptions& options) {
     bool_ = NewId();
     added_globals_.push_back(Make(kOpTypeBool, {bool_}));
   }
-  const uint32_t block = NewId(), ptr_block = NewId();
+  auto constant = [&](uint32_t value) {
+    const uint32_t id = NewId();
+    added_globals_.push_back(Make(kOpConstant, {uint_, id, value}));
+    return id;
+  };
+  zero_ = constant(0);
+  constexpr uint32_t kStrideWords = kCancelWordStrideBytes / 4;
+  static_assert((kCancelWordCopies & (kCancelWordCopies - 1)) == 0);
+  const uint32_t length = constant(kCancelWordCopies * kStrideWords);
+  copy_mask_ = constant(kCancelWordCopies - 1);
+  copy_stride_ = constant(kStrideWords);
+  y_factor_ = constant(97);
+  z_factor_ = constant(89);
+  // The word's block: the copies, kStrideWords apart.
+  const uint32_t array = NewId(), block = NewId(), ptr_block = NewId();
   ptr_uint_ = NewId();
   var_ = NewId();
-  zero_ = NewId();
-  added_globals_.push_back(Make(kOpTypeStruct, {block, uint_}));
+  added_globals_.push_back(Make(kOpTypeArray, {array, uint_, length}));
+  added_globals_.push_back(Make(kOpTypeStruct, {block, array}));
   added_globals_.push_back(Make(kOpTypePointer, {ptr_block, kStorageBuffer, block}));
   added_globals_.push_back(Make(kOpTypePointer, {ptr_uint_, kStorageBuffer, uint_}));
   added_globals_.push_back(Make(kOpVariable, {ptr_block, var_, kStorageBuffer}));
-  added_globals_.push_back(Make(kOpConstant, {uint_, zero_, 0}));
+  // The workgroup's id: the module's own WorkgroupId variable, or a new one (an entry point's
+  // inputs may carry a built-in only once).
+  for (const Inst& inst : globals_) {
+    if (Opcode(inst) == kOpDecorate && inst.size() >= 4 && inst[2] == kDecorationBuiltIn &&
+        inst[3] == kBuiltInWorkgroupId) {
+      workgroup_id_ = inst[1];
+    }
+  }
+  const bool own_workgroup_id = workgroup_id_ == 0;
+  if (!own_workgroup_id) {
+    absl::flat_hash_map<uint32_t, const Inst*> defs;
+    for (const Inst& inst : globals_) {
+      const uint32_t op = Opcode(inst);
+      if (op == kOpVariable && inst.size() >= 3) defs[inst[2]] = &inst;
+      if ((op == kOpTypePointer || op == kOpTypeVector) && inst.size() >= 2) defs[inst[1]] = &inst;
+    }
+    auto def = [&](uint32_t id) -> const Inst* {
+      auto it = defs.find(id);
+      return it == defs.end() ? nullptr : it->second;
+    };
+    const Inst* var = def(workgroup_id_);
+    const Inst* pointer = var != nullptr && Opcode(*var) == kOpVariable ? def((*var)[1]) : nullptr;
+    const Inst* vector =
+        pointer != nullptr && Opcode(*pointer) == kOpTypePointer && pointer->size() >= 4
+            ? def((*pointer)[3])
+            : nullptr;
+    if (vector == nullptr || Opcode(*vector) != kOpTypeVector || vector->size() < 4 ||
+        (*vector)[3] != 3) {
+      return absl::InvalidArgumentError("the WorkgroupId built-in is not a 3-component vector");
+    }
+    id_vector_ = (*vector)[1];
+    id_component_ = (*vector)[2];
+  } else {
+    for (const Inst& inst : globals_) {
+      if (Opcode(inst) == kOpTypeVector && inst.size() == 4 && inst[2] == uint_ && inst[3] == 3) {
+        id_vector_ = inst[1];
+      }
+    }
+    if (id_vector_ == 0) {
+      id_vector_ = NewId();
+      added_globals_.push_back(Make(kOpTypeVector, {id_vector_, uint_, 3}));
+    }
+    id_component_ = uint_;
+    const uint32_t ptr_input = NewId();
+    workgroup_id_ = NewId();
+    added_globals_.push_back(Make(kOpTypePointer, {ptr_input, kInput, id_vector_}));
+    added_globals_.push_back(Make(kOpVariable, {ptr_input, workgroup_id_, kInput}));
+  }
   scope_ = NewId();
   added_globals_.push_back(
       Make(kOpConstant, {uint_, scope_, vulkan_memory_model ? kScopeQueueFamily : kScopeDevice}));
   semantics_ = zero_;
   static_assert(kSemanticsRelaxed == 0);
-  // Each invocation's countdown to its next read of the word: a Private variable.
-  const uint32_t ptr_private_uint = NewId();
+  // The functions' countdowns to their next read of the word.
+  ptr_function_uint_ = NewId();
   one_ = NewId();
   true_ = NewId();
   interval_ = NewId();
-  ticks_ = NewId();
   added_globals_.push_back(Make(kOpConstant, {uint_, one_, 1}));
   added_globals_.push_back(Make(kOpConstantTrue, {bool_, true_}));
   added_globals_.push_back(Make(kOpConstant, {uint_, interval_, options.interval}));
-  added_globals_.push_back(Make(kOpTypePointer, {ptr_private_uint, kPrivate, uint_}));
-  added_globals_.push_back(Make(kOpVariable, {ptr_private_uint, ticks_, kPrivate, interval_}));
-  const std::vector<Inst> decorations = {
+  added_globals_.push_back(Make(kOpTypePointer, {ptr_function_uint_, kFunction, uint_}));
+  std::vector<Inst> decorations = {
+      Make(kOpDecorate, {array, kDecorationArrayStride, 4}),
       Make(kOpDecorate, {block, kDecorationBlock}),
       Make(kOpMemberDecorate, {block, 0, kDecorationOffset, 0}),
       Make(kOpDecorate, {var_, kDecorationDescriptorSet, options.set}),
       Make(kOpDecorate, {var_, kDecorationBinding, options.binding}),
   };
+  if (own_workgroup_id) {
+    decorations.push_back(
+        Make(kOpDecorate, {workgroup_id_, kDecorationBuiltIn, kBuiltInWorkgroupId}));
+  }
 
   for (Function& f : functions_) KD_RETURN_IF_ERROR(CheckLoops(f));
   for (Function& f : functions_) {
@@ -424,8 +525,17 @@ absl::Status Rewriter::Rewrite(const CancelCheckOptions& options) {
     const uint32_t op = Opcode(globals_[i]);
     if (IsBeforeTypes(op)) last_before_types = i + 1;
     if (op == kOpCapability) last_capability = i + 1;
-    // From SPIR-V 1.4 an entry point lists every global variable it uses.
-    if (op == kOpEntryPoint && version >= 0x00010400) Append(globals_[i], {var_, ticks_});
+    if (op != kOpEntryPoint) continue;
+    // An entry point lists the inputs it uses, and from SPIR-V 1.4 every global variable.
+    if (version >= 0x00010400) Append(globals_[i], {var_});
+    size_t interface = 3;  // after the name, a NUL-terminated literal
+    while (interface < globals_[i].size() && (globals_[i][interface] >> 24) != 0) ++interface;
+    ++interface;
+    bool listed = false;
+    for (size_t w = interface; w < globals_[i].size(); ++w) {
+      listed = listed || globals_[i][w] == workgroup_id_;
+    }
+    if (!listed) Append(globals_[i], {workgroup_id_});
   }
   globals_.insert(globals_.end(), added_globals_.begin(), added_globals_.end());
   globals_.insert(globals_.begin() + static_cast<std::ptrdiff_t>(last_before_types),
@@ -527,18 +637,21 @@ absl::StatusOr<std::shared_ptr<CancelWord>> CancelWord::Create(std::shared_ptr<D
   word->device_ = std::move(device);
   KD_ASSIGN_OR_RETURN(
       word->buffer_,
-      Buffer::Create(*word->device_, 16, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+      Buffer::Create(*word->device_, kCancelWordBytes, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
                      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
                      // Device memory the host maps, where the GPU has one: new invocations see the
                      // host's write there (cached host memory they did not see, on NVIDIA).
                      VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "a cancel word"));
-  std::memset(word->buffer_.mapped(), 0, 16);
+  std::memset(word->buffer_.mapped(), 0, kCancelWordBytes);
   return word;
 }
 
 void CancelWord::Set() {
-  std::atomic_ref<uint32_t>(*static_cast<uint32_t*>(buffer_.mapped()))
-      .store(1, std::memory_order_seq_cst);
+  auto* words = static_cast<uint32_t*>(buffer_.mapped());
+  for (uint32_t c = 0; c < kCancelWordCopies; ++c) {
+    std::atomic_ref<uint32_t>(words[c * (kCancelWordStrideBytes / 4)])
+        .store(1, std::memory_order_seq_cst);
+  }
 }
 
 bool CancelWord::set() const {

@@ -69,6 +69,16 @@ void main() {
 }
 )";
 
+// A module that reads the workgroup's id itself (the checks share its variable), signed.
+constexpr char kWorkgroupIdShader[] = R"(#version 450
+layout(local_size_x = 8) in;
+layout(set = 0, binding = 0) buffer Out { int v[]; };
+void main() {
+  ivec3 g = ivec3(gl_WorkGroupID);
+  for (int k = 0; k < g.x; ++k) v[g.x * 8 + int(gl_LocalInvocationID.x)] += k + g.y;
+}
+)";
+
 // A loop that never ends (on a GPU; lavapipe ends any loop after about 65535 iterations).
 constexpr char kEndlessShader[] = R"(#version 450
 layout(local_size_x = 32) in;
@@ -99,8 +109,8 @@ std::vector<float> HostFloats(const Tensor& t) {
 
 TEST(CancelChecks, RewrittenModulesAreValid) {
   const uint32_t api = TestDevice()->properties().apiVersion;
-  for (const char* source :
-       {kLoopsShader, kAddShader, kAffineShader, kBusyShader, kEndlessShader, kMemoryModelShader}) {
+  for (const char* source : {kLoopsShader, kAddShader, kAffineShader, kBusyShader, kEndlessShader,
+                             kMemoryModelShader, kWorkgroupIdShader}) {
     std::vector<uint32_t> spirv = Compile(source);
     ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> stoppable, AddCancelChecks(spirv));
     EXPECT_GT(stoppable.size(), spirv.size());

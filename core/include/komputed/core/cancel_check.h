@@ -16,13 +16,19 @@ namespace komputed::core {
 // binding 0.
 inline constexpr uint32_t kCancelSet = 1;
 inline constexpr uint32_t kCancelBinding = 0;
+// The word is kept in kCancelWordCopies copies, kCancelWordStrideBytes apart (each in a cache line
+// of its own), and each workgroup reads one of them: a large dispatch whose every invocation read
+// one address queued at it (5 times slower, a loop-bound kernel on the H200).
+inline constexpr uint32_t kCancelWordCopies = 256;
+inline constexpr uint32_t kCancelWordStrideBytes = 256;
+inline constexpr uint32_t kCancelWordBytes = kCancelWordCopies * kCancelWordStrideBytes;
 
 // How AddCancelChecks instruments a module.
 struct CancelCheckOptions {
   // Where the word is: a storage buffer's first 32-bit word.
   uint32_t set = kCancelSet;
   uint32_t binding = kCancelBinding;
-  // Loop back-edges read the word once per `interval` of them (an invocation's loops together):
+  // Loop back-edges read the word once per `interval` of them (a function's loops together):
   // reading memory the host writes takes a round trip to the device's memory, so a loop that read
   // it every iteration would wait on it every iteration (60 times slower, measured on the H200).
   uint32_t interval = 256;
@@ -33,7 +39,7 @@ struct CancelCheckOptions {
 };
 
 // Rewrites a compute module so that a running dispatch of it can be stopped: every loop back-edge
-// counts down a per-invocation countdown (a Private variable) and, each time it reaches zero, reads
+// counts down its function's countdown (a Function variable) and, each time it reaches zero, reads
 // the word with a relaxed atomic load of device scope (which always reaches the memory the host
 // writes: a Volatile load was served from a cache that never saw the host's write on NVIDIA, and
 // an atomic load is never hoisted out of a loop); with `check_entry`, every GLCompute entry point
