@@ -1,5 +1,5 @@
 // Placement across daemons: the selector and device choice as written, the choice among the
-// devices that daemons report, and kp::Manager() against real daemons started on
+// devices that daemons report, and kp::Manager() and komputectl against real daemons started on
 // free ports (each serving the machine's devices; lavapipe without a GPU) behind an ipv4: target.
 
 #include "remote/placement.h"
@@ -17,6 +17,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "support/daemon_process.h"
 #include "support/metrics.h"
@@ -33,11 +34,14 @@ namespace v1 = komputed::v1;
 using komputed::StatusIs;
 using komputed::test_support::DaemonProcess;
 using komputed::test_support::FreeLoopbackPort;
+using komputed::test_support::KomputectlBinary;
+using komputed::test_support::RunProgram;
 using komputed::test_support::Samples;
 using komputed::test_support::ScopedEnv;
 using komputed::test_support::Stubs;
 using komputed::test_support::TestCertificates;
 using ::testing::AllOf;
+using ::testing::ContainsRegex;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -544,6 +548,37 @@ TEST_F(PlacementTest, TlsAppliesToEveryDaemonAsked) {
   ASSERT_EQ(reports[0].devices.size(), 1u);
   EXPECT_EQ(reports[0].devices[0].sessions(), 1u);  // mgr's: b had the more free memory
   EXPECT_THAT(reports[1].status, StatusIs(absl::StatusCode::kUnavailable));
+}
+
+// ---------------------------------------------------------------------------------------------
+// komputectl devices
+
+TEST_F(PlacementTest, KomputectlListsTheDevicesOfEveryDaemon) {
+  DaemonProcess a, b;
+  ASSERT_TRUE(a.started() && b.started());
+  auto full = Hold(b, 16);
+  std::string out, err;
+  ASSERT_EQ(RunProgram({KomputectlBinary(), "--address=" + Both(a, b), "--timeout=10", "devices"},
+                       &out, &err),
+            0)
+      << err;
+  // b's memory in use as the table writes it.
+  const std::string in_use =
+      absl::StrFormat("%.1f MiB", DeviceOf(b).memory_in_use_bytes() / double(1 << 20));
+  EXPECT_THAT(out, AllOf(HasSubstr("DAEMON"), ContainsRegex(absl::StrCat(a.address(), " +0 ")),
+                         ContainsRegex(absl::StrCat(b.address(), " +0 .* ", in_use, " +1 "))));
+  // A daemon that does not answer is named on stderr; the others are still listed.
+  const std::string dead = Unused();
+  EXPECT_EQ(RunProgram({KomputectlBinary(), absl::StrCat("--address=ipv4:", a.address(), ",", dead),
+                        "--timeout=10", "devices"},
+                       &out, &err),
+            1);
+  EXPECT_THAT(out, AllOf(HasSubstr(a.address()), Not(HasSubstr(dead))));
+  EXPECT_THAT(err, HasSubstr(absl::StrCat("listing devices at ", dead)));
+  // One daemon: the table as it always was.
+  ASSERT_EQ(RunProgram({KomputectlBinary(), "--address=" + a.address(), "devices"}, &out, &err), 0)
+      << err;
+  EXPECT_THAT(out, AllOf(HasSubstr("INDEX"), Not(HasSubstr("DAEMON"))));
 }
 
 }  // namespace
