@@ -1,6 +1,7 @@
 // komputectl: inspect a komputed daemon and try kernels on it.
 //
-//   komputectl devices                      devices, memory, queue families, limits
+//   komputectl devices                      devices, memory, queue families, limits (of every
+//                                           daemon, when the address names several)
 //   komputectl health [--service=NAME]      grpc.health.v1 status (exit 0 only when SERVING)
 //   komputectl sessions                     open sessions with their memory and age
 //   komputectl run --shader=FILE --tensors=SPEC,... [--workgroup=X,Y,Z] [--push=...] [--spec=...]
@@ -39,9 +40,12 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "remote/credentials.h"
+#include "remote/placement.h"
+#include "remote/target.h"
 
 ABSL_FLAG(std::string, address, "",
-          "komputed's address (host:port); default $KOMPUTED_ADDRESS, else 127.0.0.1:50051");
+          "komputed's address (host:port, or a target naming several daemons: "
+          "dns:///NAME:PORT, ipv4:A:P,B:P); default $KOMPUTED_ADDRESS, else 127.0.0.1:50051");
 ABSL_FLAG(std::string, token, "",
           "the bearer token sent on every call; default $KOMPUTED_TOKEN (--token_file, "
           "$KOMPUTED_TOKEN_FILE: a file holding it)");
@@ -78,6 +82,7 @@ namespace {
 namespace v1 = komputed::v1;
 using kp::internal::remote::ClientCredentials;
 using kp::internal::remote::CredentialSettings;
+using kp::internal::remote::Endpoint;
 
 [[noreturn]] void Fail(const std::string& message, int status = 1) {
   std::fprintf(stderr, "komputectl: error: %s\n", message.c_str());
@@ -186,38 +191,75 @@ const char* TypeName(uint32_t t) {
   }
 }
 
+std::vector<std::string> DeviceRow(const v1::DeviceInfo& d) {
+  std::vector<std::string> families;
+  for (const auto& f : d.queue_families()) {
+    std::string caps =
+        absl::StrCat(f.graphics() ? "g" : "", f.compute() ? "c" : "", f.transfer() ? "t" : "");
+    families.push_back(
+        absl::StrCat(f.index(), ":", caps.empty() ? "-" : caps, "x", f.queue_count()));
+  }
+  const auto& l = d.limits();
+  std::string wg =
+      l.max_compute_work_group_count_size() == 3
+          ? absl::StrCat(l.max_compute_work_group_count(0), "x", l.max_compute_work_group_count(1),
+                         "x", l.max_compute_work_group_count(2))
+          : "?";
+  return {absl::StrCat(d.index()),
+          d.name(),
+          absl::StrCat(TypeName(d.device_type()), d.lost() ? " (lost)" : ""),
+          Bytes(d.memory_bytes()),
+          Bytes(d.memory_in_use_bytes()),
+          absl::StrCat(d.sessions()),
+          absl::StrJoin(families, " "),
+          wg,
+          absl::StrCat(l.max_push_constants_size(), " B"),
+          Bytes(l.max_storage_buffer_range())};
+}
+
+std::vector<std::string> DeviceColumns() {
+  return {"INDEX",    "NAME",           "TYPE",           "MEMORY", "IN USE",
+          "SESSIONS", "QUEUE FAMILIES", "MAX WORKGROUPS", "PUSH",   "STORAGE RANGE"};
+}
+
+// One daemon: its devices. Several (a target such as dns:///komputed-headless.NS.svc:50051 or
+// ipv4:A:P,B:P): every device of every daemon, asked all at once, with a DAEMON column; a daemon
+// that does not answer is reported on stderr and makes the exit status 1.
 int Devices() {
-  auto stub = v1::Devices::NewStub(Channel());
-  grpc::ClientContext c;
-  SetDeadline(c);
-  v1::ListDevicesResponse r;
-  Check(stub->ListDevices(&c, v1::ListDevicesRequest(), &r), "listing devices");
-  std::vector<std::vector<std::string>> rows = {{"INDEX", "NAME", "TYPE", "MEMORY", "IN USE",
-                                                 "SESSIONS", "QUEUE FAMILIES", "MAX WORKGROUPS",
-                                                 "PUSH", "STORAGE RANGE"}};
-  for (const auto& d : r.devices()) {
-    std::vector<std::string> families;
-    for (const auto& f : d.queue_families()) {
-      std::string caps =
-          absl::StrCat(f.graphics() ? "g" : "", f.compute() ? "c" : "", f.transfer() ? "t" : "");
-      families.push_back(
-          absl::StrCat(f.index(), ":", caps.empty() ? "-" : caps, "x", f.queue_count()));
+  absl::StatusOr<std::vector<Endpoint>> endpoints = kp::internal::remote::ResolveTarget(Address());
+  if (!endpoints.ok()) Fail(std::string(endpoints.status().message()), 2);
+  std::vector<std::vector<std::string>> rows;
+  if (endpoints->size() == 1) {
+    auto stub = v1::Devices::NewStub(Channel());
+    grpc::ClientContext c;
+    SetDeadline(c);
+    v1::ListDevicesResponse r;
+    Check(stub->ListDevices(&c, v1::ListDevicesRequest(), &r), "listing devices");
+    rows.push_back(DeviceColumns());
+    for (const auto& d : r.devices()) rows.push_back(DeviceRow(d));
+    PrintTable(rows);
+    return 0;
+  }
+  const std::vector<kp::internal::remote::DaemonReport> reports =
+      kp::internal::remote::QueryDaemons(*endpoints, Credentials(),
+                                         absl::Seconds(absl::GetFlag(FLAGS_timeout)));
+  rows.push_back(DeviceColumns());
+  rows.front().insert(rows.front().begin(), "DAEMON");
+  int status = 0;
+  for (const auto& report : reports) {
+    if (!report.status.ok()) {
+      std::fprintf(stderr, "komputectl: error: listing devices at %s: %s\n",
+                   report.endpoint.name.c_str(), std::string(report.status.message()).c_str());
+      status = 1;
+      continue;
     }
-    const auto& l = d.limits();
-    std::string wg = l.max_compute_work_group_count_size() == 3
-                         ? absl::StrCat(l.max_compute_work_group_count(0), "x",
-                                        l.max_compute_work_group_count(1), "x",
-                                        l.max_compute_work_group_count(2))
-                         : "?";
-    rows.push_back({absl::StrCat(d.index()), d.name(),
-                    absl::StrCat(TypeName(d.device_type()), d.lost() ? " (lost)" : ""),
-                    Bytes(d.memory_bytes()), Bytes(d.memory_in_use_bytes()),
-                    absl::StrCat(d.sessions()), absl::StrJoin(families, " "), wg,
-                    absl::StrCat(l.max_push_constants_size(), " B"),
-                    Bytes(l.max_storage_buffer_range())});
+    for (const auto& d : report.devices) {
+      rows.push_back(DeviceRow(d));
+      rows.back().insert(rows.back().begin(), report.endpoint.name);
+    }
   }
   PrintTable(rows);
-  return 0;
+  return status;
 }
 
 int Health() {
@@ -526,7 +568,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "komputectl COMMAND [flags]\n\n"
       "commands:\n"
-      "  devices    the daemon's devices: memory, queue families, limits\n"
+      "  devices    the daemon's devices: memory, queue families, limits (every daemon's, with\n"
+      "             a DAEMON column, when the address names several)\n"
       "  health     grpc.health.v1 status of the daemon (--service for one service)\n"
       "  sessions   open sessions with their memory and age\n"
       "  run        compile a GLSL (or load a SPIR-V) file, bind tensors from files, dispatch,\n"

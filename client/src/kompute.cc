@@ -6,11 +6,11 @@
 
 #include <cstdlib>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "backend.h"
 #include "komputed/core/op_semantics.h"
 #include "komputed/core/shader.h"
+#include "remote/placement.h"
 #include "remote/remote_backend.h"
 
 namespace kp {
@@ -485,10 +485,21 @@ void Sequence::destroy() {
 
 namespace {
 
-std::shared_ptr<Backend> MakeRemote(const Remote& given) {
+// `device_daemon`: the daemon that KOMPUTED_DEVICE=HOST:PORT/N names (empty: any).
+std::shared_ptr<Backend> MakeRemote(const Remote& given, const std::string& address_origin = "",
+                                    const std::string& device_daemon = "") {
   internal::RemoteOptions remote;
   remote.address = given.address;
+  remote.address_origin = address_origin;
   remote.device_index = given.deviceIndex;
+  remote.device_daemon = device_daemon;
+  if (!given.select.empty()) {
+    remote.select = given.select;
+    remote.select_origin = "kp::Remote::select";
+  } else if (const char* select = std::getenv("KOMPUTED_SELECT"); select != nullptr) {
+    remote.select = select;
+    remote.select_origin = "KOMPUTED_SELECT";
+  }
   remote.queue_families = given.familyQueueIndices;
   remote.client_name = program_invocation_short_name;
   remote.credentials.token = {given.token, "kp::Remote::token"};
@@ -498,43 +509,64 @@ std::shared_ptr<Backend> MakeRemote(const Remote& given) {
   return Check(internal::CreateRemoteBackend(remote));
 }
 
-std::shared_ptr<Backend> MakeRemote(const std::string& address, uint32_t device_index,
-                                    const std::vector<uint32_t>& families) {
-  Remote remote;
-  remote.address = address;
-  remote.deviceIndex = device_index;
-  remote.familyQueueIndices = families;
-  return MakeRemote(remote);
+// $KOMPUTED_ADDRESS, or nullptr when it is unset or empty.
+const char* AddressVariable() {
+  const char* address = std::getenv("KOMPUTED_ADDRESS");
+  return address != nullptr && address[0] != '\0' ? address : nullptr;
+}
+
+// In-process, where KOMPUTED_SELECT has nothing to choose among.
+std::shared_ptr<Backend> MakeInProcess(const core::DeviceOptions& options) {
+  if (const char* select = std::getenv("KOMPUTED_SELECT"); select != nullptr && select[0] != '\0') {
+    throw Error(ErrorCode::kInvalidArgument,
+                absl::StrCat("KOMPUTED_SELECT ('", select,
+                             "') chooses among remote daemons, but KOMPUTED_ADDRESS is not set"));
+  }
+  return Check(internal::CreateInProcessBackend(options));
 }
 
 // Remote when KOMPUTED_ADDRESS names a daemon (device extensions are the daemon's then),
 // in-process otherwise.
 std::shared_ptr<Backend> MakeBackend(const core::DeviceOptions& options) {
-  const char* address = std::getenv("KOMPUTED_ADDRESS");
-  if (address != nullptr && address[0] != '\0') {
-    return MakeRemote(address, options.physical_device_index.value_or(0), options.queue_families);
+  if (const char* address = AddressVariable(); address != nullptr) {
+    Remote remote;
+    remote.address = address;
+    remote.deviceIndex = options.physical_device_index.value_or(0);
+    remote.familyQueueIndices = options.queue_families;
+    return MakeRemote(remote, "KOMPUTED_ADDRESS");
   }
-  return Check(internal::CreateInProcessBackend(options));
+  return MakeInProcess(options);
 }
 
-// The device of Manager(): KOMPUTED_DEVICE when set (the daemon's device index when remote, the
-// physical device index in-process); unset, core's choice in-process and device 0 remote.
-core::DeviceOptions DefaultDeviceOptions() {
-  core::DeviceOptions options;
-  const char* value = std::getenv("KOMPUTED_DEVICE");
-  if (value == nullptr || value[0] == '\0') return options;
-  uint32_t index = 0;
-  if (!absl::SimpleAtoi(value, &index)) {
-    throw Error(ErrorCode::kInvalidArgument,
-                absl::StrCat("KOMPUTED_DEVICE: '", value, "' is not a device index"));
+// The backend of Manager(): KOMPUTED_DEVICE when set (N: the daemon's device index when remote,
+// the physical device index in-process; HOST:PORT/N: device N of that daemon, remote only);
+// unset, core's choice in-process and placement's remote (remote/placement.h).
+std::shared_ptr<Backend> MakeDefaultBackend() {
+  std::optional<internal::remote::DeviceChoice> choice;
+  if (const char* value = std::getenv("KOMPUTED_DEVICE"); value != nullptr && value[0] != '\0') {
+    choice = Check(internal::remote::ParseDeviceChoice(value, "KOMPUTED_DEVICE"));
   }
-  options.physical_device_index = index;
-  return options;
+  if (const char* address = AddressVariable(); address != nullptr) {
+    Remote remote;
+    remote.address = address;
+    if (choice.has_value()) remote.deviceIndex = choice->index;
+    return MakeRemote(remote, "KOMPUTED_ADDRESS", choice.has_value() ? choice->daemon : "");
+  }
+  core::DeviceOptions options;
+  if (choice.has_value()) {
+    if (!choice->daemon.empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  absl::StrCat("KOMPUTED_DEVICE: '", std::getenv("KOMPUTED_DEVICE"),
+                               "' names a daemon, but KOMPUTED_ADDRESS is not set"));
+    }
+    options.physical_device_index = choice->index;
+  }
+  return MakeInProcess(options);
 }
 
 }  // namespace
 
-Manager::Manager() : backend_(MakeBackend(DefaultDeviceOptions())) {}
+Manager::Manager() : backend_(MakeDefaultBackend()) {}
 
 Manager::Manager(uint32_t physicalDeviceIndex, const std::vector<uint32_t>& familyQueueIndices,
                  const std::vector<std::string>& desiredExtensions) {
@@ -545,7 +577,7 @@ Manager::Manager(uint32_t physicalDeviceIndex, const std::vector<uint32_t>& fami
   backend_ = MakeBackend(options);
 }
 
-Manager::Manager(const std::string& address) : backend_(MakeRemote(address, 0, {})) {}
+Manager::Manager(const std::string& address) : backend_(MakeRemote(Remote{address})) {}
 
 Manager::Manager(const Remote& remote) : backend_(MakeRemote(remote)) {}
 

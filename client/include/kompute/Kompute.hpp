@@ -586,14 +586,27 @@ class DeviceList : public std::vector<PhysicalDevice> {
   }
 };
 
-// Where a remote Manager runs: a komputed daemon, one of its devices, the queues to take, and
-// how the client proves who it is. Each credential left empty falls back to its environment
-// variable, which is all that Manager() (through KOMPUTED_ADDRESS) and Manager(address) use.
-// Credentials that cannot be read (a missing file, a certificate without its key) make the
-// constructor throw kp::Error naming the setting and the file; the token is never in a message.
+// Where a remote Manager runs: a komputed daemon (or several, of which one is chosen), one of its
+// devices, the queues to take, and how the client proves who it is. Each credential left empty
+// falls back to its environment variable, which is all that Manager() (through KOMPUTED_ADDRESS)
+// and Manager(address) use. Credentials that cannot be read (a missing file, a certificate
+// without its key) make the constructor throw kp::Error naming the setting and the file; the
+// token is never in a message.
+//
+// An address that names several daemons (a gRPC target resolving to many addresses:
+// "dns:///komputed-headless.NS.svc:50051", "ipv4:10.0.0.5:50051,10.0.0.6:50051") is resolved by
+// the client, each daemon is asked for its devices (within $KOMPUTED_PLACEMENT_TIMEOUT_S seconds,
+// default 2), and the session opens directly on the daemon whose device has the most free memory
+// (then the fewest sessions; lost devices and daemons that do not answer are skipped). When no
+// device qualifies, the constructor throws kp::Error with kUnavailable (a daemon did not answer,
+// or the device is lost: try again) or kNotFound (nothing matches), naming every daemon and why.
 struct Remote {
-  std::string address;                       // host:port
-  uint32_t deviceIndex = 0;                  // the daemon's device index
+  // A gRPC target: host:port, unix:PATH, or one naming several daemons (above).
+  std::string address;
+  // The daemon's device index. Unset: device 0 when `address` names one daemon (and `select`
+  // has no name term); with several daemons, the emptiest device of any of them. Set with
+  // several daemons: that index on whichever daemon is chosen.
+  std::optional<uint32_t> deviceIndex;
   std::vector<uint32_t> familyQueueIndices;  // as Manager(deviceIndex, familyQueueIndices)
   // The bearer token itself (sent as `authorization: Bearer <token>` on every call); else
   // $KOMPUTED_TOKEN, else the contents of the file $KOMPUTED_TOKEN_FILE (trailing whitespace
@@ -606,23 +619,32 @@ struct Remote {
   // else $KOMPUTED_TLS_CERT and $KOMPUTED_TLS_KEY. Both or neither; they need tlsCa.
   std::string tlsCert;
   std::string tlsKey;
+  // Which devices may be chosen, comma-separated conditions that must all hold, else
+  // $KOMPUTED_SELECT: `name~TEXT` (the device's name contains TEXT, case-insensitively),
+  // `name=TEXT` (is TEXT), `node=HOST` (the daemon's IP address, or the host the address names),
+  // `address=HOST:PORT` (the daemon); `~` works on node and address too. A malformed selector
+  // throws kp::Error with kInvalidArgument.
+  std::string select;
 };
 
 // Creates and owns tensors, algorithms and sequences on one device.
 class Manager {
  public:
-  // Device 0 (discrete GPUs first), one queue of the first compute family. Remote, on the daemon's
-  // device 0, when KOMPUTED_ADDRESS (host:port) is set, with the credentials of the environment
-  // (see Remote). KOMPUTED_DEVICE=N picks device N instead (the daemon's device index when
-  // remote), so that one program runs on any GPU of a node.
+  // Device 0 (discrete GPUs first), one queue of the first compute family. Remote when
+  // KOMPUTED_ADDRESS is set, with the credentials and KOMPUTED_SELECT of the environment (see
+  // Remote): on the daemon's device 0, or, when the address names several daemons, on the device
+  // with the most free memory among them. KOMPUTED_DEVICE=N picks device N instead (the daemon's
+  // device index when remote; of several daemons, device N of the one chosen), and
+  // KOMPUTED_DEVICE=HOST:PORT/N device N of that daemon, so that one program runs on any GPU.
   Manager();
   // familyQueueIndices: one entry per queue (sequence(i) uses entry i); repeated entries of a
   // family take its queues 0, 1, 2... Extensions the device lacks are skipped.
   explicit Manager(uint32_t physicalDeviceIndex,
                    const std::vector<uint32_t>& familyQueueIndices = {},
                    const std::vector<std::string>& desiredExtensions = {});
-  // Remote on the komputed daemon at `address` (host:port), device 0, whatever
-  // KOMPUTED_ADDRESS says; credentials from the environment (see Remote).
+  // Remote on the komputed daemon at `address` (host:port; or several daemons, see Remote),
+  // whatever KOMPUTED_ADDRESS says; device 0 of a single daemon; credentials and selector from
+  // the environment (see Remote).
   explicit Manager(const std::string& address);
   // Remote, with a device index and queue families (as the local constructor's).
   explicit Manager(const Remote& remote);

@@ -171,13 +171,14 @@ void SetTransferDeadline(grpc::ClientContext& context, uint64_t bytes) {
 
 }  // namespace
 
-BulkTransfer::BulkTransfer(std::string address,
+BulkTransfer::BulkTransfer(std::string address, std::string tls_name,
                            std::shared_ptr<const ClientCredentials> credentials,
                            std::shared_ptr<grpc::Channel> channel, std::string session_id,
                            std::string direct_address)
     : lane_address_(direct_address.empty() ? address : direct_address),
-      lane_tls_name_(direct_address.empty() || direct_address == address ? std::string()
-                                                                         : HostOf(address)),
+      lane_tls_name_(!tls_name.empty()                                     ? std::move(tls_name)
+                     : direct_address.empty() || direct_address == address ? std::string()
+                                                                           : HostOf(address)),
       credentials_(std::move(credentials)),
       channel_(std::move(channel)),
       session_id_(std::move(session_id)),

@@ -25,11 +25,15 @@ class BulkTransfer {
  public:
   // `channel` is the session's; further lanes open channels of their own, with the session's
   // `credentials`, to the daemon's `direct_address` (OpenSessionResponse), else to `address`.
+  // Over TLS a lane checks the daemon's certificate against `tls_name` when it is set (the DNS
+  // name that `address` was resolved from), else against the host of `address` where it goes
+  // to the direct address.
   // The number of lanes is $KOMPUTED_TRANSFER_STREAMS (1 to 16), else a quarter of the cores, 1
   // to 4. A further lane that does not reach the session's daemon (UNAVAILABLE, or NOT_FOUND
   // from another daemon behind a balancer) moves its range over `channel`, and the session's
   // transfers use `channel` alone from then on.
-  BulkTransfer(std::string address, std::shared_ptr<const ClientCredentials> credentials,
+  BulkTransfer(std::string address, std::string tls_name,
+               std::shared_ptr<const ClientCredentials> credentials,
                std::shared_ptr<grpc::Channel> channel, std::string session_id,
                std::string direct_address);
 
@@ -49,7 +53,8 @@ class BulkTransfer {
 
   const std::string lane_address_;  // where further lanes connect
   // Over TLS, the name that the daemon's certificate is checked against on a lane to its direct
-  // address: the host that the session was opened with (empty: the lane address's own).
+  // address, or on any lane when the session's address was resolved from a DNS name: the host
+  // that the session was opened with (empty: the lane address's own).
   const std::string lane_tls_name_;
   const std::shared_ptr<const ClientCredentials> credentials_;
   const std::shared_ptr<grpc::Channel> channel_;

@@ -62,6 +62,9 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Open(const RemoteOptions
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   KD_ASSIGN_OR_RETURN(std::shared_ptr<const ClientCredentials> credentials,
                       ClientCredentials::Load(options.credentials));
+  if (credentials->tls() && !options.tls_name.empty()) {
+    args.SetSslTargetNameOverride(options.tls_name);
+  }
   std::shared_ptr<Connection> c(new Connection());
   c->address_ = options.address;
   c->channel_ = credentials->CreateChannel(options.address, args);
@@ -72,7 +75,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Open(const RemoteOptions
   c->sequences_ = v1::Sequences::NewStub(c->channel_);
 
   v1::OpenSessionRequest request;
-  request.set_device_index(options.device_index);
+  request.set_device_index(options.device_index.value_or(0));
   for (uint32_t f : options.queue_families) request.add_queue_families(f);
   request.set_client_name(options.client_name);
   v1::OpenSessionResponse response;
@@ -86,8 +89,8 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Open(const RemoteOptions
   if (response.idle_timeout_ms() > 0) {
     c->idle_timeout_ = absl::Milliseconds(response.idle_timeout_ms());
   }
-  c->bulk_ = std::make_unique<BulkTransfer>(c->address_, std::move(credentials), c->channel_,
-                                            c->session_id_, response.direct_address());
+  c->bulk_ = std::make_unique<BulkTransfer>(c->address_, options.tls_name, std::move(credentials),
+                                            c->channel_, c->session_id_, response.direct_address());
   c->StartKeepAlive();
   return c;
 }

@@ -9,6 +9,7 @@
 #include "remote/connection.h"
 #include "remote/credentials.h"
 #include "remote/objects.h"
+#include "remote/placement.h"
 #include "remote/rpc.h"
 #include "remote/sequence.h"
 
@@ -232,7 +233,28 @@ class RemoteBackend final : public Backend {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Backend>> CreateRemoteBackend(const RemoteOptions& options) {
-  KD_ASSIGN_OR_RETURN(std::shared_ptr<Connection> connection, Connection::Open(options));
+  remote::PlacementRequest request;
+  request.address = options.address;
+  request.address_origin = options.address_origin;
+  request.device_index = options.device_index;
+  KD_ASSIGN_OR_RETURN(request.selector,
+                      remote::ParseSelector(options.select, options.select_origin));
+  if (!options.device_daemon.empty()) {
+    remote::SelectorTerm daemon;
+    daemon.field = remote::SelectorTerm::Field::kAddress;
+    daemon.value = options.device_daemon;
+    daemon.origin = "KOMPUTED_DEVICE";
+    request.selector.terms.push_back(std::move(daemon));
+  }
+  request.timeout = remote::PlacementTimeout();
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<const remote::ClientCredentials> credentials,
+                      remote::ClientCredentials::Load(options.credentials));
+  KD_ASSIGN_OR_RETURN(remote::Placement placement, remote::Place(request, *credentials));
+  RemoteOptions placed = options;
+  placed.address = placement.daemon.target;
+  placed.device_index = placement.device_index;
+  placed.tls_name = placement.daemon.tls_name;
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<Connection> connection, Connection::Open(placed));
   return std::make_shared<RemoteBackend>(std::move(connection));
 }
 
