@@ -1,5 +1,6 @@
 #include "remote/credentials.h"
 
+#include <grpc/grpc.h>
 #include <grpcpp/support/client_interceptor.h>
 
 #include <cerrno>
@@ -200,6 +201,11 @@ absl::StatusOr<std::shared_ptr<const ClientCredentials>> ClientCredentials::Load
 
 std::shared_ptr<grpc::Channel> ClientCredentials::CreateChannel(
     const std::string& address, const grpc::ChannelArguments& args) const {
+  // gRPC shuts its library down when the last of its objects goes, and that shutdown waits for
+  // its executor threads (up to 10 s, in the destructor of a Manager's last channel). The library
+  // keeps gRPC initialized for the rest of the process instead.
+  static const bool kGrpcKept = (grpc_init(), true);
+  (void)kGrpcKept;
   if (authorization_.empty()) {
     return grpc::CreateCustomChannel(address, channel_credentials_, args);
   }
