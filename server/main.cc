@@ -96,7 +96,7 @@ ABSL_FLAG(absl::Duration, max_connection_idle, absl::Minutes(10),
 ABSL_FLAG(uint64_t, grpc_memory_bytes, uint64_t{1} << 30,
           "memory gRPC may use for connection buffers and messages being received; under "
           "pressure it shrinks flow-control windows, past it streams are cancelled "
-          "(RESOURCE_EXHAUSTED); at least twice --max_message_bytes; 0: no bound");
+          "(RESOURCE_EXHAUSTED); at least 4 times --max_message_bytes; 0: no bound");
 ABSL_FLAG(int, execute_window, 64,
           "requests of one Execute stream that may be evaluating or waiting for their event to "
           "be written; while it is full the stream's next request is not read (gRPC's flow "

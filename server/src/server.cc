@@ -84,11 +84,14 @@ absl::Status CheckGrpcLimits(const ServerOptions& o) {
   if (o.max_connection_idle < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("max_connection_idle must not be negative");
   }
-  const uint64_t least_memory = 2 * static_cast<uint64_t>(o.max_message_bytes);
+  // A message each way, the transport's read buffers and the previous call's buffers that are
+  // still being released: with less, a client's back-to-back calls of the largest message are
+  // refused (RST_STREAM, ENHANCE_YOUR_CALM) while a loaded host frees the last one.
+  const uint64_t least_memory = 4 * static_cast<uint64_t>(o.max_message_bytes);
   if (o.grpc_memory_bytes != 0 && o.grpc_memory_bytes < least_memory) {
     return absl::InvalidArgumentError(
         absl::StrCat("grpc_memory_bytes ", o.grpc_memory_bytes,
-                     " cannot hold two messages of max_message_bytes ", o.max_message_bytes,
+                     " is too small for messages of max_message_bytes ", o.max_message_bytes,
                      ": give at least ", least_memory, " (or 0: no bound)"));
   }
   if (o.execute_window < 1) return absl::InvalidArgumentError("execute_window must be at least 1");

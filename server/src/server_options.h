@@ -80,7 +80,7 @@ struct ServerOptions {
   // The memory gRPC may use for every connection's buffers and the messages being received
   // (grpc::ResourceQuota): under pressure it shrinks flow-control windows, and over the budget it
   // cancels streams (RESOURCE_EXHAUSTED) rather than grow. 0: no bound; else at least
-  // 2 * max_message_bytes.
+  // 4 * max_message_bytes.
   uint64_t grpc_memory_bytes = uint64_t{1} << 30;
   // Execute: requests of one stream that are being evaluated or whose events are not written yet,
   // at most. While the window is full the stream's next request is not read, so that a client

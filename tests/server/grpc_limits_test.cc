@@ -55,9 +55,9 @@ TEST(GrpcLimits, StartRefusesBadValues) {
       absl::IsInvalidArgument(start([](ServerOptions& o) { o.keepalive_max_ping_strikes = -1; })));
   EXPECT_TRUE(absl::IsInvalidArgument(
       start([](ServerOptions& o) { o.max_connection_idle = -absl::Seconds(1); })));
-  const absl::Status small = start([](ServerOptions& o) { o.grpc_memory_bytes = 64 << 20; });
+  const absl::Status small = start([](ServerOptions& o) { o.grpc_memory_bytes = 128 << 20; });
   EXPECT_TRUE(absl::IsInvalidArgument(small)) << small;
-  EXPECT_THAT(std::string(small.message()), HasSubstr("at least 134217728"));
+  EXPECT_THAT(std::string(small.message()), HasSubstr("at least 268435456"));
 }
 
 class GrpcLimitsTest : public ServerTest {
@@ -144,7 +144,7 @@ TEST_F(GrpcLimitsTest, ClientsThatPingWithinTheIntervalStayConnected) {
 TEST_F(GrpcLimitsTest, LargeTransfersFitTheSmallestMemoryBudget) {
   Start([](ServerOptions& o) {
     o.max_message_bytes = 8 << 20;
-    o.grpc_memory_bytes = 16 << 20;
+    o.grpc_memory_bytes = 32 << 20;
   });
   const std::string session = Open("budget");
   constexpr uint32_t kCount = (6 << 20) / 4;  // one 6 MiB message each way
