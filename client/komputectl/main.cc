@@ -19,11 +19,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <kompute/Kompute.hpp>
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -144,12 +146,47 @@ void SetDeadline(grpc::ClientContext& c) {
                                                         absl::GetFlag(FLAGS_timeout) * 1000)));
 }
 
+// "listing sessions at ADDRESS: MESSAGE (code N); HINT"
+std::string CallError(const grpc::Status& s, const std::string& what, const std::string& where) {
+  const std::string hint = Credentials().Hint(s.error_code(), s.error_message());
+  return absl::StrCat(what, " at ", where, ": ", s.error_message(), " (code ",
+                      static_cast<int>(s.error_code()), ")", hint.empty() ? "" : "; ", hint);
+}
+
 void Check(const grpc::Status& s, const std::string& what) {
-  if (!s.ok()) {
-    const std::string hint = Credentials().Hint(s.error_code(), s.error_message());
-    Fail(absl::StrCat(what, " at ", Address(), ": ", s.error_message(), " (code ",
-                      static_cast<int>(s.error_code()), ")", hint.empty() ? "" : "; ", hint));
+  if (!s.ok()) Fail(CallError(s, what, Address()));
+}
+
+// The daemons that the address names; a malformed address ends the program (status 2).
+std::vector<Endpoint> Daemons() {
+  absl::StatusOr<std::vector<Endpoint>> endpoints = kp::internal::remote::ResolveTarget(Address());
+  if (!endpoints.ok()) Fail(std::string(endpoints.status().message()), 2);
+  return *std::move(endpoints);
+}
+
+// A channel to one daemon of several, its certificate checked against the name that resolved
+// to it.
+std::shared_ptr<grpc::Channel> ChannelTo(const Endpoint& daemon) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  if (Credentials().tls() && !daemon.tls_name.empty()) {
+    args.SetSslTargetNameOverride(daemon.tls_name);
   }
+  return Credentials().CreateChannel(daemon.target, args);
+}
+
+// Calls every daemon at once, each call within --timeout: `call`'s results in the order of
+// `daemons`.
+template <typename Result>
+std::vector<Result> AskEach(const std::vector<Endpoint>& daemons,
+                            const std::function<Result(const Endpoint&)>& call) {
+  std::vector<Result> results(daemons.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < daemons.size(); ++i) {
+    threads.emplace_back([&, i] { results[i] = call(daemons[i]); });
+  }
+  for (auto& t : threads) t.join();
+  return results;
 }
 
 std::string Bytes(uint64_t b) {
@@ -226,10 +263,9 @@ std::vector<std::string> DeviceColumns() {
 // ipv4:A:P,B:P): every device of every daemon, asked all at once, with a DAEMON column; a daemon
 // that does not answer is reported on stderr and makes the exit status 1.
 int Devices() {
-  absl::StatusOr<std::vector<Endpoint>> endpoints = kp::internal::remote::ResolveTarget(Address());
-  if (!endpoints.ok()) Fail(std::string(endpoints.status().message()), 2);
+  const std::vector<Endpoint> endpoints = Daemons();
   std::vector<std::vector<std::string>> rows;
-  if (endpoints->size() == 1) {
+  if (endpoints.size() == 1) {
     auto stub = v1::Devices::NewStub(Channel());
     grpc::ClientContext c;
     SetDeadline(c);
@@ -241,7 +277,7 @@ int Devices() {
     return 0;
   }
   const std::vector<kp::internal::remote::DaemonReport> reports =
-      kp::internal::remote::QueryDaemons(*endpoints, Credentials(),
+      kp::internal::remote::QueryDaemons(endpoints, Credentials(),
                                          absl::Seconds(absl::GetFlag(FLAGS_timeout)));
   rows.push_back(DeviceColumns());
   rows.front().insert(rows.front().begin(), "DAEMON");
@@ -262,40 +298,103 @@ int Devices() {
   return status;
 }
 
+// One daemon: its status, exit status 0 when SERVING. Several: a table of each daemon's status,
+// asked all at once; 0 when every one is SERVING.
 int Health() {
-  auto stub = grpc::health::v1::Health::NewStub(Channel());
-  grpc::ClientContext c;
-  SetDeadline(c);
   grpc::health::v1::HealthCheckRequest req;
   req.set_service(absl::GetFlag(FLAGS_service));
-  grpc::health::v1::HealthCheckResponse resp;
-  Check(stub->Check(&c, req, &resp), "health check");
-  std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()) << "\n";
-  return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+  const std::vector<Endpoint> daemons = Daemons();
+  if (daemons.size() == 1) {
+    auto stub = grpc::health::v1::Health::NewStub(Channel());
+    grpc::ClientContext c;
+    SetDeadline(c);
+    grpc::health::v1::HealthCheckResponse resp;
+    Check(stub->Check(&c, req, &resp), "health check");
+    std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()) << "\n";
+    return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+  }
+  struct Answer {
+    grpc::Status status;
+    grpc::health::v1::HealthCheckResponse response;
+  };
+  const std::vector<Answer> answers = AskEach<Answer>(daemons, [&](const Endpoint& daemon) {
+    Answer a;
+    grpc::ClientContext c;
+    SetDeadline(c);
+    a.status = grpc::health::v1::Health::NewStub(ChannelTo(daemon))->Check(&c, req, &a.response);
+    return a;
+  });
+  std::vector<std::vector<std::string>> rows = {{"DAEMON", "STATUS"}};
+  int status = 0;
+  for (size_t i = 0; i < daemons.size(); ++i) {
+    const Answer& a = answers[i];
+    if (!a.status.ok()) {
+      std::fprintf(stderr, "komputectl: error: %s\n",
+                   CallError(a.status, "health check", daemons[i].name).c_str());
+      rows.push_back({daemons[i].name, "UNREACHABLE"});
+      status = 1;
+      continue;
+    }
+    rows.push_back({daemons[i].name, grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+                                         a.response.status())});
+    if (a.response.status() != grpc::health::v1::HealthCheckResponse::SERVING) status = 1;
+  }
+  PrintTable(rows);
+  return status;
 }
 
+// The sessions of the daemon, or of every daemon that the address names (a DAEMON column first;
+// a daemon that does not answer is named on stderr, and the exit status is 1).
 int Sessions() {
-  auto stub = v1::Sessions::NewStub(Channel());
-  grpc::ClientContext c;
-  SetDeadline(c);
-  v1::ListSessionsResponse r;
   v1::ListSessionsRequest request;
   request.set_include_ids(absl::GetFlag(FLAGS_include_ids));
-  Check(stub->ListSessions(&c, request, &r), "listing sessions");
+  const std::vector<Endpoint> daemons = Daemons();
+  struct Answer {
+    grpc::Status status;
+    v1::ListSessionsResponse response;
+  };
+  auto ask = [&](const std::shared_ptr<grpc::Channel>& channel) {
+    Answer a;
+    grpc::ClientContext c;
+    SetDeadline(c);
+    a.status = v1::Sessions::NewStub(channel)->ListSessions(&c, request, &a.response);
+    return a;
+  };
+  const bool several = daemons.size() > 1;
+  std::vector<Answer> answers;
+  if (several) {
+    answers = AskEach<Answer>(daemons, [&](const Endpoint& d) { return ask(ChannelTo(d)); });
+  } else {
+    answers.push_back(ask(Channel()));
+    Check(answers.front().status, "listing sessions");
+  }
   std::vector<std::vector<std::string>> rows = {{"SESSION", "TENANT", "CLIENT", "PEER", "DEVICE",
                                                  "MEMORY", "TENSORS", "ALGORITHMS", "SEQUENCES",
                                                  "AGE", "IDLE"}};
-  for (const auto& s : r.sessions()) {
-    rows.push_back({s.session_id().empty() ? "-" : s.session_id(), s.tenant(), s.client_name(),
-                    s.peer(), absl::StrCat(s.device_index()), Bytes(s.memory_bytes()),
-                    absl::StrCat(s.tensors()), absl::StrCat(s.algorithms()),
-                    absl::StrCat(s.sequences()),
-                    absl::FormatDuration(absl::Milliseconds(s.age_ms())),
-                    absl::FormatDuration(absl::Milliseconds(s.idle_ms()))});
+  if (several) rows.front().insert(rows.front().begin(), "DAEMON");
+  int status = 0;
+  size_t listed = 0;
+  for (size_t i = 0; i < answers.size(); ++i) {
+    if (!answers[i].status.ok()) {
+      std::fprintf(stderr, "komputectl: error: %s\n",
+                   CallError(answers[i].status, "listing sessions", daemons[i].name).c_str());
+      status = 1;
+      continue;
+    }
+    for (const auto& s : answers[i].response.sessions()) {
+      rows.push_back({s.session_id().empty() ? "-" : s.session_id(), s.tenant(), s.client_name(),
+                      s.peer(), absl::StrCat(s.device_index()), Bytes(s.memory_bytes()),
+                      absl::StrCat(s.tensors()), absl::StrCat(s.algorithms()),
+                      absl::StrCat(s.sequences()),
+                      absl::FormatDuration(absl::Milliseconds(s.age_ms())),
+                      absl::FormatDuration(absl::Milliseconds(s.idle_ms()))});
+      if (several) rows.back().insert(rows.back().begin(), daemons[i].name);
+      ++listed;
+    }
   }
   PrintTable(rows);
-  if (r.sessions().empty()) std::cout << "(no sessions)\n";
-  return 0;
+  if (listed == 0) std::cout << "(no sessions)\n";
+  return status;
 }
 
 // ---- run
@@ -570,8 +669,10 @@ int main(int argc, char** argv) {
       "commands:\n"
       "  devices    the daemon's devices: memory, queue families, limits (every daemon's, with\n"
       "             a DAEMON column, when the address names several)\n"
-      "  health     grpc.health.v1 status of the daemon (--service for one service)\n"
-      "  sessions   open sessions with their memory and age\n"
+      "  health     grpc.health.v1 status of the daemon (--service for one service); a table\n"
+      "             of every daemon's when the address names several\n"
+      "  sessions   open sessions with their memory and age (every daemon's, with a DAEMON\n"
+      "             column, when the address names several)\n"
       "  run        compile a GLSL (or load a SPIR-V) file, bind tensors from files, dispatch,\n"
       "             write outputs: komputectl run --shader=k.comp \\\n"
       "               --tensors=float32:a.txt,float32:b.txt,float32:zeros:3=out.txt\n"

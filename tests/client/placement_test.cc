@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdint>
 #include <functional>
 #include <kompute/Kompute.hpp>
@@ -463,6 +464,49 @@ TEST_F(PlacementTest, NoDaemonAnsweringIsUnavailableNamingEach) {
                                 HasSubstr(absl::StrCat(second, ": did not answer (UNAVAILABLE"))));
 }
 
+// Three daemons with different loads: each new manager, itself holding memory, lands on the
+// emptiest one at the time; a stopped daemon is passed over; with all stopped the error names
+// each address and why.
+TEST_F(PlacementTest, ThreeDaemonsManagersFillTheEmptiestAndSkipAStoppedOne) {
+  DaemonProcess a, b, c;
+  ASSERT_TRUE(a.started() && b.started() && c.started());
+  const std::string all = absl::StrCat("ipv4:", a.address(), ",", b.address(), ",", c.address());
+  ScopedEnv address("KOMPUTED_ADDRESS", all);
+  auto load_a = Hold(a, 48);
+  auto load_b = Hold(b, 24);
+  // c holds nothing: the order of arrival is c (0), c (16 < 24), b (24 < 32), c (32 < 40).
+  const DaemonProcess* const expected[] = {&c, &c, &b, &c};
+  std::vector<std::unique_ptr<kp::Manager>> placed;
+  for (const DaemonProcess* daemon : expected) {
+    const uint32_t before = SessionsOn(*daemon);
+    placed.push_back(std::make_unique<kp::Manager>());
+    EXPECT_EQ(SessionsOn(*daemon), before + 1)
+        << "manager " << placed.size() << " not on " << daemon->address();
+    placed.back()->tensor(std::vector<float>(size_t{16} << 18, 1.0f));
+  }
+  EXPECT_EQ(SessionsOn(a), 1u);
+  // c is the emptiest now by far, and stops.
+  placed.clear();
+  load_b.reset();
+  ASSERT_EQ(c.Stop(SIGTERM, absl::Seconds(20)), 0);
+  for (int i = 0; i < 3; ++i) {
+    kp::Manager mgr;
+    ExpectWorks(mgr);
+    EXPECT_EQ(SessionsOn(b), 1u);  // b is emptier than a
+  }
+  // All stopped: every address named, with why.
+  load_a.reset();
+  ASSERT_EQ(a.Stop(SIGTERM, absl::Seconds(20)), 0);
+  ASSERT_EQ(b.Stop(SIGTERM, absl::Seconds(20)), 0);
+  std::optional<Thrown> e = ErrorOf([] { kp::Manager mgr; });
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code, kp::ErrorCode::kUnavailable);
+  EXPECT_THAT(e->message, AllOf(HasSubstr(absl::StrCat("KOMPUTED_ADDRESS=", all)),
+                                HasSubstr(absl::StrCat(a.address(), ": did not answer")),
+                                HasSubstr(absl::StrCat(b.address(), ": did not answer")),
+                                HasSubstr(absl::StrCat(c.address(), ": did not answer"))));
+}
+
 TEST_F(PlacementTest, BadSettingsAreInvalidArguments) {
   DaemonProcess a, b;
   ASSERT_TRUE(a.started() && b.started());
@@ -579,6 +623,46 @@ TEST_F(PlacementTest, KomputectlListsTheDevicesOfEveryDaemon) {
   ASSERT_EQ(RunProgram({KomputectlBinary(), "--address=" + a.address(), "devices"}, &out, &err), 0)
       << err;
   EXPECT_THAT(out, AllOf(HasSubstr("INDEX"), Not(HasSubstr("DAEMON"))));
+}
+
+TEST_F(PlacementTest, KomputectlHealthAndSessionsOfEveryDaemon) {
+  DaemonProcess a, b;
+  ASSERT_TRUE(a.started() && b.started());
+  auto on_a = Hold(a, 0);
+  auto on_b = Hold(b, 1);
+  std::string out, err;
+  ASSERT_EQ(RunProgram({KomputectlBinary(), "--address=" + Both(a, b), "--timeout=10", "health"},
+                       &out, &err),
+            0)
+      << err;
+  EXPECT_THAT(out, AllOf(HasSubstr("DAEMON"), ContainsRegex(a.address() + " +SERVING"),
+                         ContainsRegex(b.address() + " +SERVING")));
+  ASSERT_EQ(RunProgram({KomputectlBinary(), "--address=" + Both(a, b), "--timeout=10", "sessions"},
+                       &out, &err),
+            0)
+      << err;
+  // Each daemon's session under its name, b's with its tensor.
+  EXPECT_THAT(out, AllOf(HasSubstr("DAEMON"),
+                         ContainsRegex(a.address() + " +[0-9a-f]+ +default .* 0 B +0 "),
+                         ContainsRegex(b.address() + " +[0-9a-f]+ +default .* MiB +1 ")));
+  // A daemon that does not answer: named on stderr, the others still shown, exit status 1.
+  const std::string dead = Unused();
+  const std::string with_dead = absl::StrCat("ipv4:", a.address(), ",", dead);
+  EXPECT_EQ(RunProgram({KomputectlBinary(), "--address=" + with_dead, "--timeout=10", "health"},
+                       &out, &err),
+            1);
+  EXPECT_THAT(
+      out, AllOf(ContainsRegex(a.address() + " +SERVING"), ContainsRegex(dead + " +UNREACHABLE")));
+  EXPECT_THAT(err, HasSubstr(absl::StrCat("health check at ", dead)));
+  EXPECT_EQ(RunProgram({KomputectlBinary(), "--address=" + with_dead, "--timeout=10", "sessions"},
+                       &out, &err),
+            1);
+  EXPECT_THAT(out, ContainsRegex(a.address() + " +[0-9a-f]+ +default "));
+  EXPECT_THAT(err, HasSubstr(absl::StrCat("listing sessions at ", dead)));
+  // One daemon: the answer as it always was.
+  ASSERT_EQ(RunProgram({KomputectlBinary(), "--address=" + a.address(), "health"}, &out, &err), 0)
+      << err;
+  EXPECT_EQ(out, "SERVING\n");
 }
 
 }  // namespace
