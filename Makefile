@@ -75,6 +75,7 @@ ci: format-check test sanitize
 bench: build
 	$(BUILD)/tests/bench/komputed_bench
 	$(BUILD)/tests/bench/komputed_watchdog_bench
+	$(BUILD)/tests/bench/komputed_cluster_bench
 
 install: build
 	cmake --install $(BUILD)

@@ -3,16 +3,14 @@
 // the daemon that holds the session; with the daemons' direct addresses advertised, and without.
 //
 // Environment: HAPROXY, the balancer's binary (default /usr/sbin/haproxy, from scripts/setup).
+#include "support/balancer.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <kompute/Kompute.hpp>
 #include <memory>
 #include <string>
@@ -22,7 +20,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "support/daemon_process.h"
 #include "support/process.h"
 #include "support/scoped_env.h"
 #include "support/stubs.h"
@@ -30,16 +27,11 @@
 namespace komputed {
 namespace {
 
-using test_support::DaemonProcess;
+using test_support::Haproxy;
 using test_support::ScopedEnv;
 using test_support::Stubs;
 using ::testing::HasSubstr;
 using TensorList = std::vector<std::shared_ptr<kp::Tensor>>;
-
-std::string Haproxy() {
-  const char* value = std::getenv("HAPROXY");
-  return value != nullptr && value[0] != '\0' ? value : "/usr/sbin/haproxy";
-}
 
 std::string ExampleProgram() {
   const char* value = std::getenv("ARRAY_MULTIPLICATION");
@@ -47,64 +39,12 @@ std::string ExampleProgram() {
 }
 
 // Two daemons on fixed ports (advertising them when `advertise`), and haproxy in front.
-class Balanced {
+class Balanced : public test_support::BalancedDaemons {
  public:
-  explicit Balanced(bool advertise) {
-    for (int i = 0; i < 2; ++i) {
-      const int port = test_support::FreeLoopbackPort();
-      const std::string address = absl::StrCat("127.0.0.1:", port);
-      std::vector<std::string> flags = {"--listen=" + address};
-      if (advertise) flags.push_back("--advertise_address=" + address);
-      daemons_.push_back(std::make_unique<DaemonProcess>(flags));
-    }
-    const int port = test_support::FreeLoopbackPort();
-    address_ = absl::StrCat("127.0.0.1:", port);
-    char folder[] = "/tmp/komputed-haproxy-XXXXXX";
-    if (mkdtemp(folder) == nullptr) return;
-    folder_ = folder;
-    std::ofstream config(folder_ + "/haproxy.cfg");
-    config << "global\n  maxconn 512\n"
-           << "defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 600s\n"
-           << "  timeout server 600s\n"
-           << "frontend komputed\n  bind " << address_ << "\n  default_backend daemons\n"
-           << "backend daemons\n  balance roundrobin\n";
-    for (size_t i = 0; i < daemons_.size(); ++i) {
-      config << "  server d" << i << " " << daemons_[i]->address() << "\n";
-    }
-    config.close();
-    int out = -1;
-    haproxy_ = test_support::Spawn({Haproxy(), "-db", "-f", folder_ + "/haproxy.cfg"}, &out);
-    if (out >= 0) close(out);
-    const absl::Time deadline = absl::Now() + absl::Seconds(20);
-    while (haproxy_ > 0 && !test_support::AcceptsOnLoopback(port) && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    ready_ = haproxy_ > 0 && test_support::AcceptsOnLoopback(port);
-  }
-  ~Balanced() {
-    if (haproxy_ > 0) {
-      kill(haproxy_, SIGTERM);
-      if (test_support::WaitExit(haproxy_, absl::Seconds(10)) == -1) {
-        kill(haproxy_, SIGKILL);
-        waitpid(haproxy_, nullptr, 0);
-      }
-    }
-    if (!folder_.empty()) {
-      unlink((folder_ + "/haproxy.cfg").c_str());
-      rmdir(folder_.c_str());
-    }
-  }
-
-  bool ready() const {
-    for (const auto& d : daemons_) {
-      if (!d->started()) return false;
-    }
-    return ready_;
-  }
-  const std::string& address() const { return address_; }
+  explicit Balanced(bool advertise) : BalancedDaemons(2, advertise) {}
   // Sessions open on daemon `i` now (asked directly, not through the balancer).
   int Sessions(size_t i) const {
-    Stubs stubs(daemons_[i]->address());
+    Stubs stubs(daemon_address(i));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::ListSessionsResponse resp;
@@ -112,13 +52,6 @@ class Balanced {
     EXPECT_TRUE(s.ok()) << s.error_message();
     return resp.sessions_size();
   }
-
- private:
-  std::vector<std::unique_ptr<DaemonProcess>> daemons_;
-  std::string address_;
-  std::string folder_;
-  pid_t haproxy_ = -1;
-  bool ready_ = false;
 };
 
 // `mib` MiB up into a tensor, copied on the device, and down from another, in 4 transfer lanes:
