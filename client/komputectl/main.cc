@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,10 +23,12 @@
 #include <functional>
 #include <iostream>
 #include <kompute/Kompute.hpp>
+#include <limits>
 #include <numeric>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -69,7 +72,8 @@ ABSL_FLAG(uint32_t, device, 0, "run, bench: the daemon's device index");
 ABSL_FLAG(std::string, shader, "", "run: a GLSL compute shader (.comp, .glsl) or SPIR-V (.spv)");
 ABSL_FLAG(std::string, tensors, "",
           "run: the bindings in order, comma-separated, each TYPE:SOURCE[=OUTPUT]; TYPE is "
-          "float32|int32|uint32|float64; SOURCE a file (raw little-endian, or numbers in a .txt "
+          "float32|float64|float16|int32|uint32|int16|uint16|int8|uint8; SOURCE a file (raw "
+          "little-endian, or numbers in a .txt "
           "file) or zeros:COUNT; OUTPUT a file (.txt: numbers, else raw) written after the run");
 ABSL_FLAG(std::string, workgroup, "0,1,1",
           "run: workgroups X,Y,Z (X = 0: the first tensor's element count)");
@@ -412,47 +416,113 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// An element type of --tensors and --const_type: its name, size and kp type; `encode` appends
+// one value's bytes, false when the value is not one of the type (out of its range, or a
+// fraction for an integer type); `decode` writes one element as text.
+struct ElementType {
+  const char* name;
+  uint32_t size;
+  kp::Memory::DataTypes data_type;
+  bool (*encode)(double value, std::string& out);
+  void (*decode)(const uint8_t* element, std::ostream& out);
+};
+
+template <typename T>
+void AppendBytes(T value, std::string& out) {
+  char bytes[sizeof(T)];
+  std::memcpy(bytes, &value, sizeof(T));
+  out.append(bytes, sizeof(T));
+}
+
+template <typename T>
+T FromBytes(const uint8_t* p) {
+  T value;
+  std::memcpy(&value, p, sizeof(T));
+  return value;
+}
+
+template <typename Int>
+bool EncodeInteger(double d, std::string& out) {
+  if (!(d >= static_cast<double>(std::numeric_limits<Int>::min()) &&
+        d <= static_cast<double>(std::numeric_limits<Int>::max()) && d == std::floor(d))) {
+    return false;
+  }
+  AppendBytes(static_cast<Int>(d), out);
+  return true;
+}
+
+template <typename Int>
+void DecodeInteger(const uint8_t* p, std::ostream& out) {
+  out << static_cast<int64_t>(FromBytes<Int>(p));
+}
+
+// Floating-point values are rounded to the nearest of the type; past its largest finite value
+// they are refused rather than made infinite.
+template <typename Float>
+bool EncodeFloat(double d, std::string& out) {
+  double largest = 65504.0;  // binary16's
+  if constexpr (!std::is_same_v<Float, kp::float16>) largest = std::numeric_limits<Float>::max();
+  if (std::isfinite(d) && std::fabs(d) > largest) return false;
+  if constexpr (std::is_same_v<Float, kp::float16>) {
+    AppendBytes(kp::float16(static_cast<float>(d)), out);
+  } else {
+    AppendBytes(static_cast<Float>(d), out);
+  }
+  return true;
+}
+
+template <typename Float>
+void DecodeFloat(const uint8_t* p, std::ostream& out) {
+  if constexpr (std::is_same_v<Float, kp::float16>) {
+    out << static_cast<float>(FromBytes<kp::float16>(p));
+  } else {
+    out << FromBytes<Float>(p);
+  }
+}
+
+constexpr ElementType kElementTypes[] = {
+    {"float32", 4, kp::Memory::DataTypes::eFloat, EncodeFloat<float>, DecodeFloat<float>},
+    {"float64", 8, kp::Memory::DataTypes::eDouble, EncodeFloat<double>, DecodeFloat<double>},
+    {"float16", 2, kp::Memory::DataTypes::eHalf, EncodeFloat<kp::float16>,
+     DecodeFloat<kp::float16>},
+    {"int32", 4, kp::Memory::DataTypes::eInt, EncodeInteger<int32_t>, DecodeInteger<int32_t>},
+    {"uint32", 4, kp::Memory::DataTypes::eUnsignedInt, EncodeInteger<uint32_t>,
+     DecodeInteger<uint32_t>},
+    {"int16", 2, kp::Memory::DataTypes::eShort, EncodeInteger<int16_t>, DecodeInteger<int16_t>},
+    {"uint16", 2, kp::Memory::DataTypes::eUnsignedShort, EncodeInteger<uint16_t>,
+     DecodeInteger<uint16_t>},
+    {"int8", 1, kp::Memory::DataTypes::eChar, EncodeInteger<int8_t>, DecodeInteger<int8_t>},
+    {"uint8", 1, kp::Memory::DataTypes::eUnsignedChar, EncodeInteger<uint8_t>,
+     DecodeInteger<uint8_t>},
+};
+
+// The type named `name`; an unknown name ends the program (status 2), listing the known ones.
+const ElementType& TypeNamed(const std::string& name, const std::string& where) {
+  std::vector<std::string> names;
+  for (const ElementType& t : kElementTypes) {
+    if (name == t.name) return t;
+    names.push_back(t.name);
+  }
+  Fail(absl::StrCat(where, ": unknown type \"", name, "\" (", absl::StrJoin(names, ", "), ")"), 2);
+}
+
 struct Binding {
-  std::string type;
+  const ElementType* type = nullptr;
   std::shared_ptr<kp::Tensor> tensor;
   std::string output;
 };
 
-uint32_t SizeOf(const std::string& type) {
-  if (type == "float32" || type == "int32" || type == "uint32") return 4;
-  if (type == "float64") return 8;
-  Fail(absl::StrCat("unknown type \"", type, "\" (float32, int32, uint32, float64)"), 2);
-}
-
-kp::Memory::DataTypes DataTypeOf(const std::string& type) {
-  if (type == "float32") return kp::Memory::DataTypes::eFloat;
-  if (type == "int32") return kp::Memory::DataTypes::eInt;
-  if (type == "uint32") return kp::Memory::DataTypes::eUnsignedInt;
-  return kp::Memory::DataTypes::eDouble;
-}
-
-// Numbers as bytes of `type`.
-std::string Encode(const std::string& type, const std::vector<std::string>& numbers,
+// Numbers as bytes of `type`; a number that is not one of the type ends the program (status 2).
+std::string Encode(const ElementType& type, const std::vector<std::string>& numbers,
                    const std::string& where) {
   std::string out;
   for (const auto& n : numbers) {
     if (n.empty()) continue;
     double d;
     if (!absl::SimpleAtod(n, &d)) Fail(absl::StrCat(where, ": \"", n, "\" is not a number"), 2);
-    char buf[8];
-    if (type == "float32") {
-      float f = static_cast<float>(d);
-      std::memcpy(buf, &f, 4);
-    } else if (type == "int32") {
-      int32_t i = static_cast<int32_t>(d);
-      std::memcpy(buf, &i, 4);
-    } else if (type == "uint32") {
-      uint32_t u = static_cast<uint32_t>(d);
-      std::memcpy(buf, &u, 4);
-    } else {
-      std::memcpy(buf, &d, 8);
+    if (!type.encode(d, out)) {
+      Fail(absl::StrCat(where, ": ", n, " is not a ", type.name, " value"), 2);
     }
-    out.append(buf, SizeOf(type));
   }
   return out;
 }
@@ -468,10 +538,7 @@ void WriteOutput(const Binding& b) {
     return;
   }
   for (size_t i = 0; i < n; ++i) {
-    if (b.type == "float32") out << reinterpret_cast<const float*>(p)[i];
-    if (b.type == "int32") out << reinterpret_cast<const int32_t*>(p)[i];
-    if (b.type == "uint32") out << reinterpret_cast<const uint32_t*>(p)[i];
-    if (b.type == "float64") out << reinterpret_cast<const double*>(p)[i];
+    b.type->decode(p + i * b.type->size, out);
     out << "\n";
   }
 }
@@ -494,8 +561,7 @@ int Run() {
       Fail(absl::StrCat("--workgroup: \"", wg[i], "\" is not a count"), 2);
     }
   }
-  const std::string ctype = absl::GetFlag(FLAGS_const_type);
-  SizeOf(ctype);
+  const ElementType& ctype = TypeNamed(absl::GetFlag(FLAGS_const_type), "--const_type");
   std::string push = Encode(ctype, absl::StrSplit(absl::GetFlag(FLAGS_push), ','), "--push");
   std::string spec = Encode(ctype, absl::StrSplit(absl::GetFlag(FLAGS_spec), ','), "--spec");
 
@@ -509,8 +575,8 @@ int Run() {
       std::vector<std::string> io = absl::StrSplit(item, absl::MaxSplits('=', 1));
       std::vector<std::string> parts = absl::StrSplit(io[0], absl::MaxSplits(':', 1));
       if (parts.size() != 2) Fail(absl::StrCat("--tensors: \"", item, "\" is not TYPE:SOURCE"), 2);
-      b.type = parts[0];
-      const uint32_t size = SizeOf(b.type);
+      b.type = &TypeNamed(parts[0], "--tensors");
+      const uint32_t size = b.type->size;
       std::string data;
       if (parts[1].rfind("zeros:", 0) == 0) {
         uint64_t n;
@@ -522,16 +588,16 @@ int Run() {
         data = ReadFile(parts[1]);
         if (EndsWith(parts[1], ".txt")) {
           data =
-              Encode(b.type, absl::StrSplit(data, absl::ByAnyChar(" \t\r\n,"), absl::SkipEmpty()),
+              Encode(*b.type, absl::StrSplit(data, absl::ByAnyChar(" \t\r\n,"), absl::SkipEmpty()),
                      parts[1]);
         }
         if (data.empty() || data.size() % size != 0) {
-          Fail(absl::StrCat(parts[1], ": ", data.size(), " bytes is not a whole number of ", b.type,
-                            " values"));
+          Fail(absl::StrCat(parts[1], ": ", data.size(), " bytes is not a whole number of ",
+                            b.type->name, " values"));
         }
       }
       if (io.size() == 2) b.output = io[1];
-      b.tensor = mgr.tensor(data.data(), data.size() / size, size, DataTypeOf(b.type));
+      b.tensor = mgr.tensor(data.data(), data.size() / size, size, b.type->data_type);
       bindings.push_back(std::move(b));
     }
     std::vector<std::shared_ptr<kp::Tensor>> params;
@@ -539,7 +605,7 @@ int Run() {
     auto spec_bytes = std::vector<uint8_t>(spec.begin(), spec.end());
     auto push_bytes = std::vector<uint8_t>(push.begin(), push.end());
     auto algo = mgr.algorithm(params, spirv, workgroup, std::vector<float>{}, std::vector<float>{});
-    algo->rebuildRaw(params, spirv, workgroup, spec_bytes, SizeOf(ctype), push_bytes);
+    algo->rebuildRaw(params, spirv, workgroup, spec_bytes, ctype.size, push_bytes);
     auto seq = mgr.sequence(0, 3);
     const auto start = std::chrono::steady_clock::now();
     seq->record<kp::OpTensorSyncDevice>(params)

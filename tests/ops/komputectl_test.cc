@@ -136,6 +136,62 @@ void main() {
   EXPECT_THAT(err, testing::HasSubstr("ran on "));
 }
 
+TEST(Komputectl, RunTakesAndWritesTheSmallElementTypes) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.started());
+  TempDir dir;
+  const std::string shader = dir.Write("small.comp", R"(
+#version 450
+#extension GL_EXT_shader_explicit_arithmetic_types : require
+layout(local_size_x = 1) in;
+layout(set = 0, binding = 0) readonly buffer A { int8_t a[]; };
+layout(set = 0, binding = 1) readonly buffer B { uint16_t b[]; };
+layout(set = 0, binding = 2) buffer E { uint8_t e[]; };
+layout(set = 0, binding = 3) writeonly buffer C { float16_t c[]; };
+layout(set = 0, binding = 4) writeonly buffer D { int16_t d[]; };
+void main() {
+  uint i = gl_GlobalInvocationID.x;
+  c[i] = float16_t(float(a[i]) * float(b[i]) * 0.5);
+  d[i] = int16_t(a[i]) - int16_t(b[i]);
+  e[i] = e[i] + uint8_t(1);
+}
+)");
+  const std::string a = dir.Write("a.txt", "-3 7 100\n");
+  const std::string b = dir.Write("b.txt", "2 300 4\n");
+  const std::string e = dir.Write("e.txt", "255 0 128\n");
+  std::string out, err;
+  EXPECT_EQ(Komputectl(daemon.address(),
+                       {"run", "--shader=" + shader,
+                        absl::StrCat("--tensors=int8:", a, ",uint16:", b, ",uint8:", e, "=",
+                                     dir.path(), "/e_out.txt,float16:zeros:3=", dir.path(),
+                                     "/c.txt,int16:zeros:3=", dir.path(), "/d.txt")},
+                       &out, &err),
+            0)
+      << err;
+  EXPECT_EQ(dir.Read("c.txt"), "-3\n1050\n200\n");
+  EXPECT_EQ(dir.Read("d.txt"), "-5\n-293\n96\n");
+  EXPECT_EQ(dir.Read("e_out.txt"), "0\n1\n129\n");
+
+  // A value that the type cannot hold, a fraction for an integer type and an unknown type are
+  // refused before anything runs, naming the value.
+  const std::string big = dir.Write("big.txt", "1 300\n");
+  const std::string half = dir.Write("half.txt", "1.5\n");
+  const std::string huge = dir.Write("huge.txt", "70000\n");
+  for (const auto& [tensors, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"int8:" + big, "300 is not a int8 value"},
+           {"uint16:" + half, "1.5 is not a uint16 value"},
+           {"float16:" + huge, "70000 is not a float16 value"},
+           {"int4:" + big,
+            "unknown type \"int4\" (float32, float64, float16, int32, uint32, "
+            "int16, uint16, int8, uint8)"}}) {
+    SCOPED_TRACE(tensors);
+    EXPECT_EQ(Komputectl(daemon.address(), {"run", "--shader=" + shader, "--tensors=" + tensors},
+                         &out, &err),
+              2);
+    EXPECT_THAT(err, testing::HasSubstr(expected));
+  }
+}
+
 TEST(Komputectl, UnreachableDaemonIsOneErrorLine) {
   // Port 1: nothing listens there (binding it takes privileges).
   std::string out, err;
