@@ -440,7 +440,10 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
   VkPhysicalDeviceFeatures supported{};
   vkGetPhysicalDeviceFeatures(device->physical_device_, &supported);
   SupportedFeatures query;
-  query.Query(device->physical_device_, info.properties.apiVersion, available);
+  query.Query(device->physical_device_,
+              std::min(info.properties.apiVersion,
+                       options.feature_api_version.value_or(info.properties.apiVersion)),
+              available);
   const ShaderFeatures& withheld = options.withheld_features;
   ShaderFeatures& enabled = device->features_;
   enabled.float64 = supported.shaderFloat64 == VK_TRUE && !withheld.float64;

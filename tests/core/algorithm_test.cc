@@ -31,6 +31,7 @@ namespace komputed::core {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
@@ -66,8 +67,9 @@ absl::StatusOr<std::vector<uint32_t>> Compile(const char* source) {
 
 // Uploads every tensor, dispatches `algorithm` and downloads every tensor.
 absl::Status RoundTrip(const std::shared_ptr<Algorithm>& algorithm,
-                       const std::vector<std::shared_ptr<Tensor>>& tensors) {
-  absl::StatusOr<std::unique_ptr<Sequence>> seq = Sequence::Create(TestDevice(), 0, 0);
+                       const std::vector<std::shared_ptr<Tensor>>& tensors,
+                       const std::shared_ptr<Device>& device = TestDevice()) {
+  absl::StatusOr<std::unique_ptr<Sequence>> seq = Sequence::Create(device, 0, 0);
   if (!seq.ok()) return seq.status();
   for (Op op : std::vector<Op>{op::SyncToDevice{tensors}, op::Dispatch{algorithm},
                                op::SyncToHost{tensors}}) {
@@ -756,51 +758,89 @@ std::vector<T> HostValues(const Tensor& t) {
   return values;
 }
 
-// Where the device has the features, shaders that use them run (the test device's are enabled).
-TEST(Algorithm, SmallTypeArithmeticRunsWhereEnabled) {
-  const ShaderFeatures& f = TestDevice()->shader_features();
-  if (!f.int8 || !f.int16 || !f.float16 || !f.storage_buffer_8bit || !f.storage_buffer_16bit ||
-      !f.push_constant_8bit) {
-    GTEST_SKIP() << "the device lacks one of the 8/16-bit features";
-  }
+// Shaders that compute on 8- and 16-bit values run on `device`, which has their features enabled.
+void RunSmallTypeArithmetic(const std::shared_ptr<Device>& device) {
   const int8_t i8[] = {5, -7, 100};
-  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> t8, Tensor::Create(TestDevice(), ElementType::kInt8,
-                                                                  3, 0, MemoryType::kDevice, i8));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> t8,
+                       Tensor::Create(device, ElementType::kInt8, 3, 0, MemoryType::kDevice, i8));
   ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec8, SpecFor(kInt8ArithmeticShader, {t8}));
   spec8.workgroup = {3, 1, 1};
-  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> a8, Algorithm::Create(TestDevice(), spec8));
-  ASSERT_OK(RoundTrip(a8, {t8}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> a8, Algorithm::Create(device, spec8));
+  ASSERT_OK(RoundTrip(a8, {t8}, device));
   EXPECT_THAT(HostValues<int8_t>(*t8), ElementsAre(-15, 21, static_cast<int8_t>(-300 + 256)));
 
   const uint16_t u16[] = {1, 0, 40000};
-  ASSERT_OK_AND_ASSIGN(
-      std::shared_ptr<Tensor> t16,
-      Tensor::Create(TestDevice(), ElementType::kUInt16, 3, 0, MemoryType::kDevice, u16));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> t16, Tensor::Create(device, ElementType::kUInt16, 3,
+                                                                   0, MemoryType::kDevice, u16));
   ASSERT_OK_AND_ASSIGN(AlgorithmSpec spec16, SpecFor(kInt16ArithmeticShader, {t16}));
   spec16.workgroup = {3, 1, 1};
-  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> a16, Algorithm::Create(TestDevice(), spec16));
-  ASSERT_OK(RoundTrip(a16, {t16}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> a16, Algorithm::Create(device, spec16));
+  ASSERT_OK(RoundTrip(a16, {t16}, device));
   EXPECT_THAT(HostValues<uint16_t>(*t16), ElementsAre(0, 65535, 39999));
 
   const uint16_t h[] = {0x3C00, 0xC500, 0x0001};  // 1, -5, the least subnormal
-  ASSERT_OK_AND_ASSIGN(
-      std::shared_ptr<Tensor> th,
-      Tensor::Create(TestDevice(), ElementType::kFloat16, 3, 0, MemoryType::kDevice, h));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> th,
+                       Tensor::Create(device, ElementType::kFloat16, 3, 0, MemoryType::kDevice, h));
   ASSERT_OK_AND_ASSIGN(AlgorithmSpec spech, SpecFor(kFloat16ArithmeticShader, {th}));
   spech.workgroup = {2, 1, 1};  // (the subnormal's half would depend on the device's rounding)
-  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> ah, Algorithm::Create(TestDevice(), spech));
-  ASSERT_OK(RoundTrip(ah, {th}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> ah, Algorithm::Create(device, spech));
+  ASSERT_OK(RoundTrip(ah, {th}, device));
   EXPECT_THAT(HostValues<uint16_t>(*th), ElementsAre(0x3800, 0xC100, 0x0001));  // 0.5, -2.5
 
-  ASSERT_OK_AND_ASSIGN(
-      std::shared_ptr<Tensor> ti,
-      Tensor::Create(TestDevice(), ElementType::kInt32, 2, 0, MemoryType::kDevice, nullptr));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> ti, Tensor::Create(device, ElementType::kInt32, 2, 0,
+                                                                  MemoryType::kDevice, nullptr));
   ASSERT_OK_AND_ASSIGN(AlgorithmSpec specp, SpecFor(kPushConstant8Shader, {ti}));
   specp.workgroup = {2, 1, 1};
   specp.push_constants = Bytes(int8_t{-9}, int8_t{0}, int8_t{0}, int8_t{0});
-  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> ap, Algorithm::Create(TestDevice(), specp));
-  ASSERT_OK(RoundTrip(ap, {ti}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> ap, Algorithm::Create(device, specp));
+  ASSERT_OK(RoundTrip(ap, {ti}, device));
   EXPECT_THAT(HostValues<int32_t>(*ti), ElementsAre(-9, -9));
+}
+
+bool HasSmallTypeFeatures(const ShaderFeatures& f) {
+  return f.int8 && f.int16 && f.float16 && f.storage_buffer_8bit && f.storage_buffer_16bit &&
+         f.push_constant_8bit;
+}
+
+// Where the device has the features, shaders that use them run (the test device's are enabled).
+TEST(Algorithm, SmallTypeArithmeticRunsWhereEnabled) {
+  if (!HasSmallTypeFeatures(TestDevice()->shader_features())) {
+    GTEST_SKIP() << "the device lacks one of the 8/16-bit features";
+  }
+  RunSmallTypeArithmetic(TestDevice());
+}
+
+// The same device opened as a Vulkan 1.1 one: the features found and enabled through 1.1's
+// 16-bit storage struct and the extensions VK_KHR_8bit_storage and VK_KHR_shader_float16_int8
+// instead of Vulkan 1.2's structs, and without timeline semaphores.
+TEST(Algorithm, SmallTypeArithmeticRunsOnTheVulkan11Path) {
+  if (TestDevice()->properties().apiVersion < VK_API_VERSION_1_2) {
+    GTEST_SKIP() << "the device is a Vulkan 1.1 one already: the test above runs this path";
+  }
+  DeviceOptions options;
+  options.physical_device_index = TestDevice()->info().index;
+  options.feature_api_version = VK_API_VERSION_1_1;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Device> device, Device::Create(options));
+  EXPECT_FALSE(device->timeline_supported());
+  const std::vector<std::string>& extensions = device->enabled_extensions();
+  const ShaderFeatures& all = TestDevice()->shader_features();
+  const ShaderFeatures& f = device->shader_features();
+  // The 1.1 path finds what the 1.2 path finds, where the device has the two extensions.
+  EXPECT_EQ(f.storage_buffer_16bit, all.storage_buffer_16bit);
+  EXPECT_EQ(f.push_constant_16bit, all.push_constant_16bit);
+  if (f.storage_buffer_8bit) {
+    EXPECT_THAT(extensions, Contains("VK_KHR_8bit_storage"));
+  }
+  if (f.int8 || f.float16) {
+    EXPECT_THAT(extensions, Contains("VK_KHR_shader_float16_int8"));
+  }
+  if (!HasSmallTypeFeatures(f))
+    GTEST_SKIP() << "the device lacks VK_KHR_8bit_storage or "
+                    "VK_KHR_shader_float16_int8";
+  EXPECT_EQ(f.int8, all.int8);
+  EXPECT_EQ(f.float16, all.float16);
+  EXPECT_EQ(f.storage_buffer_8bit, all.storage_buffer_8bit);
+  RunSmallTypeArithmetic(device);
 }
 
 // On a device without them (the same device, opened with the features withheld), every shader

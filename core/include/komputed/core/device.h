@@ -111,6 +111,12 @@ struct DeviceOptions {
   // subgroup operations whose bits are set), so that shaders are checked as on a device without
   // them.
   ShaderFeatures withheld_features;
+  // The Vulkan version whose way of finding and enabling the 8/16-bit features and timeline
+  // semaphores is taken, when below the device's own: VK_API_VERSION_1_1 opens a newer device
+  // as a Vulkan 1.1 one (16-bit storage as 1.1 has it, VK_KHR_8bit_storage and
+  // VK_KHR_shader_float16_int8, no timeline semaphores), so that the path is tested. Unset: the
+  // device's version.
+  std::optional<uint32_t> feature_api_version;
 };
 
 // One queue of a device. Submissions to it are serialised by its mutex.
