@@ -58,6 +58,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -307,8 +308,11 @@ class RawVulkan {
     cb = VK_NULL_HANDLE;
   }
 
-  // The per-iteration work: vkResetFences + vkQueueSubmit + vkWaitForFences (bounded).
-  VkResult Run(VkCommandBuffer cb, uint64_t timeout_ns) {
+  // The per-iteration work: vkResetFences + vkQueueSubmit + vkWaitForFences (bounded); with
+  // `spin`, the fence is polled (vkGetFenceStatus, yielding between polls) for up to that long
+  // before the wait sleeps, as kp does in-process on a GPU.
+  VkResult Run(VkCommandBuffer cb, uint64_t timeout_ns,
+               absl::Duration spin = absl::ZeroDuration()) {
     VkResult r = vkResetFences(device_, 1, &fence_);
     if (r != VK_SUCCESS) return r;
     VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
@@ -316,6 +320,12 @@ class RawVulkan {
     si.pCommandBuffers = &cb;
     r = vkQueueSubmit(queue_, 1, &si, fence_);
     if (r != VK_SUCCESS) return r;
+    if (spin > absl::ZeroDuration()) {
+      const absl::Time until = absl::Now() + spin;
+      while (vkGetFenceStatus(device_, fence_) == VK_NOT_READY && absl::Now() < until) {
+        std::this_thread::yield();
+      }
+    }
     return vkWaitForFences(device_, 1, &fence_, VK_TRUE, timeout_ns);
   }
 
@@ -672,7 +682,7 @@ absl::Status SetUp(Env& env) {
 // ---------------------------------------------------------------------------------------------
 // The benchmarks
 
-void BM_TinyRaw(benchmark::State& state) {
+void RunRawTiny(benchmark::State& state, absl::Duration spin) {
   RawVulkan& vk = g_env->raw;
   float* data = g_env->raw_tiny->host();
   const VkCommandBuffer cb = g_env->raw_tiny->command_buffer();
@@ -680,7 +690,7 @@ void BM_TinyRaw(benchmark::State& state) {
   for (auto _ : state) {
     const TinyStep step(i++);
     data[step.k] = step.v;
-    const VkResult r = vk.Run(cb, kTimeoutNs);
+    const VkResult r = vk.Run(cb, kTimeoutNs, spin);
     if (r != VK_SUCCESS) {
       state.SkipWithError(VkError(r, "raw submit/wait").c_str());
       break;
@@ -691,6 +701,10 @@ void BM_TinyRaw(benchmark::State& state) {
     }
   }
 }
+
+void BM_TinyRaw(benchmark::State& state) { RunRawTiny(state, absl::ZeroDuration()); }
+// kp's default (KOMPUTED_EVAL_SPIN_US) poll before the sleep.
+void BM_TinyRawSpin(benchmark::State& state) { RunRawTiny(state, absl::Microseconds(50)); }
 
 void RunCoreTiny(benchmark::State& state, CoreTiny& tiny) {
   core::Sequence& seq = *tiny.sequence;
@@ -1054,6 +1068,7 @@ std::string PerSecond(std::optional<double> items_per_second) {
 
 // The benchmark names, which are also the summary's keys.
 constexpr char kTinyRaw[] = "tiny/raw";
+constexpr char kTinyRawSpin[] = "tiny/raw_spin";
 constexpr char kTinyCore[] = "tiny/core";
 constexpr char kTinyCoreUnclamped[] = "tiny/core_unclamped";
 constexpr char kTinyKp[] = "tiny/kp";
@@ -1072,8 +1087,11 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   const auto core_s = r.MeanSeconds(kTinyCore);
   const auto kp_s = r.MeanSeconds(kTinyKp);
   std::cout << "\nsummary (" << g_env->device_name << ")\n";
-  std::cout << "tiny sequence, mean per round trip: raw " << Micros(raw) << ", core "
-            << Micros(core_s) << ", kp " << Micros(kp_s) << "\n";
+  const auto raw_spin = r.MeanSeconds(kTinyRawSpin);
+  std::cout << "tiny sequence, mean per round trip: raw " << Micros(raw) << " (polling first "
+            << Micros(raw_spin) << "), core " << Micros(core_s) << ", kp " << Micros(kp_s) << "\n";
+  PrintInfoRatio("kp/raw, both polling the fence before they sleep (tiny sequence)",
+                 Ratio(kp_s, raw_spin));
   std::cout << "upload 256 MiB: raw " << GBps(r.MeanBytesPerSecond(kUploadRaw)) << ", kp "
             << GBps(r.MeanBytesPerSecond(kUploadKp)) << "\n";
   std::cout << "download 256 MiB: raw " << GBps(r.MeanBytesPerSecond(kDownloadRaw)) << ", kp "
@@ -1180,6 +1198,10 @@ int main(int argc, char** argv) {
   const std::string saxpy_core_stoppable = absl::StrCat("saxpy_", c.saxpy_mb, "MiB/core_stoppable");
   const std::string loop_core = kLoopCore, loop_core_stoppable = kLoopCoreStoppable;
   benchmark::RegisterBenchmark(kTinyRaw, BM_TinyRaw)
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(kTinyRawSpin, BM_TinyRawSpin)
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
