@@ -310,7 +310,7 @@ class RawVulkan {
 
   // The per-iteration work: vkResetFences + vkQueueSubmit + vkWaitForFences (bounded); with
   // `spin`, the fence is polled (vkGetFenceStatus, yielding between polls) for up to that long
-  // before the wait sleeps, as kp does in-process on a GPU.
+  // before the wait sleeps, as the daemon does (--eval_spin): the floor of a short wait.
   VkResult Run(VkCommandBuffer cb, uint64_t timeout_ns,
                absl::Duration spin = absl::ZeroDuration()) {
     VkResult r = vkResetFences(device_, 1, &fence_);
@@ -703,7 +703,7 @@ void RunRawTiny(benchmark::State& state, absl::Duration spin) {
 }
 
 void BM_TinyRaw(benchmark::State& state) { RunRawTiny(state, absl::ZeroDuration()); }
-// kp's default (KOMPUTED_EVAL_SPIN_US) poll before the sleep.
+// The daemon's default --eval_spin poll before the sleep.
 void BM_TinyRawSpin(benchmark::State& state) { RunRawTiny(state, absl::Microseconds(50)); }
 
 void RunCoreTiny(benchmark::State& state, CoreTiny& tiny) {
@@ -1090,7 +1090,7 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   const auto raw_spin = r.MeanSeconds(kTinyRawSpin);
   std::cout << "tiny sequence, mean per round trip: raw " << Micros(raw) << " (polling first "
             << Micros(raw_spin) << "), core " << Micros(core_s) << ", kp " << Micros(kp_s) << "\n";
-  PrintInfoRatio("kp/raw, both polling the fence before they sleep (tiny sequence)",
+  PrintInfoRatio("kp/raw polling its fence for 50 us before it sleeps (tiny sequence)",
                  Ratio(kp_s, raw_spin));
   std::cout << "upload 256 MiB: raw " << GBps(r.MeanBytesPerSecond(kUploadRaw)) << ", kp "
             << GBps(r.MeanBytesPerSecond(kUploadKp)) << "\n";
