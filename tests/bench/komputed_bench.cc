@@ -114,6 +114,22 @@ void main() {
 }
 )";
 constexpr uint32_t kLoopIterations = 4096;
+// The same work in 256 iterations of 16 steps: a loop body of a more usual size, over which the
+// cancel check's per-iteration instructions are spread.
+constexpr char kLoop16Shader[] = R"(
+#version 450
+layout(local_size_x = 64) in;
+layout(set = 0, binding = 0) buffer Out { float result[]; };
+layout(push_constant) uniform Push { uint iterations; } push;
+#define STEP acc = acc * 0.999 + 1.0;
+#define STEP4 STEP STEP STEP STEP
+void main() {
+  float acc = float(gl_GlobalInvocationID.x);
+  for (uint k = 0u; k < push.iterations; ++k) { STEP4 STEP4 STEP4 STEP4 }
+  if (acc == -12345.0) result[0] = acc;
+}
+)";
+constexpr uint32_t kLoop16Iterations = kLoopIterations / 16;
 
 constexpr char kSaxpyShader[] = R"(
 #version 450
@@ -561,11 +577,12 @@ struct CoreSaxpy {
 };
 enum SaxpyVariant { kClamped = 0, kUnclamped = 1, kStoppable = 2 };
 
-// A loop-bound kernel (kLoopShader), plain and with the watchdog's cancel checks.
+// The loop-bound kernels (kLoopShader, kLoop16Shader: [shape]), plain and with the watchdog's
+// cancel checks ([stoppable]).
 struct CoreLoop {
   std::shared_ptr<core::Tensor> out;
-  std::shared_ptr<core::Algorithm> algorithm[2];
-  std::unique_ptr<core::Sequence> sequence[2];
+  std::shared_ptr<core::Algorithm> algorithm[2][2];
+  std::unique_ptr<core::Sequence> sequence[2][2];
 };
 
 struct KpSaxpy {
@@ -921,34 +938,42 @@ absl::Status MakeCoreLoop(Env& env) {
   const std::vector<float> zeros(4, 0.0f);
   KD_ASSIGN_OR_RETURN(l->out, core::Tensor::Create(env.core_device, core::ElementType::kFloat32, 4,
                                                    0, core::MemoryType::kDevice, zeros.data()));
-  KD_ASSIGN_OR_RETURN(std::vector<uint32_t> spirv, core::CompileGlsl(kLoopShader, "loop.comp"));
   KD_ASSIGN_OR_RETURN(std::shared_ptr<core::CancelWord> word,
                       core::CancelWord::Create(env.core_device));
   const bool cpu = env.core_device->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
-  for (int stoppable = 0; stoppable < 2; ++stoppable) {
-    core::AlgorithmSpec spec;
-    spec.tensors = {l->out};
-    spec.spirv = spirv;
-    spec.workgroup = {cpu ? 64u : 4096u, 1, 1};
-    spec.push_constants.resize(sizeof(kLoopIterations));
-    std::memcpy(spec.push_constants.data(), &kLoopIterations, sizeof(kLoopIterations));
-    if (stoppable == 1) spec.cancel = word;
-    KD_ASSIGN_OR_RETURN(l->algorithm[stoppable],
-                        core::Algorithm::Create(env.core_device, std::move(spec)));
-    KD_ASSIGN_OR_RETURN(l->sequence[stoppable], core::Sequence::Create(env.core_device, 0, 0));
-    KD_RETURN_IF_ERROR(
-        l->sequence[stoppable]->Record(core::op::Dispatch{l->algorithm[stoppable], std::nullopt}));
+  const struct {
+    const char* source;
+    uint32_t iterations;
+  } shapes[2] = {{kLoopShader, kLoopIterations}, {kLoop16Shader, kLoop16Iterations}};
+  for (int shape = 0; shape < 2; ++shape) {
+    KD_ASSIGN_OR_RETURN(std::vector<uint32_t> spirv,
+                        core::CompileGlsl(shapes[shape].source, "loop.comp"));
+    for (int stoppable = 0; stoppable < 2; ++stoppable) {
+      core::AlgorithmSpec spec;
+      spec.tensors = {l->out};
+      spec.spirv = spirv;
+      spec.workgroup = {cpu ? 64u : 4096u, 1, 1};
+      spec.push_constants.resize(sizeof(uint32_t));
+      std::memcpy(spec.push_constants.data(), &shapes[shape].iterations, sizeof(uint32_t));
+      if (stoppable == 1) spec.cancel = word;
+      KD_ASSIGN_OR_RETURN(l->algorithm[shape][stoppable],
+                          core::Algorithm::Create(env.core_device, std::move(spec)));
+      KD_ASSIGN_OR_RETURN(l->sequence[shape][stoppable],
+                          core::Sequence::Create(env.core_device, 0, 0));
+      KD_RETURN_IF_ERROR(l->sequence[shape][stoppable]->Record(
+          core::op::Dispatch{l->algorithm[shape][stoppable], std::nullopt}));
+    }
   }
   env.core_loop = std::move(l);
   return absl::OkStatus();
 }
 
-void RunCoreLoop(benchmark::State& state, bool stoppable) {
+void RunCoreLoop(benchmark::State& state, int shape, bool stoppable) {
   if (absl::Status s = MakeCoreLoop(*g_env); !s.ok()) {
     state.SkipWithError(s.ToString().c_str());
     return;
   }
-  core::Sequence& seq = *g_env->core_loop->sequence[stoppable ? 1 : 0];
+  core::Sequence& seq = *g_env->core_loop->sequence[shape][stoppable ? 1 : 0];
   const absl::Duration timeout = absl::Nanoseconds(static_cast<int64_t>(kTimeoutNs));
   for (auto _ : state) {
     if (absl::Status st = seq.Eval(timeout); !st.ok()) {
@@ -958,8 +983,10 @@ void RunCoreLoop(benchmark::State& state, bool stoppable) {
   }
 }
 
-void BM_LoopCore(benchmark::State& state) { RunCoreLoop(state, /*stoppable=*/false); }
-void BM_LoopCoreStoppable(benchmark::State& state) { RunCoreLoop(state, /*stoppable=*/true); }
+void BM_LoopCore(benchmark::State& state) { RunCoreLoop(state, 0, /*stoppable=*/false); }
+void BM_LoopCoreStoppable(benchmark::State& state) { RunCoreLoop(state, 0, /*stoppable=*/true); }
+void BM_Loop16Core(benchmark::State& state) { RunCoreLoop(state, 1, /*stoppable=*/false); }
+void BM_Loop16CoreStoppable(benchmark::State& state) { RunCoreLoop(state, 1, /*stoppable=*/true); }
 
 // ---------------------------------------------------------------------------------------------
 // Reporting: the console output, plus the run's results kept for the summary.
@@ -1078,6 +1105,8 @@ constexpr char kDownloadRaw[] = "download_256MiB/raw";
 constexpr char kDownloadKp[] = "download_256MiB/kp";
 constexpr char kLoopCore[] = "loop/core";
 constexpr char kLoopCoreStoppable[] = "loop/core_stoppable";
+constexpr char kLoop16Core[] = "loop16/core";
+constexpr char kLoop16CoreStoppable[] = "loop16/core_stoppable";
 
 // True when every target was met.
 bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
@@ -1110,11 +1139,15 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
             << GBps(r.MeanBytesPerSecond(saxpy_core_stoppable)) << " vs without "
             << GBps(r.MeanBytesPerSecond(saxpy_core)) << "; loop "
             << Micros(r.MeanSeconds(kLoopCoreStoppable)) << " vs without "
-            << Micros(r.MeanSeconds(kLoopCore)) << "\n";
+            << Micros(r.MeanSeconds(kLoopCore)) << "; loop of 16 steps per iteration "
+            << Micros(r.MeanSeconds(kLoop16CoreStoppable)) << " vs without "
+            << Micros(r.MeanSeconds(kLoop16Core)) << "\n";
   PrintInfoRatio("stoppable/plain (saxpy time)",
                  Ratio(r.MeanSeconds(saxpy_core_stoppable), saxpy_clamped_s));
   PrintInfoRatio("stoppable/plain (loop time)",
                  Ratio(r.MeanSeconds(kLoopCoreStoppable), r.MeanSeconds(kLoopCore)));
+  PrintInfoRatio("stoppable/plain (loop of 16 steps per iteration, time)",
+                 Ratio(r.MeanSeconds(kLoop16CoreStoppable), r.MeanSeconds(kLoop16Core)));
   bool met = true;
   met &= PrintRatio("core/raw (tiny sequence)", Ratio(core_s, raw), true, 1.10);
   met &= PrintRatio("kp/raw (tiny sequence)", Ratio(kp_s, raw), true, 1.10);
@@ -1197,6 +1230,7 @@ int main(int argc, char** argv) {
   const std::string saxpy_core_unclamped = absl::StrCat("saxpy_", c.saxpy_mb, "MiB/core_unclamped");
   const std::string saxpy_core_stoppable = absl::StrCat("saxpy_", c.saxpy_mb, "MiB/core_stoppable");
   const std::string loop_core = kLoopCore, loop_core_stoppable = kLoopCoreStoppable;
+  const std::string loop16_core = kLoop16Core, loop16_core_stoppable = kLoop16CoreStoppable;
   benchmark::RegisterBenchmark(kTinyRaw, BM_TinyRaw)
       ->UseRealTime()
       ->MinTime(c.min_time_s)
@@ -1245,7 +1279,8 @@ int main(int argc, char** argv) {
   for (const Named& b :
        {Named{&saxpy_core, BM_SaxpyCore}, Named{&saxpy_core_unclamped, BM_SaxpyCoreUnclamped},
         Named{&saxpy_core_stoppable, BM_SaxpyCoreStoppable}, Named{&loop_core, BM_LoopCore},
-        Named{&loop_core_stoppable, BM_LoopCoreStoppable}}) {
+        Named{&loop_core_stoppable, BM_LoopCoreStoppable}, Named{&loop16_core, BM_Loop16Core},
+        Named{&loop16_core_stoppable, BM_Loop16CoreStoppable}}) {
     benchmark::RegisterBenchmark(b.name->c_str(), b.fn)
         ->UseRealTime()
         ->MinTime(c.min_time_s)
