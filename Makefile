@@ -76,6 +76,7 @@ bench: build
 	$(BUILD)/tests/bench/komputed_bench
 	$(BUILD)/tests/bench/komputed_watchdog_bench
 	$(BUILD)/tests/bench/komputed_cluster_bench
+	$(BUILD)/tests/bench/komputed_scale_bench
 
 install: build
 	cmake --install $(BUILD)

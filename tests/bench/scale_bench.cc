@@ -1,0 +1,193 @@
+// komputed_scale_bench: one daemon (the komputed binary, a child process) and many sessions.
+//
+// Each of --sessions kp::Managers (one connection each) creates a tensor of 1024 floats, the tiny
+// x*2+1 algorithm over it and a sequence that syncs it up, dispatches and syncs it back, and
+// evaluates it once asynchronously (opening its stream). Measured:
+// - the daemon's resident memory after each of those stages for every session, per session (a
+//   lavapipe tensor's device memory and compiled pipeline are host memory and count here; on a
+//   GPU they mostly do not), and its threads with no session and with every session open and idle
+//   (none per session is the design);
+// - then every session evaluates at once, each from a client thread of its own, evalAsync and
+//   evalAwait in a loop for --seconds: the p50 and p99 of the evaluations' latency, and their
+//   ratio (target p99/p50 <= 5).
+//
+// Exits 1 when a session fails or an evaluation's result is wrong.
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <kompute/Kompute.hpp>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench_common.h"
+#include "support/daemon_process.h"
+
+ABSL_FLAG(int, sessions, 256, "sessions, each a kp::Manager with a connection of its own");
+ABSL_FLAG(double, seconds, 5, "how long every session evaluates at once");
+
+namespace komputed_bench {
+namespace {
+
+using komputed::test_support::DaemonProcess;
+
+// A field of /proc/PID/status ("VmRSS", "Threads"): its number (kB for sizes), or -1.
+int64_t ProcStatus(pid_t pid, const std::string& field) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (!absl::StartsWith(line, field + ":")) continue;
+    std::string value = line.substr(field.size() + 1);
+    value.erase(0, value.find_first_not_of(" \t"));
+    value = value.substr(0, value.find_first_of(" \t"));
+    int64_t n = -1;
+    return absl::SimpleAtoi(value, &n) ? n : -1;
+  }
+  return -1;
+}
+
+struct Session {
+  std::unique_ptr<kp::Manager> mgr;
+  KpTiny tiny;
+};
+
+// One evaluation of the tiny sequence, asynchronously: false when its result is wrong.
+bool EvalOnce(KpTiny& tiny, uint64_t i) {
+  const TinyStep step(i);
+  tiny.tensor->data()[step.k] = step.v;
+  tiny.sequence->evalAsync();
+  tiny.sequence->evalAwait();
+  return tiny.tensor->data()[step.k] == step.expected();
+}
+
+// The daemon's address, for the stages' steps.
+std::string& DaemonAddress() {
+  static std::string address;
+  return address;
+}
+
+int Run() {
+  const int sessions = absl::GetFlag(FLAGS_sessions);
+  DaemonProcess daemon;
+  if (!daemon.started()) {
+    std::fprintf(stderr, "the daemon did not start\n");
+    return 1;
+  }
+  DaemonAddress() = daemon.address();
+  // Settled: the device is open and the first connection's buffers are made.
+  absl::SleepFor(absl::Milliseconds(500));
+  const int64_t rss0 = ProcStatus(daemon.pid(), "VmRSS");
+  const int64_t threads0 = ProcStatus(daemon.pid(), "Threads");
+  const std::vector<uint32_t> spirv = kp::compileSource(kTinyShader);
+  std::vector<Session> all(sessions);
+  // Each stage for every session, then the daemon's memory: what each costs per session.
+  int64_t rss = rss0;
+  auto stage = [&](const char* what, const std::function<void(Session&, int)>& step) {
+    const absl::Time start = absl::Now();
+    for (int s = 0; s < sessions; ++s) step(all[s], s);
+    const absl::Duration took = absl::Now() - start;
+    absl::SleepFor(absl::Milliseconds(300));
+    const int64_t now = ProcStatus(daemon.pid(), "VmRSS");
+    std::printf("  %-58s %7.1f KiB per session  (%s for all)\n", what,
+                static_cast<double>(now - rss) / sessions, absl::FormatDuration(took).c_str());
+    rss = now;
+  };
+  std::printf("daemon RSS: %lld KiB with no session; then for each of %d sessions:\n",
+              static_cast<long long>(rss0), sessions);
+  stage("a session (kp::Manager, a connection of its own)", [](Session& x, int) {
+    x.mgr = std::make_unique<kp::Manager>(kp::Remote{DaemonAddress(), 0, {}});
+  });
+  stage("a tensor of 1024 floats", [](Session& x, int) {
+    x.tiny.tensor = x.mgr->tensorT<float>(std::vector<float>(kTinyCount, 0.0f));
+  });
+  stage("the tiny algorithm", [&](Session& x, int) {
+    x.tiny.algorithm =
+        x.mgr->algorithm({x.tiny.tensor}, spirv, kp::Workgroup{kTinyCount / kTinyLocalSize, 1, 1});
+  });
+  stage("a sequence: sync up, dispatch, sync back; one async eval", [](Session& x, int s) {
+    const std::vector<std::shared_ptr<kp::Tensor>> params = {x.tiny.tensor};
+    x.tiny.sequence = x.mgr->sequence();
+    x.tiny.sequence->record<kp::OpTensorSyncDevice>(params)
+        ->record<kp::OpAlgoDispatch>(x.tiny.algorithm)
+        ->record<kp::OpTensorSyncLocal>(params);
+    if (!EvalOnce(x.tiny, s)) throw std::runtime_error("a first evaluation came back wrong");
+  });
+  const int64_t rss1 = rss;
+  const int64_t threads1 = ProcStatus(daemon.pid(), "Threads");
+  std::printf("daemon RSS with every session idle: %lld KiB, %.1f KiB per session\n",
+              static_cast<long long>(rss1), static_cast<double>(rss1 - rss0) / sessions);
+  std::printf("daemon threads: %lld idle, %lld with the sessions\n",
+              static_cast<long long>(threads0), static_cast<long long>(threads1));
+
+  std::atomic<bool> failed{false};
+  absl::Mutex mu;
+  std::vector<double> micros;
+  const absl::Time until = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_seconds));
+  std::vector<std::thread> threads;
+  for (int s = 0; s < sessions; ++s) {
+    threads.emplace_back([&, s] {
+      std::vector<double> mine;
+      try {
+        for (uint64_t i = 0; absl::Now() < until && !failed; ++i) {
+          const absl::Time start = absl::Now();
+          if (!EvalOnce(all[s].tiny, i)) {
+            failed = true;
+            std::fprintf(stderr, "session %d: a result came back wrong\n", s);
+          }
+          mine.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+        }
+      } catch (const std::exception& e) {
+        failed = true;
+        std::fprintf(stderr, "session %d: %s\n", s, e.what());
+      }
+      absl::MutexLock lock(&mu);
+      micros.insert(micros.end(), mine.begin(), mine.end());
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (failed || micros.empty()) return 1;
+  std::sort(micros.begin(), micros.end());
+  auto at = [&](double q) {
+    return micros[std::min(micros.size() - 1, static_cast<size_t>(q * micros.size()))];
+  };
+  std::printf(
+      "%d sessions evaluating at once: %zu evals, %.0f/s, p50 %.0f us, p99 %.0f us, "
+      "max %.0f us\n",
+      sessions, micros.size(), micros.size() / absl::GetFlag(FLAGS_seconds), at(0.5), at(0.99),
+      micros.back());
+  std::printf("ratio p99/p50 (%d sessions): %.2f  target <= 5\n", sessions, at(0.99) / at(0.5));
+  std::printf("ratio daemon threads with %d sessions / idle: %.2f\n", sessions,
+              static_cast<double>(threads1) / threads0);
+  all.clear();
+  return 0;
+}
+
+}  // namespace
+}  // namespace komputed_bench
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Many sessions on one daemon: memory, threads and eval latency.");
+  absl::ParseCommandLine(argc, argv);
+  try {
+    return komputed_bench::Run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "komputed_scale_bench: %s\n", e.what());
+    return 1;
+  }
+}
