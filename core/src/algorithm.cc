@@ -11,18 +11,125 @@
 
 namespace komputed::core {
 
-// The Vulkan objects of one build. Destroyed in reverse order of declaration.
-struct Algorithm::Pipeline {
-  std::vector<std::shared_ptr<Tensor>> tensors;  // kept alive while bound
-  ShaderModuleHandle module;
+namespace {
+
+// The objects that algorithms with the same code, specialisation and layout share (Device::Share):
+// the set layouts, the pipeline layout and the compute pipeline. Destroyed in reverse order of
+// declaration.
+struct SharedPipeline {
   DescriptorSetLayoutHandle set_layout;
   DescriptorSetLayoutHandle cancel_layout;  // set 1: the cancel word, when there is one
+  PipelineLayoutHandle layout;
+  PipelineHandle pipeline;
+};
+
+// What a SharedPipeline is made from, all of it: the code the driver gets, the specialisation,
+// the number of tensors, whether there is a cancel word and the push-constant range; and the
+// scope that it is shared in.
+std::string SharedPipelineKey(const std::vector<uint32_t>& code, const AlgorithmSpec& spec,
+                              uint32_t push_constant_range) {
+  std::string key =
+      absl::StrCat("pipeline ", spec.share_scope.size(), ":", spec.share_scope, " ",
+                   spec.tensors.size(), " ", spec.cancel != nullptr, " ", push_constant_range, " ",
+                   spec.spec_constant_size, " ", spec.spec_constants.size(), " ", code.size(), ":");
+  key.append(reinterpret_cast<const char*>(spec.spec_constants.data()), spec.spec_constants.size());
+  key.append(reinterpret_cast<const char*>(code.data()), code.size() * sizeof(uint32_t));
+  return key;
+}
+
+// The set layouts, pipeline layout and compute pipeline of `code` as `spec` specialises it.
+absl::StatusOr<std::shared_ptr<const SharedPipeline>> MakeSharedPipeline(
+    Device& device, const std::vector<uint32_t>& code, const AlgorithmSpec& spec,
+    uint32_t push_constant_range) {
+  const VkDevice dev = device.handle();
+  auto p = std::make_shared<SharedPipeline>();
+  VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
+  mi.codeSize = code.size() * sizeof(uint32_t);
+  mi.pCode = code.data();
+  VkShaderModule module = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(
+      device.Check(vkCreateShaderModule(dev, &mi, nullptr, &module), "vkCreateShaderModule"));
+  // Only the pipeline's creation needs the module.
+  const ShaderModuleHandle module_handle(dev, module);
+
+  const uint32_t n = static_cast<uint32_t>(spec.tensors.size());
+  std::vector<VkDescriptorSetLayoutBinding> bindings(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    bindings[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+  }
+  VkDescriptorSetLayoutCreateInfo li{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+  li.bindingCount = n;
+  li.pBindings = bindings.data();
+  VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(device.Check(vkCreateDescriptorSetLayout(dev, &li, nullptr, &set_layout),
+                                  "vkCreateDescriptorSetLayout"));
+  p->set_layout = DescriptorSetLayoutHandle(dev, set_layout);
+
+  if (spec.cancel != nullptr) {
+    VkDescriptorSetLayoutBinding word{kCancelBinding, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1,
+                                      VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+    VkDescriptorSetLayoutCreateInfo ci{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
+    ci.bindingCount = 1;
+    ci.pBindings = &word;
+    VkDescriptorSetLayout cancel_layout = VK_NULL_HANDLE;
+    KD_RETURN_IF_ERROR(device.Check(vkCreateDescriptorSetLayout(dev, &ci, nullptr, &cancel_layout),
+                                    "vkCreateDescriptorSetLayout"));
+    p->cancel_layout = DescriptorSetLayoutHandle(dev, cancel_layout);
+  }
+
+  VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0, push_constant_range};
+  static_assert(kCancelSet == 1, "the cancel word's set follows the tensors'");
+  const VkDescriptorSetLayout layouts[2] = {set_layout, p->cancel_layout.get()};
+  VkPipelineLayoutCreateInfo pli{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
+  pli.setLayoutCount = spec.cancel != nullptr ? 2 : 1;
+  pli.pSetLayouts = layouts;
+  pli.pushConstantRangeCount = push_constant_range == 0 ? 0 : 1;
+  pli.pPushConstantRanges = &range;
+  VkPipelineLayout layout = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(
+      device.Check(vkCreatePipelineLayout(dev, &pli, nullptr, &layout), "vkCreatePipelineLayout"));
+  p->layout = PipelineLayoutHandle(dev, layout);
+
+  std::vector<VkSpecializationMapEntry> entries;
+  if (!spec.spec_constants.empty()) {
+    const uint32_t count =
+        static_cast<uint32_t>(spec.spec_constants.size() / spec.spec_constant_size);
+    for (uint32_t i = 0; i < count; ++i) {
+      entries.push_back({i, i * spec.spec_constant_size, spec.spec_constant_size});
+    }
+  }
+  VkSpecializationInfo si{};
+  si.mapEntryCount = static_cast<uint32_t>(entries.size());
+  si.pMapEntries = entries.data();
+  si.dataSize = spec.spec_constants.size();
+  si.pData = spec.spec_constants.data();
+
+  VkComputePipelineCreateInfo ci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
+  ci.stage = {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO};
+  ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+  ci.stage.module = module;
+  ci.stage.pName = "main";
+  ci.stage.pSpecializationInfo = entries.empty() ? nullptr : &si;
+  ci.layout = layout;
+  VkPipeline pipeline = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(
+      device.Check(vkCreateComputePipelines(dev, VK_NULL_HANDLE, 1, &ci, nullptr, &pipeline),
+                   "vkCreateComputePipelines"));
+  p->pipeline = PipelineHandle(dev, pipeline);
+  return std::shared_ptr<const SharedPipeline>(std::move(p));
+}
+
+}  // namespace
+
+// The Vulkan objects of one build: the shared pipeline, and the algorithm's own descriptor sets
+// bound to its tensors and cancel word. Destroyed in reverse order of declaration.
+struct Algorithm::Pipeline {
+  std::vector<std::shared_ptr<Tensor>> tensors;  // kept alive while bound
+  std::shared_ptr<const SharedPipeline> shared;
   DescriptorPoolHandle pool;
   VkDescriptorSet set = VK_NULL_HANDLE;         // freed with pool
   VkDescriptorSet cancel_set = VK_NULL_HANDLE;  // freed with pool
   std::shared_ptr<CancelWord> cancel;
-  PipelineLayoutHandle layout;
-  PipelineHandle pipeline;
   Workgroup workgroup;
   uint32_t push_constant_range = 0;  // bytes of the layout's push-constant range
 };
@@ -116,39 +223,16 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
   p->workgroup = spec.workgroup;
   p->cancel = spec.cancel;
   p->push_constant_range = interface.push_constant_range;
-
-  VkShaderModuleCreateInfo mi{VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO};
-  mi.codeSize = code.size() * sizeof(uint32_t);
-  mi.pCode = code.data();
-  VkShaderModule module = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(
-      device.Check(vkCreateShaderModule(dev, &mi, nullptr, &module), "vkCreateShaderModule"));
-  p->module = ShaderModuleHandle(dev, module);
+  const std::string key = SharedPipelineKey(code, spec, p->push_constant_range);
+  p->shared = std::static_pointer_cast<const SharedPipeline>(device.Shared(key));
+  if (p->shared == nullptr) {
+    KD_ASSIGN_OR_RETURN(std::shared_ptr<const SharedPipeline> made,
+                        MakeSharedPipeline(device, code, spec, p->push_constant_range));
+    p->shared = std::static_pointer_cast<const SharedPipeline>(device.Share(key, std::move(made)));
+  }
+  const SharedPipeline& shared = *p->shared;
 
   const uint32_t n = static_cast<uint32_t>(spec.tensors.size());
-  std::vector<VkDescriptorSetLayoutBinding> bindings(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    bindings[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
-  }
-  VkDescriptorSetLayoutCreateInfo li{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
-  li.bindingCount = n;
-  li.pBindings = bindings.data();
-  VkDescriptorSetLayout set_layout = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(device.Check(vkCreateDescriptorSetLayout(dev, &li, nullptr, &set_layout),
-                                  "vkCreateDescriptorSetLayout"));
-  p->set_layout = DescriptorSetLayoutHandle(dev, set_layout);
-
-  if (p->cancel != nullptr) {
-    VkDescriptorSetLayoutBinding word{kCancelBinding, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1,
-                                      VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
-    VkDescriptorSetLayoutCreateInfo ci{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
-    ci.bindingCount = 1;
-    ci.pBindings = &word;
-    VkDescriptorSetLayout cancel_layout = VK_NULL_HANDLE;
-    KD_RETURN_IF_ERROR(device.Check(vkCreateDescriptorSetLayout(dev, &ci, nullptr, &cancel_layout),
-                                    "vkCreateDescriptorSetLayout"));
-    p->cancel_layout = DescriptorSetLayoutHandle(dev, cancel_layout);
-  }
   const uint32_t sets = (n > 0 ? 1 : 0) + (p->cancel != nullptr ? 1 : 0);
   if (sets > 0) {
     VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
@@ -163,7 +247,7 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
     p->pool = DescriptorPoolHandle(dev, pool);
   }
   if (p->cancel != nullptr) {
-    VkDescriptorSetLayout cancel_layout = p->cancel_layout.get();
+    VkDescriptorSetLayout cancel_layout = shared.cancel_layout.get();
     VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
     ai.descriptorPool = p->pool.get();
     ai.descriptorSetCount = 1;
@@ -181,9 +265,9 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
   }
 
   if (n > 0) {
-    VkDescriptorPool pool = p->pool.get();
+    VkDescriptorSetLayout set_layout = shared.set_layout.get();
     VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
-    ai.descriptorPool = pool;
+    ai.descriptorPool = p->pool.get();
     ai.descriptorSetCount = 1;
     ai.pSetLayouts = &set_layout;
     KD_RETURN_IF_ERROR(
@@ -203,46 +287,6 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
     }
     vkUpdateDescriptorSets(dev, n, writes.data(), 0, nullptr);
   }
-
-  VkPushConstantRange range{VK_SHADER_STAGE_COMPUTE_BIT, 0, p->push_constant_range};
-  static_assert(kCancelSet == 1, "the cancel word's set follows the tensors'");
-  const VkDescriptorSetLayout layouts[2] = {set_layout, p->cancel_layout.get()};
-  VkPipelineLayoutCreateInfo pli{VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO};
-  pli.setLayoutCount = p->cancel != nullptr ? 2 : 1;
-  pli.pSetLayouts = layouts;
-  pli.pushConstantRangeCount = p->push_constant_range == 0 ? 0 : 1;
-  pli.pPushConstantRanges = &range;
-  VkPipelineLayout layout = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(
-      device.Check(vkCreatePipelineLayout(dev, &pli, nullptr, &layout), "vkCreatePipelineLayout"));
-  p->layout = PipelineLayoutHandle(dev, layout);
-
-  std::vector<VkSpecializationMapEntry> entries;
-  if (!spec.spec_constants.empty()) {
-    const uint32_t count =
-        static_cast<uint32_t>(spec.spec_constants.size() / spec.spec_constant_size);
-    for (uint32_t i = 0; i < count; ++i) {
-      entries.push_back({i, i * spec.spec_constant_size, spec.spec_constant_size});
-    }
-  }
-  VkSpecializationInfo si{};
-  si.mapEntryCount = static_cast<uint32_t>(entries.size());
-  si.pMapEntries = entries.data();
-  si.dataSize = spec.spec_constants.size();
-  si.pData = spec.spec_constants.data();
-
-  VkComputePipelineCreateInfo ci{VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO};
-  ci.stage = {VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO};
-  ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
-  ci.stage.module = module;
-  ci.stage.pName = "main";
-  ci.stage.pSpecializationInfo = entries.empty() ? nullptr : &si;
-  ci.layout = layout;
-  VkPipeline pipeline = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(
-      device.Check(vkCreateComputePipelines(dev, VK_NULL_HANDLE, 1, &ci, nullptr, &pipeline),
-                   "vkCreateComputePipelines"));
-  p->pipeline = PipelineHandle(dev, pipeline);
   return p;
 }
 
@@ -281,22 +325,22 @@ std::shared_ptr<const void> Algorithm::RecordDispatch(VkCommandBuffer cb,
                                                       uint64_t* generation) const {
   absl::MutexLock lock(&mu_);
   const Pipeline& p = *pipeline_;
-  vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline.get());
+  vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p.shared->pipeline.get());
   if (p.set != VK_NULL_HANDLE) {
-    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout.get(), 0, 1, &p.set, 0,
-                            nullptr);
+    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p.shared->layout.get(), 0, 1,
+                            &p.set, 0, nullptr);
   }
   if (p.cancel_set != VK_NULL_HANDLE) {
-    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p.layout.get(), kCancelSet, 1,
-                            &p.cancel_set, 0, nullptr);
+    vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p.shared->layout.get(), kCancelSet,
+                            1, &p.cancel_set, 0, nullptr);
   }
   if (p.push_constant_range > 0) {
     // The whole range, the algorithm's values first: the rest of the shader's block reads zero.
     std::vector<uint8_t> values(p.push_constant_range, 0);
     std::copy_n(spec_.push_constants.begin(),
                 std::min<size_t>(spec_.push_constants.size(), values.size()), values.begin());
-    vkCmdPushConstants(cb, p.layout.get(), VK_SHADER_STAGE_COMPUTE_BIT, 0, p.push_constant_range,
-                       values.data());
+    vkCmdPushConstants(cb, p.shared->layout.get(), VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                       p.push_constant_range, values.data());
   }
   vkCmdDispatch(cb, p.workgroup.x, p.workgroup.y, p.workgroup.z);
   if (generation != nullptr) *generation = generation_;

@@ -643,4 +643,31 @@ absl::Status Device::RunOnce(const std::function<void(VkCommandBuffer)>& record,
   return waited;
 }
 
+std::shared_ptr<const void> Device::Shared(const std::string& key) const {
+  absl::MutexLock lock(&shared_mu_);
+  auto it = shared_.find(key);
+  return it == shared_.end() ? nullptr : it->second.lock();
+}
+
+std::shared_ptr<const void> Device::Share(const std::string& key,
+                                          std::shared_ptr<const void> object) {
+  absl::MutexLock lock(&shared_mu_);
+  std::weak_ptr<const void>& slot = shared_[key];
+  if (std::shared_ptr<const void> filed = slot.lock()) return filed;
+  slot = object;
+  // Keys whose objects are gone are dropped once the map has doubled since the last sweep.
+  if (shared_.size() >= shared_sweep_at_) {
+    absl::erase_if(shared_, [](const auto& entry) { return entry.second.expired(); });
+    shared_sweep_at_ = std::max<size_t>(64, 2 * shared_.size());
+  }
+  return object;
+}
+
+size_t Device::shared_count() const {
+  absl::MutexLock lock(&shared_mu_);
+  size_t live = 0;
+  for (const auto& entry : shared_) live += entry.second.expired() ? 0 : 1;
+  return live;
+}
+
 }  // namespace komputed::core

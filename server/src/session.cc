@@ -306,6 +306,7 @@ absl::StatusOr<core::AlgorithmSpec> Session::SpecLocked(const AlgorithmRequest& 
                      " of ", request.shader.size(), " bytes")));
   }
   core::AlgorithmSpec spec;
+  spec.share_scope = tenant();
   KD_ASSIGN_OR_RETURN(spec.tensors, TensorsLocked(request.tensors));
   switch (request.shader_kind) {
     case AlgorithmRequest::Shader::kSpirv: {

@@ -337,6 +337,68 @@ TEST(Algorithm, RebuildReplacesEverything) {
   EXPECT_THAT(HostFloats(*f.b), ElementsAre(0.0f, 0.0f, 0.0f, 0.0f));
 }
 
+// Algorithms with the same code, specialisation and layout share one compute pipeline, each
+// bound to its own tensors; another specialisation or another scope gets a pipeline of its own,
+// and a pipeline goes with the last algorithm that uses it.
+TEST(Algorithm, SameCodeSharesOnePipelineWithinAScope) {
+  // A device of its own, so that no other test's algorithms are counted.
+  DeviceOptions options;
+  options.physical_device_index = TestDevice()->info().index;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Device> device, Device::Create(options));
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, Compile(kSpecShader));
+  auto tensor = [&](std::vector<float> values) {
+    return Tensor::Create(device, ElementType::kFloat32, values.size(), 0, MemoryType::kDevice,
+                          values.data());
+  };
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> a1, tensor({1, 2}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> b1, tensor({0, 0}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> a2, tensor({10, 20}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> b2, tensor({0, 0}));
+  AlgorithmSpec spec;
+  spec.spirv = spirv;
+  spec.workgroup = {2, 1, 1};
+  spec.spec_constants = Bytes(3.0f, int32_t{1});
+  spec.tensors = {a1, b1};
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> first, Algorithm::Create(device, spec));
+  EXPECT_EQ(device->shared_count(), 1u);
+  spec.tensors = {a2, b2};
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> second, Algorithm::Create(device, spec));
+  EXPECT_EQ(device->shared_count(), 1u);
+  // Each on its own tensors.
+  ASSERT_OK(RoundTrip(first, {a1, b1}, device));
+  ASSERT_OK(RoundTrip(second, {a2, b2}, device));
+  EXPECT_THAT(HostFloats(*b1), ElementsAre(4.0f, 7.0f));
+  EXPECT_THAT(HostFloats(*b2), ElementsAre(31.0f, 61.0f));
+
+  // Another specialisation, and the same one in another scope: pipelines of their own.
+  spec.spec_constants = Bytes(-1.0f, int32_t{0});
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> other_spec, Algorithm::Create(device, spec));
+  EXPECT_EQ(device->shared_count(), 2u);
+  spec.spec_constants = Bytes(3.0f, int32_t{1});
+  spec.share_scope = "another tenant";
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> other_scope, Algorithm::Create(device, spec));
+  EXPECT_EQ(device->shared_count(), 3u);
+  ASSERT_OK(RoundTrip(other_spec, {a2, b2}, device));
+  EXPECT_THAT(HostFloats(*b2), ElementsAre(-10.0f, -20.0f));
+
+  // The shared pipeline outlives the first algorithm, and goes with the second; a rebuild of the
+  // second onto the other specialisation shares that one.
+  first.reset();
+  EXPECT_EQ(device->shared_count(), 3u);
+  ASSERT_OK(RoundTrip(second, {a2, b2}, device));
+  EXPECT_THAT(HostFloats(*b2), ElementsAre(31.0f, 61.0f));
+  spec.share_scope = "";
+  spec.spec_constants = Bytes(-1.0f, int32_t{0});
+  ASSERT_OK(second->Rebuild(spec));
+  EXPECT_EQ(device->shared_count(), 2u);
+  ASSERT_OK(RoundTrip(second, {a2, b2}, device));
+  EXPECT_THAT(HostFloats(*b2), ElementsAre(-10.0f, -20.0f));
+  second.reset();
+  other_spec.reset();
+  other_scope.reset();
+  EXPECT_EQ(device->shared_count(), 0u);
+}
+
 TEST(Algorithm, SpecConstantsTakeEffect) {
   ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, Compile(kSpecShader));
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> a, Floats({1, 2, 3}));

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -42,6 +43,11 @@ struct AlgorithmSpec {
   // before it reaches the driver. Only measurements turn it off: the daemon and the kp API
   // always clamp.
   bool clamp_buffer_accesses = true;
+  // Algorithms whose driver code, specialisation and layout are the same share one compute
+  // pipeline (Device::Share) when they have the same scope: the daemon gives each tenant's
+  // algorithms the tenant's name, so that no tenant learns from how fast a build went what
+  // another one runs. In-process all share.
+  std::string share_scope;
 };
 
 // A compute pipeline bound to its tensors (Kompute's Algorithm). Thread-safe.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -181,6 +182,16 @@ class Device {
   absl::Status RunOnce(const std::function<void(VkCommandBuffer)>& record,
                        absl::Duration timeout = absl::Minutes(1));
 
+  // Objects that users of the device share while any of them holds one (algorithms with the same
+  // code, specialisation and layout share their compute pipeline, across sessions too), found by
+  // a key that names everything they are made from. Shared() returns the live object of `key`,
+  // else null; Share() files `object` under `key` and returns the object that is filed there
+  // (another caller's, when one was filed first), so that racing makers agree on one.
+  std::shared_ptr<const void> Shared(const std::string& key) const;
+  std::shared_ptr<const void> Share(const std::string& key, std::shared_ptr<const void> object);
+  // Keys with a live object (for tests).
+  size_t shared_count() const;
+
   // Once a call has reported VK_ERROR_DEVICE_LOST every later submission fails with UNAVAILABLE.
   bool lost() const { return lost_.load(); }
   // Turns a failed result into a status, remembering device loss.
@@ -202,6 +213,10 @@ class Device {
   bool map_device_memory_ = true;
   bool timeline_ = false;
   std::atomic<bool> lost_{false};
+
+  mutable absl::Mutex shared_mu_;
+  absl::flat_hash_map<std::string, std::weak_ptr<const void>> shared_ ABSL_GUARDED_BY(shared_mu_);
+  size_t shared_sweep_at_ ABSL_GUARDED_BY(shared_mu_) = 64;  // map size that triggers a sweep
 
   absl::Mutex once_mu_;  // guards the RunOnce pool and fence
   CommandPoolHandle once_pool_ ABSL_GUARDED_BY(once_mu_);
