@@ -397,7 +397,9 @@ def test_two_threads_evaluating_at_once(mgr):
 # The GIL
 
 def counted_while(call):
-    """How far a Python thread counted while `call` ran on this thread."""
+    """How far a Python thread counted while `call` ran on this thread. The switch interval is
+    longer than `call` holds the GIL at most, so the counter cannot take the GIL between the two
+    reads of its count unless `call` lets go of it."""
     count = [0]
     stop = threading.Event()
 
@@ -405,6 +407,8 @@ def counted_while(call):
         while not stop.is_set():
             count[0] += 1
 
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.5)
     spinner = threading.Thread(target=spin)
     spinner.start()
     try:
@@ -414,12 +418,16 @@ def counted_while(call):
     finally:
         stop.set()
         spinner.join()
+        sys.setswitchinterval(interval)
 
 
 def test_gil_is_released_while_waiting(mgr):
     out = mgr.tensor([0])
     algo = mgr.algorithm([out], kp.compile_source(SLOW), SLOW_WORKGROUPS, [SLOW_LOOPS])
     sq = mgr.sequence()
+    # The measure itself: a call that holds the GIL throughout (a regular expression that
+    # backtracks for a tenth of a second) lets nothing count.
+    assert counted_while(lambda: re.match(r"(a*)*b", "a" * 20)) == 0
     sq.eval_async(kp.OpAlgoDispatch(algo))
     assert counted_while(sq.eval_await) > 0
     assert counted_while(lambda: sq.eval(kp.OpAlgoDispatch(algo))) > 0
