@@ -156,12 +156,19 @@ ConstantBytes ConstantsOf(const py::handle& values, const char* what) {
       values, typed ? py::object(py::none()) : py::object(py::str("float32")));
   if (array.ndim() > 1) array = array.attr("ravel")();
   if (array.size() == 0) return out;
-  const ElementInfo& e = ElementOf(array.dtype(), what);
-  if (e.size != 4 && e.size != 8) {
-    throw py::type_error(std::string(what) + ": constants must have 4- or 8-byte elements " +
-                         "(float32, int32, uint32, float64), not " + e.dtype);
+  const ElementInfo* e = nullptr;
+  for (const ElementInfo& candidate : kElements) {
+    if ((candidate.size == 4 || candidate.size == 8) &&
+        array.dtype().equal(py::dtype(candidate.dtype))) {
+      e = &candidate;
+    }
   }
-  out.element_size = e.size;
+  if (e == nullptr) {
+    throw py::type_error(std::string(what) + ": numpy dtype " +
+                         py::str(static_cast<py::handle>(array.dtype())).cast<std::string>() +
+                         " is not supported; use float32, float64, int32 or uint32");
+  }
+  out.element_size = e->size;
   const auto* p = static_cast<const uint8_t*>(array.data());
   out.bytes.assign(p, p + array.nbytes());
   return out;
@@ -172,10 +179,9 @@ std::vector<uint32_t> SpirvOf(const py::handle& spirv) {
   std::vector<uint32_t> words;
   if (py::isinstance<py::bytes>(spirv) || py::isinstance<py::bytearray>(spirv) ||
       py::isinstance<py::memoryview>(spirv)) {
-    const std::string bytes =
-        py::isinstance<py::bytes>(spirv)
-            ? spirv.cast<std::string>()
-            : py::bytes(py::reinterpret_borrow<py::object>(spirv)).cast<std::string>();
+    auto bytes_object = py::reinterpret_steal<py::object>(PyBytes_FromObject(spirv.ptr()));
+    if (!bytes_object) throw py::error_already_set();
+    const std::string bytes = bytes_object.cast<std::string>();
     if (bytes.size() % 4 != 0) {
       throw py::value_error("algorithm: SPIR-V of " + std::to_string(bytes.size()) +
                             " bytes is not a whole number of 32-bit words");

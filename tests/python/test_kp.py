@@ -496,8 +496,12 @@ def test_bad_arguments_are_python_errors(mgr):
     with pytest.raises(kp.Error) as error:
         mgr.algorithm([t], b"\x00" * 16)
     assert error.value.code == "INVALID_ARGUMENT"
+    with pytest.raises(TypeError, match="int64"):
+        mgr.algorithm([t], kp.compile_source(SCALE), None, np.array([1], dtype=np.int64))
     with pytest.raises(TypeError):
         mgr.sequence().record("not an op")
+    # Any bytes-like SPIR-V will do.
+    assert mgr.algorithm([t], bytearray(kp.compile_source(SCALE)), push_consts=[1]).is_init()
 
 
 def test_a_destroyed_manager_refuses_work(backend):
