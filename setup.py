@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 class CMakeBuild(build_ext):
     """Configures the repository for this interpreter, builds the _kp target and copies the module
-    and libkomputed_kompute (which the module finds beside itself) into the package."""
+    and komputed's shared libraries (which the module finds beside itself) into the package."""
 
     def build_extension(self, ext):
         build = os.path.abspath(os.path.join(self.build_temp, "cmake"))
@@ -38,9 +38,14 @@ class CMakeBuild(build_ext):
         if len(module) != 1:
             raise RuntimeError(f"the CMake build made {module!r}, not one kp module")
         shutil.copy2(module[0], self.get_ext_fullpath(ext.name))
-        # The library under its soname, which the module names.
-        library = os.path.join(build, "client", "libkomputed_kompute.so")
-        shutil.copy2(os.path.realpath(library), os.path.join(package, "libkomputed_kompute.so.0"))
+        # komputed's shared libraries (kp's and the wire API's) under their sonames, which the
+        # module and the kp library name; both look beside themselves ($ORIGIN).
+        libraries = glob.glob(os.path.join(build, "*", "libkomputed_*.so.[0-9]"))
+        if not libraries:
+            raise RuntimeError(f"no komputed shared libraries in {build}")
+        for library in libraries:
+            shutil.copy2(os.path.realpath(library),
+                         os.path.join(package, os.path.basename(library)))
 
 
 setup(
