@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -397,18 +398,20 @@ def test_two_threads_evaluating_at_once(mgr):
 # The GIL
 
 def counted_while(call):
-    """How far a Python thread counted while `call` ran on this thread. The switch interval is
-    longer than `call` holds the GIL at most, so the counter cannot take the GIL between the two
-    reads of its count unless `call` lets go of it."""
+    """How far a Python thread counted while `call` ran on this thread. The counter sleeps between
+    counts, so it takes the GIL only when it is free, and the switch interval is longer than
+    `call` holds the GIL at most, so this thread never has to hand it over: the counter counts only
+    while `call` lets go of the GIL."""
     count = [0]
     stop = threading.Event()
 
     def spin():
         while not stop.is_set():
             count[0] += 1
+            time.sleep(0.0005)
 
     interval = sys.getswitchinterval()
-    sys.setswitchinterval(0.5)
+    sys.setswitchinterval(1.0)
     spinner = threading.Thread(target=spin)
     spinner.start()
     try:
