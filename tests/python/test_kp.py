@@ -560,3 +560,11 @@ def test_the_kompute_readme_python_example_runs_unchanged(backend_env):
         "from .utils import compile_source", "from kp import compile_source")
     out = run_python(program, backend_env, code=True)
     assert out.split("\n")[:2] == ["[ 4  8 12]", "[10 10 10]"]
+
+
+def test_the_python_section_of_the_readme(backend_env):
+    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    section = text[text.index("\n## Python\n"):]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    out = run_python(block, backend_env, code=True)
+    assert out.strip() == "[7 8 9]"
