@@ -676,6 +676,10 @@ DeviceList Manager::listDevices() const {
 }
 
 std::vector<uint32_t> compileSource(const std::string& source) {
+  if (const char* address = AddressVariable(); address != nullptr) {
+    internal::remote::CredentialSettings credentials;  // the environment's
+    return Check(internal::CompileGlslRemotely(address, credentials, source));
+  }
   return Check(core::CompileGlsl(source, "compileSource"));
 }
 

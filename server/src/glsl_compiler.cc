@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "komputed/core/shader.h"
 
 namespace komputed::server {
 namespace {
@@ -187,6 +188,14 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlslInChild(const std::string& comp
   }
   return absl::InternalError(
       absl::StrCat("the GLSL compiler exited with status ", code, " on ", name, ": ", messages));
+}
+
+absl::StatusOr<std::vector<uint32_t>> CompileClientGlsl(const std::string& compiler,
+                                                        const GlslCompileLimits& limits,
+                                                        absl::string_view source,
+                                                        absl::string_view name) {
+  if (compiler.empty()) return core::CompileGlsl(source, name);
+  return CompileGlslInChild(compiler, source, name, limits);
 }
 
 }  // namespace komputed::server

@@ -31,6 +31,15 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlslInChild(const std::string& comp
                                                          absl::string_view name,
                                                          const GlslCompileLimits& limits);
 
+// How the daemon compiles a client's GLSL: with the komputed_glslc program at `compiler` within
+// `limits` (CompileGlslInChild), or, when `compiler` is empty, inside the daemon
+// (core::CompileGlsl; only for tests and tools that trust their sources). `name` names the shader
+// in the compiler's messages. Errors as CompileGlslInChild's. Thread-safe.
+absl::StatusOr<std::vector<uint32_t>> CompileClientGlsl(const std::string& compiler,
+                                                        const GlslCompileLimits& limits,
+                                                        absl::string_view source,
+                                                        absl::string_view name);
+
 // Where the komputed_glslc program is by default: beside the running program.
 std::string DefaultGlslCompiler();
 

@@ -67,6 +67,30 @@ grpc::ServerUnaryReactor* InSession(grpc::CallbackServerContext* context, absl::
   return Reply(context, method, session_id, fn(**session), &*caller);
 }
 
+// Runs `job` on the build pool and finishes the call with the status it returns (logged and
+// counted as `caller`'s error when not OK); the serving thread returns at once. `job` must own what
+// it uses of the request, or use it only while it runs.
+template <typename Job>
+grpc::ServerUnaryReactor* OnBuildPool(grpc::CallbackServerContext* context,
+                                      absl::string_view method, const ServiceContext& ctx,
+                                      const std::string& session_id, const Caller& caller,
+                                      Job job) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status queued = ctx.builds->Run([context, reactor, method = std::string(method), session_id,
+                                         caller, job = std::move(job)]() mutable {
+    const absl::Status status = job();
+    if (!status.ok()) LogFailure(method, session_id, context->peer(), status);
+    caller.account->CountError(status);
+    reactor->Finish(ToGrpcStatus(status));
+  });
+  if (!queued.ok()) {
+    LogFailure(method, session_id, context->peer(), queued);
+    caller.account->CountError(queued);
+    reactor->Finish(ToGrpcStatus(queued));
+  }
+  return reactor;
+}
+
 // InSession with `fn` run on the build pool: the serving thread returns at once, and the job
 // finishes the call. `fn` must own what it uses of the request, or use it only while it runs (the
 // job finishes the call after it has returned).
@@ -78,21 +102,8 @@ grpc::ServerUnaryReactor* InSessionOnBuildPool(grpc::CallbackServerContext* cont
   if (!caller.ok()) return Reply(context, method, "", caller.status());
   absl::StatusOr<std::shared_ptr<Session>> session = ctx.sessions->Get(session_id, *caller);
   if (!session.ok()) return Reply(context, method, session_id, session.status(), &*caller);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status queued =
-      ctx.builds->Run([context, reactor, method = std::string(method), session_id, caller = *caller,
-                       session = *std::move(session), fn = std::move(fn)] {
-        const absl::Status status = fn(*session);
-        if (!status.ok()) LogFailure(method, session_id, context->peer(), status);
-        caller.account->CountError(status);
-        reactor->Finish(ToGrpcStatus(status));
-      });
-  if (!queued.ok()) {
-    LogFailure(method, session_id, context->peer(), queued);
-    caller->account->CountError(queued);
-    reactor->Finish(ToGrpcStatus(queued));
-  }
-  return reactor;
+  return OnBuildPool(context, method, ctx, session_id, *caller,
+                     [session = *std::move(session), fn = std::move(fn)] { return fn(*session); });
 }
 
 absl::Time Deadline(const grpc::CallbackServerContext& context) {
@@ -649,6 +660,29 @@ grpc::ServerUnaryReactor* AlgorithmsService::DestroyAlgorithm(
     v1::DestroyAlgorithmResponse*) {
   return InSession(context, "DestroyAlgorithm", ctx_, request->session_id(),
                    [&](Session& s) { return s.DestroyAlgorithm(request->handle()); });
+}
+
+grpc::ServerUnaryReactor* AlgorithmsService::CompileGlsl(grpc::CallbackServerContext* context,
+                                                         const v1::CompileGlslRequest* request,
+                                                         v1::CompileGlslResponse* response) {
+  absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
+  if (!caller.ok()) return Reply(context, "CompileGlsl", "", caller.status());
+  // Bounded as an algorithm's GLSL (the tenant's source_bytes), before anything is compiled.
+  absl::Status size =
+      caller->account->CheckSize(&Quota::source_bytes, request->glsl().size(),
+                                 absl::StrCat("GLSL of ", request->glsl().size(), " bytes"));
+  if (!size.ok()) return Reply(context, "CompileGlsl", "", size, &*caller);
+  // Compiled on the build pool, within the daemon's GLSL limits, as CreateAlgorithm's GLSL.
+  // `request` and `response` live until the job finishes the call.
+  return OnBuildPool(context, "CompileGlsl", ctx_, "", *caller, [ctx = ctx_, request, response] {
+    absl::StatusOr<std::vector<uint32_t>> spirv = CompileClientGlsl(
+        ctx.options->glsl_compiler, ctx.options->glsl_limits, request->glsl(), "compileSource");
+    ctx.metrics->shader_compilations_total(spirv.ok() ? "ok" : "error").Increment();
+    if (!spirv.ok()) return spirv.status();
+    response->set_spirv(reinterpret_cast<const char*>(spirv->data()),
+                        spirv->size() * sizeof(uint32_t));
+    return absl::OkStatus();
+  });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -99,6 +99,9 @@ class AlgorithmsService final : public v1::Algorithms::CallbackService {
   grpc::ServerUnaryReactor* DestroyAlgorithm(grpc::CallbackServerContext* context,
                                              const v1::DestroyAlgorithmRequest* request,
                                              v1::DestroyAlgorithmResponse* response) override;
+  grpc::ServerUnaryReactor* CompileGlsl(grpc::CallbackServerContext* context,
+                                        const v1::CompileGlslRequest* request,
+                                        v1::CompileGlslResponse* response) override;
 
  private:
   ServiceContext ctx_;

@@ -359,10 +359,8 @@ absl::StatusOr<core::AlgorithmSpec> Session::Compiled(const AlgorithmRequest& re
                                                       core::AlgorithmSpec spec) const {
   if (request.shader_kind == AlgorithmRequest::Shader::kGlsl) {
     const std::string name = absl::StrCat("algorithm ", request.handle);
-    auto spirv = options_.glsl_compiler.empty()
-                     ? core::CompileGlsl(request.shader, name)
-                     : CompileGlslInChild(options_.glsl_compiler, request.shader, name,
-                                          options_.glsl_limits);
+    auto spirv =
+        CompileClientGlsl(options_.glsl_compiler, options_.glsl_limits, request.shader, name);
     metrics_->shader_compilations_total(spirv.ok() ? "ok" : "error").Increment();
     if (!spirv.ok()) return spirv.status();
     spec.spirv = *std::move(spirv);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -136,6 +137,46 @@ TEST_F(GlslDaemonTest, TheDaemonSurvivesACompilerBomb) {
   grpc::Status refused = CreateAlgorithm(GlslAlgorithm(session, 2, {1}, MacroBomb(), 1, ""));
   EXPECT_FALSE(refused.ok());
   // Still serving, and compiling ordinary shaders.
+  MakePipeline(session, 10, 16, 3.0f);
+  ExpectPipelineWorks(session, 10, 16, 3.0f);
+}
+
+// CompileGlsl: the stateless compile, with the same compiler and bounds as an algorithm's GLSL.
+grpc::Status CompileGlsl(Client& client, const std::string& glsl, v1::CompileGlslResponse* out) {
+  grpc::ClientContext ctx;
+  v1::CompileGlslRequest request;
+  request.set_glsl(glsl);
+  return client.algorithms->CompileGlsl(&ctx, request, out);
+}
+
+TEST_F(GlslDaemonTest, CompileGlslReturnsTheSpirvOfAShader) {
+  v1::CompileGlslResponse response;
+  ASSERT_THAT(CompileGlsl(*client_,
+                          "#version 450\nlayout(local_size_x = 1) in;\n"
+                          "layout(set = 0, binding = 0) buffer B { float b[]; };\n"
+                          "void main() { b[0] = 2.0; }\n",
+                          &response),
+              IsOk());
+  ASSERT_GE(response.spirv().size(), 20u);
+  EXPECT_EQ(response.spirv().size() % 4, 0u);
+  uint32_t magic;
+  std::memcpy(&magic, response.spirv().data(), sizeof(magic));
+  EXPECT_EQ(magic, 0x07230203u);
+}
+
+TEST_F(GlslDaemonTest, CompileGlslErrorsAreInvalidArgumentWithTheCompilersMessage) {
+  v1::CompileGlslResponse response;
+  grpc::Status status =
+      CompileGlsl(*client_, "#version 450\nvoid main() { undeclared = 1; }\n", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("undeclared"));
+}
+
+TEST_F(GlslDaemonTest, CompileGlslOfABombFailsWithinItsBound) {
+  v1::CompileGlslResponse response;
+  EXPECT_FALSE(CompileGlsl(*client_, MacroBomb(), &response).ok());
+  // Still serving.
+  const std::string session = Open();
   MakePipeline(session, 10, 16, 3.0f);
   ExpectPipelineWorks(session, 10, 16, 3.0f);
 }

@@ -741,7 +741,8 @@ class Manager {
 };
 
 // Compiles a GLSL compute shader to SPIR-V; throws kp::Error (kInvalidArgument) with the
-// compiler's messages.
+// compiler's messages. In-process with shaderc, or, when KOMPUTED_ADDRESS names a daemon, by that
+// daemon (with the environment's credentials), so that a client needs no compiler of its own.
 std::vector<uint32_t> compileSource(const std::string& source);
 
 }  // namespace kp

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "komputed/core/status.h"
 #include "komputed/core/types.h"
 #include "komputed/v1/semantics_wire.h"
@@ -256,6 +257,32 @@ absl::StatusOr<std::shared_ptr<Backend>> CreateRemoteBackend(const RemoteOptions
   placed.tls_name = placement.daemon.tls_name;
   KD_ASSIGN_OR_RETURN(std::shared_ptr<Connection> connection, Connection::Open(placed));
   return std::make_shared<RemoteBackend>(std::move(connection));
+}
+
+absl::StatusOr<std::vector<uint32_t>> CompileGlslRemotely(
+    const std::string& address, const remote::CredentialSettings& credentials,
+    const std::string& source) {
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<const remote::ClientCredentials> loaded,
+                      remote::ClientCredentials::Load(credentials));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  auto stub = v1::Algorithms::NewStub(loaded->CreateChannel(address, args));
+  v1::CompileGlslRequest request;
+  request.set_glsl(source);
+  v1::CompileGlslResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, RpcTimeout());
+  KD_RETURN_IF_ERROR(remote::FromGrpcStatusWithHint(stub->CompileGlsl(&context, request, &response),
+                                                    "", loaded.get()));
+  const std::string& bytes = response.spirv();
+  if (bytes.empty() || bytes.size() % sizeof(uint32_t) != 0) {
+    return absl::InternalError(absl::StrCat("komputed at ", address, " returned ", bytes.size(),
+                                            " bytes of SPIR-V, not a whole number of words"));
+  }
+  std::vector<uint32_t> spirv(bytes.size() / sizeof(uint32_t));
+  std::memcpy(spirv.data(), bytes.data(), bytes.size());
+  return spirv;
 }
 
 }  // namespace kp::internal

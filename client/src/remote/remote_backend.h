@@ -43,4 +43,11 @@ struct RemoteOptions {
 // its objects never calls the daemon.
 absl::StatusOr<std::shared_ptr<Backend>> CreateRemoteBackend(const RemoteOptions& options);
 
+// Compiles a GLSL compute shader on the komputed daemon at `address` (any one daemon of several),
+// with `credentials` (else the environment's); no session is opened. The daemon's errors as they
+// come (INVALID_ARGUMENT with the compiler's messages), bounded by the RPC timeout.
+absl::StatusOr<std::vector<uint32_t>> CompileGlslRemotely(
+    const std::string& address, const remote::CredentialSettings& credentials,
+    const std::string& source);
+
 }  // namespace kp::internal
