@@ -77,6 +77,7 @@ bench: build
 	$(BUILD)/tests/bench/komputed_watchdog_bench
 	$(BUILD)/tests/bench/komputed_cluster_bench
 	$(BUILD)/tests/bench/komputed_scale_bench
+	if [ -x $(BUILD)/tests/bench/komputed_python_bench ]; then $(BUILD)/tests/bench/komputed_python_bench; fi
 
 install: build
 	cmake --install $(BUILD)

@@ -10,9 +10,11 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -555,6 +557,33 @@ PYBIND11_MODULE(_kp, m) {
            })
       .def("destroy", &kp::Manager::destroy, Release(),
            "Destroys every object made here, then releases the device (closes a remote session).");
+
+  // For the benchmark of Python's overhead (tests/bench/python_bench.py): the same work as a
+  // Python loop, done in C++ in this process: `count` times, the bytes of `source` (when given)
+  // copied into `tensor`'s host data and `sequence` evaluated. Returns the seconds it took.
+  m.def(
+      "_eval_loop",
+      [](const SequencePtr& sequence, uint64_t count, std::shared_ptr<kp::Tensor> tensor,
+         std::optional<py::buffer> source) {
+        if (sequence == nullptr) throw py::value_error("_eval_loop: the sequence is None");
+        py::buffer_info from;
+        if (source.has_value()) {
+          if (tensor == nullptr) throw py::value_error("_eval_loop: a source needs a tensor");
+          from = source->request();
+          if (static_cast<size_t>(from.size * from.itemsize) != tensor->memorySize()) {
+            throw py::value_error("_eval_loop: the source's size is not the tensor's");
+          }
+        }
+        py::gil_scoped_release release;
+        const auto start = std::chrono::steady_clock::now();
+        for (uint64_t i = 0; i < count; ++i) {
+          if (source.has_value()) std::memcpy(tensor->rawData(), from.ptr, tensor->memorySize());
+          sequence->eval();
+        }
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      },
+      py::arg("sequence"), py::arg("count"), py::arg("tensor") = nullptr,
+      py::arg("source") = std::nullopt);
 
   m.def(
       "compile_source",
