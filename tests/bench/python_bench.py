@@ -48,9 +48,14 @@ def start_daemon():
     return process, line[len(prefix):]
 
 
-def best_of(runs, measure):
-    """The least of `runs` measurements (seconds per item): the one least disturbed."""
-    return min(measure() for _ in range(runs))
+def best_of(runs, first, second):
+    """The least of `runs` measurements of each (seconds per item: the ones least disturbed),
+    taken in turns so that a change in the machine's load falls on both."""
+    a, b = [], []
+    for _ in range(runs):
+        a.append(first())
+        b.append(second())
+    return min(a), min(b)
 
 
 def tiny(mgr, min_time):
@@ -83,7 +88,7 @@ def tiny(mgr, min_time):
     seq.eval()
     if not np.array_equal(tensor.data(), values * 2 + 1):
         sys.exit("python_bench: the tiny eval came back wrong")
-    return best_of(3, python), best_of(3, cpp)
+    return best_of(3, python, cpp)
 
 
 def upload(mgr, iterations):
@@ -105,8 +110,7 @@ def upload(mgr, iterations):
     def cpp():
         return kp._kp._eval_loop(seq, iterations, tensor, source) / iterations
 
-    py_s = best_of(2, python)
-    cpp_s = best_of(2, cpp)
+    py_s, cpp_s = best_of(2, python, cpp)
     # The data is on the device: bring it back and compare.
     view[:] = 0
     mgr.sequence().eval(kp.OpTensorSyncLocal([tensor]))
