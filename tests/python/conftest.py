@@ -35,15 +35,15 @@ def _read_line(stream, deadline):
     return line.decode().strip()
 
 
-@pytest.fixture(scope="session")
-def daemon():
-    """A komputed daemon on 127.0.0.1:0; its address, read from what it prints."""
+def start_daemon(flags=()):
+    """A komputed daemon on 127.0.0.1:0 with `flags`: (its process, its address, its log file).
+    Fails the test when it does not print its address."""
     binary = _komputed_binary()
     if not os.path.exists(binary):
         pytest.fail(f"komputed binary not found at {binary} (set KOMPUTED_BINARY)")
     log = tempfile.TemporaryFile()
     process = subprocess.Popen(
-        [binary, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0"],
+        [binary, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", *flags],
         stdout=subprocess.PIPE,
         stderr=log,
     )
@@ -56,7 +56,10 @@ def daemon():
         process.wait()
         log.seek(0)
         pytest.fail(f"komputed did not print its address: {listening!r}\n{log.read().decode()}")
-    yield listening[len(prefix):]
+    return process, listening[len(prefix):], log
+
+
+def stop_daemon(process, log):
     process.terminate()
     try:
         process.wait(timeout=20)
@@ -64,6 +67,14 @@ def daemon():
         process.kill()
         process.wait()
     log.close()
+
+
+@pytest.fixture(scope="session")
+def daemon():
+    """A komputed daemon on 127.0.0.1:0; its address, read from what it prints."""
+    process, address, log = start_daemon()
+    yield address
+    stop_daemon(process, log)
 
 
 @pytest.fixture(params=["inprocess", "remote"])
