@@ -393,6 +393,7 @@ void Server::Drain(absl::Duration timeout) {
   const absl::Time start = absl::Now();
   UpdateHealth();  // NOT_SERVING first: probes and load balancers stop sending work
   gate_->Close();  // then new sessions and evaluations are refused
+  refusing_.store(true);
   spdlog::info(
       "komputed draining: refusing new sessions and evaluations, waiting up to {} for "
       "{} evaluation(s) in flight",
