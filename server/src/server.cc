@@ -381,6 +381,11 @@ void Server::UpdateHealth() {
   if (plain_health_ != nullptr) plain_health_->SetServing(serving);
 }
 
+bool Server::draining() const {
+  // The gate closes after health has turned NOT_SERVING (Drain), so both already hold.
+  return draining_.load() && gate_ != nullptr && gate_->closed();
+}
+
 void Server::Drain(absl::Duration timeout) {
   {
     absl::MutexLock lock(&mu_);
@@ -393,7 +398,6 @@ void Server::Drain(absl::Duration timeout) {
   const absl::Time start = absl::Now();
   UpdateHealth();  // NOT_SERVING first: probes and load balancers stop sending work
   gate_->Close();  // then new sessions and evaluations are refused
-  refusing_.store(true);
   spdlog::info(
       "komputed draining: refusing new sessions and evaluations, waiting up to {} for "
       "{} evaluation(s) in flight",

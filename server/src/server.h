@@ -56,7 +56,7 @@ class Server {
   void Drain(absl::Duration timeout);
   // True once a drain has turned health NOT_SERVING and refuses new work: from then on every
   // new session and evaluation is refused.
-  bool draining() const { return refusing_.load(); }
+  bool draining() const;
 
   // Reads the tenants file again (SIGHUP); on error the tenants in force stay and the error is
   // returned (and logged). OK without a tenants file.
@@ -91,7 +91,6 @@ class Server {
   std::unique_ptr<HealthService> plain_health_;  // on health_listen, when set
   std::unique_ptr<Authenticator> auth_;
   std::atomic<bool> draining_{false};  // set as a drain starts: health turns NOT_SERVING
-  std::atomic<bool> refusing_{false};  // set once health says so and new work is refused
   std::atomic<bool> stopped_{false};   // set by Shutdown: health no longer follows the devices
   absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
