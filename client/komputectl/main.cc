@@ -173,10 +173,7 @@ std::vector<Endpoint> Daemons() {
 std::shared_ptr<grpc::Channel> ChannelTo(const Endpoint& daemon) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
-  if (Credentials().tls() && !daemon.tls_name.empty()) {
-    args.SetSslTargetNameOverride(daemon.tls_name);
-  }
-  return Credentials().CreateChannel(daemon.target, args);
+  return Credentials().CreateChannel(daemon.target, args, daemon.tls_name);
 }
 
 // Calls every daemon at once, each call within --timeout: `call`'s results in the order of

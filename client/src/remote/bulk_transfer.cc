@@ -247,11 +247,8 @@ grpc::GenericStub& BulkTransfer::LaneStub(uint64_t lane) {
     // A channel of its own: its own connection, not one shared through the subchannel pool.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetInt("komputed.bulk_lane", static_cast<int>(lane));
-    if (credentials_->tls() && !lane_tls_name_.empty()) {
-      args.SetSslTargetNameOverride(lane_tls_name_);
-    }
-    lane_stubs_[lane] =
-        std::make_unique<grpc::GenericStub>(credentials_->CreateChannel(lane_address_, args));
+    lane_stubs_[lane] = std::make_unique<grpc::GenericStub>(
+        credentials_->CreateChannel(lane_address_, args, lane_tls_name_));
   }
   return *lane_stubs_[lane];
 }

@@ -62,12 +62,9 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Open(const RemoteOptions
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   KD_ASSIGN_OR_RETURN(std::shared_ptr<const ClientCredentials> credentials,
                       ClientCredentials::Load(options.credentials));
-  if (credentials->tls() && !options.tls_name.empty()) {
-    args.SetSslTargetNameOverride(options.tls_name);
-  }
   std::shared_ptr<Connection> c(new Connection());
   c->address_ = options.address;
-  c->channel_ = credentials->CreateChannel(options.address, args);
+  c->channel_ = credentials->CreateChannel(options.address, args, options.tls_name);
   c->sessions_ = v1::Sessions::NewStub(c->channel_);
   c->devices_ = v1::Devices::NewStub(c->channel_);
   c->tensors_ = v1::Tensors::NewStub(c->channel_);

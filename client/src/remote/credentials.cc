@@ -199,13 +199,15 @@ absl::StatusOr<std::shared_ptr<const ClientCredentials>> ClientCredentials::Load
   return c;
 }
 
-std::shared_ptr<grpc::Channel> ClientCredentials::CreateChannel(
-    const std::string& address, const grpc::ChannelArguments& args) const {
+std::shared_ptr<grpc::Channel> ClientCredentials::CreateChannel(const std::string& address,
+                                                                grpc::ChannelArguments args,
+                                                                const std::string& tls_name) const {
   // gRPC shuts its library down when the last of its objects goes, and that shutdown waits for
   // its executor threads (up to 10 s, in the destructor of a Manager's last channel). The library
   // keeps gRPC initialized for the rest of the process instead.
   static const bool kGrpcKept = (grpc_init(), true);
   (void)kGrpcKept;
+  if (tls_ && !tls_name.empty()) args.SetSslTargetNameOverride(tls_name);
   if (authorization_.empty()) {
     return grpc::CreateCustomChannel(address, channel_credentials_, args);
   }

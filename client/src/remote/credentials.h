@@ -52,8 +52,11 @@ class ClientCredentials {
       const CredentialSettings& settings);
 
   // A channel to `address` over TLS or plain text, with the token on every call when one is set.
+  // Over TLS the daemon's certificate is checked against `tls_name` where one is given (the DNS
+  // name that `address` was resolved from, Endpoint::tls_name), else against `address`'s host.
   std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
-                                               const grpc::ChannelArguments& args) const;
+                                               grpc::ChannelArguments args,
+                                               const std::string& tls_name = "") const;
 
   // The hint for a failed call on a channel made here: CredentialHint's, and what these
   // credentials lack where the connection was closed during the handshake (all that a client

@@ -162,11 +162,9 @@ std::vector<DaemonReport> QueryDaemons(const std::vector<Endpoint>& endpoints,
     args.SetMaxReceiveMessageSize(-1);
     // A connection of its own, closed with the channel: the session's is made afresh.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    if (credentials.tls() && !endpoints[i].tls_name.empty()) {
-      args.SetSslTargetNameOverride(endpoints[i].tls_name);
-    }
     auto call = std::make_unique<Call>();
-    call->stub = v1::Devices::NewStub(credentials.CreateChannel(endpoints[i].target, args));
+    call->stub = v1::Devices::NewStub(
+        credentials.CreateChannel(endpoints[i].target, args, endpoints[i].tls_name));
     call->context.set_deadline(absl::ToChronoTime(deadline));
     call->reader = call->stub->AsyncListDevices(&call->context, v1::ListDevicesRequest(), &queue);
     call->reader->Finish(&call->response, &call->status, reinterpret_cast<void*>(i));
