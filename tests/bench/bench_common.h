@@ -4,6 +4,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <kompute/Kompute.hpp>
 #include <memory>
@@ -37,6 +38,12 @@ struct TinyStep {
       : k(static_cast<uint32_t>(i % kTinyCount)), v(static_cast<float>(i % 4096)) {}
   float expected() const { return v * 2.0f + 1.0f; }
 };
+
+// The `q` quantile (0.5: the median) of samples sorted in ascending order; not empty.
+template <typename T>
+T Quantile(const std::vector<T>& sorted, double q) {
+  return sorted[std::min(sorted.size() - 1, static_cast<size_t>(q * sorted.size()))];
+}
 
 // Host data for the 256 MiB transfers: a pattern that a wrong copy does not reproduce.
 float Pattern(uint64_t i);

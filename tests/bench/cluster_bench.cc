@@ -51,10 +51,7 @@ struct Stats {
 
 Stats Summarize(std::vector<absl::Duration> samples) {
   std::sort(samples.begin(), samples.end());
-  auto at = [&](double q) {
-    return samples[std::min(samples.size() - 1, static_cast<size_t>(q * samples.size()))];
-  };
-  return Stats{at(0.5), at(0.9)};
+  return Stats{Quantile(samples, 0.5), Quantile(samples, 0.9)};
 }
 
 double Micros(absl::Duration d) { return absl::ToDoubleMicroseconds(d); }

@@ -76,12 +76,6 @@ bool EvalOnce(KpTiny& tiny, uint64_t i) {
   return tiny.tensor->data()[step.k] == step.expected();
 }
 
-// The daemon's address, for the stages' steps.
-std::string& DaemonAddress() {
-  static std::string address;
-  return address;
-}
-
 int Run() {
   const int sessions = absl::GetFlag(FLAGS_sessions);
   DaemonProcess daemon;
@@ -89,7 +83,6 @@ int Run() {
     std::fprintf(stderr, "the daemon did not start\n");
     return 1;
   }
-  DaemonAddress() = daemon.address();
   // Settled: the device is open and the first connection's buffers are made.
   absl::SleepFor(absl::Milliseconds(500));
   const int64_t rss0 = ProcStatus(daemon.pid(), "VmRSS");
@@ -110,8 +103,8 @@ int Run() {
   };
   std::printf("daemon RSS: %lld KiB with no session; then for each of %d sessions:\n",
               static_cast<long long>(rss0), sessions);
-  stage("a session (kp::Manager, a connection of its own)", [](Session& x, int) {
-    x.mgr = std::make_unique<kp::Manager>(kp::Remote{DaemonAddress(), 0, {}});
+  stage("a session (kp::Manager, a connection of its own)", [&](Session& x, int) {
+    x.mgr = std::make_unique<kp::Manager>(kp::Remote{daemon.address(), 0, {}});
   });
   stage("a tensor of 1024 floats", [](Session& x, int) {
     x.tiny.tensor = x.mgr->tensorT<float>(std::vector<float>(kTinyCount, 0.0f));
@@ -163,9 +156,7 @@ int Run() {
   for (auto& t : threads) t.join();
   if (failed || micros.empty()) return 1;
   std::sort(micros.begin(), micros.end());
-  auto at = [&](double q) {
-    return micros[std::min(micros.size() - 1, static_cast<size_t>(q * micros.size()))];
-  };
+  auto at = [&](double q) { return Quantile(micros, q); };
   std::printf(
       "%d sessions evaluating at once: %zu evals, %.0f/s, p50 %.0f us, p99 %.0f us, "
       "max %.0f us\n",

@@ -63,9 +63,8 @@ Stats Summarise(std::vector<absl::Duration> d) {
   s.n = d.size();
   if (d.empty()) return s;
   std::sort(d.begin(), d.end());
-  auto at = [&](double q) { return d[std::min(d.size() - 1, static_cast<size_t>(q * d.size()))]; };
-  s.p50 = at(0.50);
-  s.p99 = at(0.99);
+  s.p50 = Quantile(d, 0.50);
+  s.p99 = Quantile(d, 0.99);
   s.max = d.back();
   return s;
 }
