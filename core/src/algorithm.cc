@@ -26,12 +26,19 @@ struct SharedPipeline {
 // What a SharedPipeline is made from, all of it: the code the driver gets, the specialisation,
 // the number of tensors, whether there is a cancel word and the push-constant range; and the
 // scope that it is shared in.
+// The descriptor type of binding i: a storage image for an image, else a storage buffer.
+VkDescriptorType DescriptorTypeOf(const Tensor& t) {
+  return t.is_image() ? VK_DESCRIPTOR_TYPE_STORAGE_IMAGE : VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+}
+
 std::string SharedPipelineKey(const std::vector<uint32_t>& code, const AlgorithmSpec& spec,
                               uint32_t push_constant_range) {
+  std::string bindings;  // 'b' or 'i' per binding: the set layout
+  for (const auto& t : spec.tensors) bindings.push_back(t->is_image() ? 'i' : 'b');
   std::string key =
-      absl::StrCat("pipeline ", spec.share_scope.size(), ":", spec.share_scope, " ",
-                   spec.tensors.size(), " ", spec.cancel != nullptr, " ", push_constant_range, " ",
-                   spec.spec_constant_size, " ", spec.spec_constants.size(), " ", code.size(), ":");
+      absl::StrCat("pipeline ", spec.share_scope.size(), ":", spec.share_scope, " ", bindings, " ",
+                   spec.cancel != nullptr, " ", push_constant_range, " ", spec.spec_constant_size,
+                   " ", spec.spec_constants.size(), " ", code.size(), ":");
   key.append(reinterpret_cast<const char*>(spec.spec_constants.data()), spec.spec_constants.size());
   key.append(reinterpret_cast<const char*>(code.data()), code.size() * sizeof(uint32_t));
   return key;
@@ -55,7 +62,7 @@ absl::StatusOr<std::shared_ptr<const SharedPipeline>> MakeSharedPipeline(
   const uint32_t n = static_cast<uint32_t>(spec.tensors.size());
   std::vector<VkDescriptorSetLayoutBinding> bindings(n);
   for (uint32_t i = 0; i < n; ++i) {
-    bindings[i] = {i, VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
+    bindings[i] = {i, DescriptorTypeOf(*spec.tensors[i]), 1, VK_SHADER_STAGE_COMPUTE_BIT, nullptr};
   }
   VkDescriptorSetLayoutCreateInfo li{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
   li.bindingCount = n;
@@ -159,7 +166,7 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
       return absl::FailedPreconditionError(
           absl::StrCat("tensor ", i, " belongs to another device"));
     }
-    if (t->byte_size() > limits.maxStorageBufferRange) {
+    if (!t->is_image() && t->byte_size() > limits.maxStorageBufferRange) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor ", i, " has ", t->byte_size(),
                        " bytes, over the device's maxStorageBufferRange (",
@@ -235,12 +242,16 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
   const uint32_t n = static_cast<uint32_t>(spec.tensors.size());
   const uint32_t sets = (n > 0 ? 1 : 0) + (p->cancel != nullptr ? 1 : 0);
   if (sets > 0) {
-    VkDescriptorPoolSize size{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                              n + (p->cancel != nullptr ? 1 : 0)};
+    uint32_t images = 0;
+    for (const auto& t : spec.tensors) images += t->is_image() ? 1 : 0;
+    VkDescriptorPoolSize sizes[2] = {
+        {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, n - images + (p->cancel != nullptr ? 1 : 0)},
+        {VK_DESCRIPTOR_TYPE_STORAGE_IMAGE, images}};
+    const bool buffers = sizes[0].descriptorCount > 0;
     VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
     pi.maxSets = sets;
-    pi.poolSizeCount = 1;
-    pi.pPoolSizes = &size;
+    pi.poolSizeCount = (buffers ? 1 : 0) + (images > 0 ? 1 : 0);
+    pi.pPoolSizes = buffers ? sizes : sizes + 1;
     VkDescriptorPool pool = VK_NULL_HANDLE;
     KD_RETURN_IF_ERROR(
         device.Check(vkCreateDescriptorPool(dev, &pi, nullptr, &pool), "vkCreateDescriptorPool"));
@@ -273,16 +284,23 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
     KD_RETURN_IF_ERROR(
         device.Check(vkAllocateDescriptorSets(dev, &ai, &p->set), "vkAllocateDescriptorSets"));
     std::vector<VkDescriptorBufferInfo> infos(n);
+    std::vector<VkDescriptorImageInfo> image_infos(n);
     std::vector<VkWriteDescriptorSet> writes(n);
     for (uint32_t i = 0; i < n; ++i) {
-      // The tensor's bytes, not its buffer's padding to whole words: a shader's length() of a
-      // tensor of 8- or 16-bit elements is its element count.
-      infos[i] = {spec.tensors[i]->buffer(), 0, spec.tensors[i]->byte_size()};
+      const Tensor& t = *spec.tensors[i];
       writes[i] = {VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
       writes[i].dstSet = p->set;
       writes[i].dstBinding = i;
       writes[i].descriptorCount = 1;
-      writes[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+      writes[i].descriptorType = DescriptorTypeOf(t);
+      if (t.is_image()) {
+        image_infos[i] = {VK_NULL_HANDLE, t.image_view(), VK_IMAGE_LAYOUT_GENERAL};
+        writes[i].pImageInfo = &image_infos[i];
+        continue;
+      }
+      // The tensor's bytes, not its buffer's padding to whole words: a shader's length() of a
+      // tensor of 8- or 16-bit elements is its element count.
+      infos[i] = {t.buffer(), 0, t.byte_size()};
       writes[i].pBufferInfo = &infos[i];
     }
     vkUpdateDescriptorSets(dev, n, writes.data(), 0, nullptr);

@@ -459,6 +459,11 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
       query.uniform_and_storage_buffer_16bit && !withheld.uniform_and_storage_buffer_16bit;
   enabled.push_constant_8bit = query.push_constant_8bit && !withheld.push_constant_8bit;
   enabled.push_constant_16bit = query.push_constant_16bit && !withheld.push_constant_16bit;
+  enabled.storage_image_extended_formats = supported.shaderStorageImageExtendedFormats == VK_TRUE;
+  enabled.storage_image_read_without_format =
+      supported.shaderStorageImageReadWithoutFormat == VK_TRUE;
+  enabled.storage_image_write_without_format =
+      supported.shaderStorageImageWriteWithoutFormat == VK_TRUE;
   device->robust_buffer_access_ = supported.robustBufferAccess == VK_TRUE;
   device->timeline_ = query.timeline;
 
@@ -467,8 +472,37 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
   features.features.shaderFloat64 = enabled.float64;
   features.features.shaderInt64 = enabled.int64;
   features.features.shaderInt16 = enabled.int16;
+  features.features.shaderStorageImageExtendedFormats = enabled.storage_image_extended_formats;
+  features.features.shaderStorageImageReadWithoutFormat = enabled.storage_image_read_without_format;
+  features.features.shaderStorageImageWriteWithoutFormat =
+      enabled.storage_image_write_without_format;
   EnabledFeatures enable;
   enable.Chain(features, query, enabled);
+  // Robust image access, for shaders that bind images: core in Vulkan 1.3, else the extension.
+  VkPhysicalDeviceImageRobustnessFeatures image_robustness{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_IMAGE_ROBUSTNESS_FEATURES};
+  {
+    const bool core_1_3 = info.properties.apiVersion >= VK_API_VERSION_1_3 &&
+                          !options.feature_api_version.has_value();
+    const bool extension = HasExtension(available, VK_EXT_IMAGE_ROBUSTNESS_EXTENSION_NAME);
+    if (info.properties.apiVersion >= VK_API_VERSION_1_1 && (core_1_3 || extension)) {
+      VkPhysicalDeviceImageRobustnessFeatures q{
+          VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_IMAGE_ROBUSTNESS_FEATURES};
+      VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+      f2.pNext = &q;
+      vkGetPhysicalDeviceFeatures2(device->physical_device_, &f2);
+      if (q.robustImageAccess == VK_TRUE) {
+        image_robustness.robustImageAccess = VK_TRUE;
+        void** next = &features.pNext;
+        while (*next != nullptr) {
+          next = reinterpret_cast<void**>(&static_cast<VkBaseOutStructure*>(*next)->pNext);
+        }
+        *next = &image_robustness;
+        device->robust_image_access_ = true;
+        if (!core_1_3) enable.extensions.push_back(VK_EXT_IMAGE_ROBUSTNESS_EXTENSION_NAME);
+      }
+    }
+  }
   for (const char* e : enable.extensions) {
     if (std::find(device->enabled_extensions_.begin(), device->enabled_extensions_.end(), e) ==
         device->enabled_extensions_.end()) {

@@ -69,6 +69,12 @@ absl::Status ValidateOpTensors(OpKind kind, absl::Span<const TensorFacts> tensor
                                                      " elements but the source (tensor 0) has ",
                                                      src.count));
     }
+    if (src.image.is_image() && dst.image.is_image() && !(src.image == dst.image)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": image ", i, " is ", dst.image.width, "x", dst.image.height, "x",
+          dst.image.channels, " but the source image (0) is ", src.image.width, "x",
+          src.image.height, "x", src.image.channels, "; images copy whole, to the same shape"));
+    }
   }
   return absl::OkStatus();
 }

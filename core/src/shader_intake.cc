@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "komputed/core/status.h"
 
 namespace komputed::core {
 namespace {
@@ -51,6 +52,16 @@ constexpr AllowedCapability kAllowed[] = {
      [](const ShaderFeatures& f) { return f.push_constant_8bit; }},
     {Cap::StoragePushConstant16, "StoragePushConstant16", "storagePushConstant16",
      [](const ShaderFeatures& f) { return f.push_constant_16bit; }},
+    {Cap::ImageQuery, "ImageQuery", nullptr, nullptr},
+    {Cap::StorageImageExtendedFormats, "StorageImageExtendedFormats",
+     "shaderStorageImageExtendedFormats",
+     [](const ShaderFeatures& f) { return f.storage_image_extended_formats; }},
+    {Cap::StorageImageReadWithoutFormat, "StorageImageReadWithoutFormat",
+     "shaderStorageImageReadWithoutFormat",
+     [](const ShaderFeatures& f) { return f.storage_image_read_without_format; }},
+    {Cap::StorageImageWriteWithoutFormat, "StorageImageWriteWithoutFormat",
+     "shaderStorageImageWriteWithoutFormat",
+     [](const ShaderFeatures& f) { return f.storage_image_write_without_format; }},
     {Cap::GroupNonUniform, "GroupNonUniform", "subgroup operations (basic)",
      HasSubgroup<VK_SUBGROUP_FEATURE_BASIC_BIT>},
     {Cap::GroupNonUniformVote, "GroupNonUniformVote", "subgroup operations (vote)",
@@ -216,7 +227,112 @@ absl::Status CheckCapabilities(const SpirvModule& module, const Device& device) 
   return absl::OkStatus();
 }
 
-absl::Status CheckBindings(const SpirvModule& module, const AlgorithmSpec& spec) {
+// The GLSL format qualifier of an image of `channels` elements of `type` (none for 3 channels).
+spv::ImageFormat SpirvImageFormat(ElementType type, uint32_t channels) {
+  using F = spv::ImageFormat;
+  static constexpr F kFormats[][3] = {
+      {F::R8i, F::Rg8i, F::Rgba8i},       {F::R8ui, F::Rg8ui, F::Rgba8ui},
+      {F::R16i, F::Rg16i, F::Rgba16i},    {F::R16ui, F::Rg16ui, F::Rgba16ui},
+      {F::R16f, F::Rg16f, F::Rgba16f},    {F::R32i, F::Rg32i, F::Rgba32i},
+      {F::R32ui, F::Rg32ui, F::Rgba32ui}, {F::R32f, F::Rg32f, F::Rgba32f},
+  };
+  const int column = channels == 1 ? 0 : channels == 2 ? 1 : channels == 4 ? 2 : -1;
+  int row = -1;
+  switch (type) {
+    case ElementType::kInt8:
+      row = 0;
+      break;
+    case ElementType::kUInt8:
+      row = 1;
+      break;
+    case ElementType::kInt16:
+      row = 2;
+      break;
+    case ElementType::kUInt16:
+      row = 3;
+      break;
+    case ElementType::kFloat16:
+      row = 4;
+      break;
+    case ElementType::kInt32:
+      row = 5;
+      break;
+    case ElementType::kUInt32:
+      row = 6;
+      break;
+    case ElementType::kFloat32:
+      row = 7;
+      break;
+    default:
+      break;
+  }
+  return row < 0 || column < 0 ? F::Unknown : kFormats[row][column];
+}
+
+// A storage image binding against the image bound there: a single 2-D, non-arrayed,
+// single-sampled storage image, of a format qualifier that is the image's (or none) and of the
+// image's numeric kind.
+absl::Status CheckImageBinding(const SpirvBinding& b, const Tensor& image, const Device& device) {
+  const ImageShape& shape = image.image_shape();
+  const std::string what =
+      absl::StrCat(BindingName(b), ", bound to an image of ", shape.width, "x", shape.height, "x",
+                   shape.channels, " ", ElementTypeName(image.element_type()));
+  if (b.kind != DescriptorKind::kImage) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what,
+                     ", is no image: declare it `uniform image2D` (iimage2D, uimage2D) "
+                     "with the image's format qualifier"));
+  }
+  if (b.image.sampled != 2 || b.image.dim != static_cast<uint32_t>(spv::Dim::Dim2D) ||
+      b.image.arrayed != 0 || b.image.multisampled != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ", is not a plain 2-D storage image (dim ", b.image.dim, ", arrayed ",
+                     b.image.arrayed, ", multisampled ", b.image.multisampled, ", sampled ",
+                     b.image.sampled, "): images bind as `uniform image2D`, with no sampler"));
+  }
+  if (b.descriptor_count != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ", is an array of images; each binding holds one image"));
+  }
+  const ElementType type = image.element_type();
+  using Component = SpirvBinding::ImageType::Component;
+  const Component expected =
+      (type == ElementType::kFloat32 || type == ElementType::kFloat16) ? Component::kFloat
+      : (type == ElementType::kInt8 || type == ElementType::kInt16 || type == ElementType::kInt32)
+          ? Component::kSigned
+          : Component::kUnsigned;
+  if (b.image.component != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ", reads ",
+                     b.image.component == Component::kFloat      ? "floats (image2D)"
+                     : b.image.component == Component::kSigned   ? "signed integers (iimage2D)"
+                     : b.image.component == Component::kUnsigned ? "unsigned integers (uimage2D)"
+                                                                 : "an unknown type",
+                     " but the image holds ", ElementTypeName(type), ": declare it ",
+                     expected == Component::kFloat    ? "image2D"
+                     : expected == Component::kSigned ? "iimage2D"
+                                                      : "uimage2D"));
+  }
+  const spv::ImageFormat format = SpirvImageFormat(type, shape.channels);
+  if (b.image.format != 0 && b.image.format != static_cast<uint32_t>(format)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ", has format qualifier ", b.image.format, " (spv::ImageFormat) but the image's is ",
+        format == spv::ImageFormat::Unknown
+            ? std::string("none (3 channels: declare no format qualifier)")
+            : absl::StrCat(static_cast<uint32_t>(format)),
+        "; give the image's format or none"));
+  }
+  if (!device.robust_image_access()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": ", DeviceName(device),
+        " lacks robustImageAccess, without which an image access out of bounds is undefined; "
+        "images cannot be bound to shaders on it"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBindings(const SpirvModule& module, const AlgorithmSpec& spec,
+                           const Device& device) {
   const size_t n = spec.tensors.size();
   for (const SpirvBinding& b : module.bindings()) {
     if (!b.used) continue;
@@ -225,10 +341,16 @@ absl::Status CheckBindings(const SpirvModule& module, const AlgorithmSpec& spec)
           BindingName(b), " is in descriptor set ", b.set, ": the algorithm's tensors are set 0",
           b.set == 1 ? "; set 1 is reserved for komputed's own use" : ""));
     }
+    if (b.binding < n && spec.tensors[b.binding] != nullptr &&
+        spec.tensors[b.binding]->is_image()) {
+      KD_RETURN_IF_ERROR(CheckImageBinding(b, *spec.tensors[b.binding], device));
+      continue;
+    }
     if (b.kind != DescriptorKind::kStorageBuffer) {
       return absl::InvalidArgumentError(absl::StrCat(
           BindingName(b), " has no descriptor: the algorithm's tensors are storage buffers ",
-          "(GLSL: declare it `buffer`, not `uniform`), and nothing else is bound"));
+          "(GLSL: declare it `buffer`, not `uniform`) and its images storage images, and nothing "
+          "else is bound"));
     }
     if (b.descriptor_count != 1) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -288,7 +410,7 @@ absl::StatusOr<ShaderInterface> CheckShader(const SpirvModule& module, const Alg
                      found.empty() ? "none" : absl::StrJoin(found, ", ")));
   }
   if (absl::Status s = CheckCapabilities(module, device); !s.ok()) return s;
-  if (absl::Status s = CheckBindings(module, spec); !s.ok()) return s;
+  if (absl::Status s = CheckBindings(module, spec, device); !s.ok()) return s;
   const SpecConstants constants{spec.spec_constants, spec.spec_constant_size};
   if (absl::Status s = CheckLocalSize(module, constants, device); !s.ok()) return s;
 

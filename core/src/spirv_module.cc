@@ -474,6 +474,24 @@ SpirvModule SpirvModule::Parse(absl::Span<const uint32_t> spirv) {
                                             : DescriptorKind::kUniformBuffer;
     } else if (type_op == Op(spv::Op::OpTypeImage)) {
       b.kind = DescriptorKind::kImage;
+      const std::vector<uint32_t>& o = t->second.operands;
+      if (o.size() >= 7) {
+        b.image.dim = o[1];
+        b.image.arrayed = o[3];
+        b.image.multisampled = o[4];
+        b.image.sampled = o[5];
+        b.image.format = o[6];
+        auto component = m.types_.find(o[0]);
+        if (component != m.types_.end()) {
+          const Instruction& c = component->second;
+          using Component = SpirvBinding::ImageType::Component;
+          if (c.opcode == Op(spv::Op::OpTypeFloat)) {
+            b.image.component = Component::kFloat;
+          } else if (c.opcode == Op(spv::Op::OpTypeInt) && c.operands.size() >= 2) {
+            b.image.component = c.operands[1] != 0 ? Component::kSigned : Component::kUnsigned;
+          }
+        }
+      }
     } else if (type_op == Op(spv::Op::OpTypeSampler)) {
       b.kind = DescriptorKind::kSampler;
     } else if (type_op == Op(spv::Op::OpTypeSampledImage)) {

@@ -50,6 +50,194 @@ absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsa
   return b;
 }
 
+VkFormat ImageFormat(ElementType type, uint32_t channels) {
+  if (channels < 1 || channels > 4) return VK_FORMAT_UNDEFINED;
+  static constexpr VkFormat kFormats[][4] = {
+      {VK_FORMAT_R8_SINT, VK_FORMAT_R8G8_SINT, VK_FORMAT_R8G8B8_SINT, VK_FORMAT_R8G8B8A8_SINT},
+      {VK_FORMAT_R8_UINT, VK_FORMAT_R8G8_UINT, VK_FORMAT_R8G8B8_UINT, VK_FORMAT_R8G8B8A8_UINT},
+      {VK_FORMAT_R16_SINT, VK_FORMAT_R16G16_SINT, VK_FORMAT_R16G16B16_SINT,
+       VK_FORMAT_R16G16B16A16_SINT},
+      {VK_FORMAT_R16_UINT, VK_FORMAT_R16G16_UINT, VK_FORMAT_R16G16B16_UINT,
+       VK_FORMAT_R16G16B16A16_UINT},
+      {VK_FORMAT_R16_SFLOAT, VK_FORMAT_R16G16_SFLOAT, VK_FORMAT_R16G16B16_SFLOAT,
+       VK_FORMAT_R16G16B16A16_SFLOAT},
+      {VK_FORMAT_R32_SINT, VK_FORMAT_R32G32_SINT, VK_FORMAT_R32G32B32_SINT,
+       VK_FORMAT_R32G32B32A32_SINT},
+      {VK_FORMAT_R32_UINT, VK_FORMAT_R32G32_UINT, VK_FORMAT_R32G32B32_UINT,
+       VK_FORMAT_R32G32B32A32_UINT},
+      {VK_FORMAT_R32_SFLOAT, VK_FORMAT_R32G32_SFLOAT, VK_FORMAT_R32G32B32_SFLOAT,
+       VK_FORMAT_R32G32B32A32_SFLOAT},
+  };
+  int row = -1;
+  switch (type) {
+    case ElementType::kInt8:
+      row = 0;
+      break;
+    case ElementType::kUInt8:
+      row = 1;
+      break;
+    case ElementType::kInt16:
+      row = 2;
+      break;
+    case ElementType::kUInt16:
+      row = 3;
+      break;
+    case ElementType::kFloat16:
+      row = 4;
+      break;
+    case ElementType::kInt32:
+      row = 5;
+      break;
+    case ElementType::kUInt32:
+      row = 6;
+      break;
+    case ElementType::kFloat32:
+      row = 7;
+      break;
+    default:
+      return VK_FORMAT_UNDEFINED;
+  }
+  return kFormats[row][channels - 1];
+}
+
+absl::StatusOr<DeviceImage> DeviceImage::Create(Device& device, const ImageShape& shape,
+                                                VkFormat format, absl::string_view what) {
+  // The format must serve as a storage image and (Vulkan 1.1 reports these) a copy source and
+  // destination, with optimal tiling.
+  VkFormatProperties fp{};
+  vkGetPhysicalDeviceFormatProperties(device.physical_device(), format, &fp);
+  VkFormatFeatureFlags needed = VK_FORMAT_FEATURE_STORAGE_IMAGE_BIT;
+  if (device.properties().apiVersion >= VK_API_VERSION_1_1) {
+    needed |= VK_FORMAT_FEATURE_TRANSFER_SRC_BIT | VK_FORMAT_FEATURE_TRANSFER_DST_BIT;
+  }
+  if ((fp.optimalTilingFeatures & needed) != needed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": device ", device.info().index, " (", device.properties().deviceName,
+                     ") cannot use Vulkan format ", static_cast<int>(format),
+                     " as a storage image with copies (formats of 3 channels rarely can: use 4)"));
+  }
+  constexpr VkImageUsageFlags kUsage = VK_IMAGE_USAGE_STORAGE_BIT |
+                                       VK_IMAGE_USAGE_TRANSFER_SRC_BIT |
+                                       VK_IMAGE_USAGE_TRANSFER_DST_BIT;
+  VkImageFormatProperties ip{};
+  const VkResult r = vkGetPhysicalDeviceImageFormatProperties(
+      device.physical_device(), format, VK_IMAGE_TYPE_2D, VK_IMAGE_TILING_OPTIMAL, kUsage, 0, &ip);
+  if (r != VK_SUCCESS || shape.width > ip.maxExtent.width || shape.height > ip.maxExtent.height) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, " of ", shape.width, "x", shape.height, " texels is over the device's limit of ",
+        r == VK_SUCCESS ? ip.maxExtent.width : 0, "x", r == VK_SUCCESS ? ip.maxExtent.height : 0));
+  }
+  DeviceImage out;
+  const VkDevice dev = device.handle();
+  VkImageCreateInfo ii{VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO};
+  ii.imageType = VK_IMAGE_TYPE_2D;
+  ii.format = format;
+  ii.extent = {shape.width, shape.height, 1};
+  ii.mipLevels = 1;
+  ii.arrayLayers = 1;
+  ii.samples = VK_SAMPLE_COUNT_1_BIT;
+  ii.tiling = VK_IMAGE_TILING_OPTIMAL;
+  ii.usage = kUsage;
+  ii.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  ii.initialLayout = VK_IMAGE_LAYOUT_UNDEFINED;
+  VkImage image = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(device.Check(vkCreateImage(dev, &ii, nullptr, &image),
+                                  absl::StrCat("vkCreateImage for ", what)));
+  out.image_ = ImageHandle(dev, image);
+  VkMemoryRequirements req;
+  vkGetImageMemoryRequirements(dev, image, &req);
+  KD_ASSIGN_OR_RETURN(uint32_t type, device.FindMemoryType(req.memoryTypeBits,
+                                                           VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0));
+  if (req.size > device.HeapSize(type)) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", req.size,
+                                                     " bytes, more than its memory heap's ",
+                                                     device.HeapSize(type), " bytes"));
+  }
+  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  ai.allocationSize = req.size;
+  ai.memoryTypeIndex = type;
+  VkDeviceMemory memory = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(
+      device.Check(device.calls().AllocateMemory(dev, &ai, &memory),
+                   absl::StrCat("vkAllocateMemory of ", req.size, " bytes for ", what)));
+  out.memory_ = MemoryHandle(dev, memory);
+  KD_RETURN_IF_ERROR(device.Check(vkBindImageMemory(dev, image, memory, 0), "vkBindImageMemory"));
+  VkImageViewCreateInfo vi{VK_STRUCTURE_TYPE_IMAGE_VIEW_CREATE_INFO};
+  vi.image = image;
+  vi.viewType = VK_IMAGE_VIEW_TYPE_2D;
+  vi.format = format;
+  vi.subresourceRange = {VK_IMAGE_ASPECT_COLOR_BIT, 0, 1, 0, 1};
+  VkImageView view = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(
+      device.Check(vkCreateImageView(dev, &vi, nullptr, &view), "vkCreateImageView"));
+  out.view_ = ImageViewHandle(dev, view);
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<Tensor>> Tensor::CreateImage(std::shared_ptr<Device> device,
+                                                            ElementType type,
+                                                            const ImageShape& shape,
+                                                            MemoryType memory, const void* initial,
+                                                            TensorInit init) {
+  KD_RETURN_IF_ERROR(CheckImageShape(type, memory, shape));
+  const VkPhysicalDeviceLimits& limits = device->limits();
+  if (shape.width > limits.maxImageDimension2D || shape.height > limits.maxImageDimension2D) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "an image of ", shape.width, "x", shape.height,
+        " texels is over the device's maxImageDimension2D (", limits.maxImageDimension2D, ")"));
+  }
+  auto t = std::shared_ptr<Tensor>(new Tensor());
+  t->device_ = device;
+  t->type_ = type;
+  t->memory_ = memory;
+  t->shape_ = shape;
+  t->element_size_ = ElementTypeSize(type);
+  t->count_ = shape.count();
+  const uint64_t bytes = t->byte_size();
+  const std::string what =
+      absl::StrCat("a ", MemoryTypeName(memory), " image of ", shape.width, "x", shape.height, "x",
+                   shape.channels, " ", ElementTypeName(type));
+  KD_ASSIGN_OR_RETURN(t->image_,
+                      DeviceImage::Create(*device, shape, ImageFormat(type, shape.channels), what));
+  if (memory == MemoryType::kDevice) {
+    KD_ASSIGN_OR_RETURN(
+        t->staging_,
+        Buffer::Create(*device, (bytes + 3) & ~uint64_t{3},
+                       VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                       VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                       VK_MEMORY_PROPERTY_HOST_CACHED_BIT,
+                       absl::StrCat("the staging buffer of ", what)));
+  }
+  return Finish(std::move(t), initial, init);
+}
+
+namespace {
+
+// The whole of an image as a copy region to or from tightly packed texels in a buffer.
+VkBufferImageCopy WholeImage(const ImageShape& shape) {
+  VkBufferImageCopy region{};
+  region.imageSubresource = {VK_IMAGE_ASPECT_COLOR_BIT, 0, 0, 1};
+  region.imageExtent = {shape.width, shape.height, 1};
+  return region;
+}
+
+void ImageBarrier(VkCommandBuffer cb, VkImage image, VkImageLayout from, VkAccessFlags src_access,
+                  VkAccessFlags dst_access, VkPipelineStageFlags src_stage,
+                  VkPipelineStageFlags dst_stage) {
+  VkImageMemoryBarrier b{VK_STRUCTURE_TYPE_IMAGE_MEMORY_BARRIER};
+  b.srcAccessMask = src_access;
+  b.dstAccessMask = dst_access;
+  b.oldLayout = from;
+  b.newLayout = VK_IMAGE_LAYOUT_GENERAL;
+  b.srcQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED;
+  b.dstQueueFamilyIndex = VK_QUEUE_FAMILY_IGNORED;
+  b.image = image;
+  b.subresourceRange = {VK_IMAGE_ASPECT_COLOR_BIT, 0, 1, 0, 1};
+  vkCmdPipelineBarrier(cb, src_stage, dst_stage, 0, 0, nullptr, 0, nullptr, 1, &b);
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> device,
                                                        ElementType type, uint64_t count,
                                                        uint32_t element_size, MemoryType memory,
@@ -111,6 +299,17 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
     }
   }
 
+  return Finish(std::move(t), initial, init);
+}
+
+absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Finish(std::shared_ptr<Tensor> t,
+                                                       const void* initial, TensorInit init) {
+  const std::shared_ptr<Device>& device = t->device_;
+  const uint64_t bytes = t->byte_size();
+  const uint64_t alloc = (bytes + 3) & ~uint64_t{3};
+  constexpr VkMemoryPropertyFlags kHostVisible =
+      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  const MemoryType memory = t->memory_;
   // Initial contents: the given data, or zeros (new memory may hold another program's data).
   // Host data first; then the primary buffer, directly where the host maps it (host memory, and
   // device memory on a device whose memory is all host-visible), else by a command on a queue.
@@ -141,6 +340,22 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
 }
 
 void Tensor::RecordInit(VkCommandBuffer cb) const {
+  if (is_image()) {
+    // Into GENERAL, where it stays; then the texels from staging or upload, else zeros.
+    ImageBarrier(cb, image_.handle(), VK_IMAGE_LAYOUT_UNDEFINED, 0, VK_ACCESS_TRANSFER_WRITE_BIT,
+                 VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT);
+    const Buffer* from = upload_ != nullptr ? upload_.get() : &staging_;
+    if (from->handle() != VK_NULL_HANDLE) {
+      const VkBufferImageCopy region = WholeImage(shape_);
+      vkCmdCopyBufferToImage(cb, from->handle(), image_.handle(), VK_IMAGE_LAYOUT_GENERAL, 1,
+                             &region);
+    } else {
+      const VkClearColorValue zero{};
+      const VkImageSubresourceRange range{VK_IMAGE_ASPECT_COLOR_BIT, 0, 1, 0, 1};
+      vkCmdClearColorImage(cb, image_.handle(), VK_IMAGE_LAYOUT_GENERAL, &zero, 1, &range);
+    }
+    return;
+  }
   const uint64_t alloc = primary_.size();  // the padding too: zeros in staging and upload
   const Buffer* from = upload_ != nullptr ? upload_.get() : &staging_;
   if (from->handle() != VK_NULL_HANDLE) {
@@ -207,17 +422,50 @@ void* Tensor::host_data() const {
 
 void Tensor::RecordToDevice(VkCommandBuffer cb) const {
   if (!staging_.handle()) return;
+  if (is_image()) {
+    const VkBufferImageCopy region = WholeImage(shape_);
+    vkCmdCopyBufferToImage(cb, staging_.handle(), image_.handle(), VK_IMAGE_LAYOUT_GENERAL, 1,
+                           &region);
+    return;
+  }
   VkBufferCopy region{0, 0, byte_size()};
   vkCmdCopyBuffer(cb, staging_.handle(), primary_.handle(), 1, &region);
 }
 
 void Tensor::RecordToHost(VkCommandBuffer cb) const {
   if (!staging_.handle()) return;
+  if (is_image()) {
+    const VkBufferImageCopy region = WholeImage(shape_);
+    vkCmdCopyImageToBuffer(cb, image_.handle(), VK_IMAGE_LAYOUT_GENERAL, staging_.handle(), 1,
+                           &region);
+    return;
+  }
   VkBufferCopy region{0, 0, byte_size()};
   vkCmdCopyBuffer(cb, primary_.handle(), staging_.handle(), 1, &region);
 }
 
 void Tensor::RecordCopyTo(VkCommandBuffer cb, const Tensor& dst) const {
+  if (is_image() && dst.is_image()) {
+    VkImageCopy region{};
+    region.srcSubresource = {VK_IMAGE_ASPECT_COLOR_BIT, 0, 0, 1};
+    region.dstSubresource = region.srcSubresource;
+    region.extent = {shape_.width, shape_.height, 1};
+    vkCmdCopyImage(cb, image_.handle(), VK_IMAGE_LAYOUT_GENERAL, dst.image_.handle(),
+                   VK_IMAGE_LAYOUT_GENERAL, 1, &region);
+    return;
+  }
+  if (is_image()) {
+    const VkBufferImageCopy region = WholeImage(shape_);
+    vkCmdCopyImageToBuffer(cb, image_.handle(), VK_IMAGE_LAYOUT_GENERAL, dst.primary_.handle(), 1,
+                           &region);
+    return;
+  }
+  if (dst.is_image()) {
+    const VkBufferImageCopy region = WholeImage(dst.shape_);
+    vkCmdCopyBufferToImage(cb, primary_.handle(), dst.image_.handle(), VK_IMAGE_LAYOUT_GENERAL, 1,
+                           &region);
+    return;
+  }
   VkBufferCopy region{0, 0, byte_size()};
   vkCmdCopyBuffer(cb, primary_.handle(), dst.primary_.handle(), 1, &region);
 }
@@ -225,6 +473,11 @@ void Tensor::RecordCopyTo(VkCommandBuffer cb, const Tensor& dst) const {
 void Tensor::RecordBarrier(VkCommandBuffer cb, VkAccessFlags src_access, VkAccessFlags dst_access,
                            VkPipelineStageFlags src_stage, VkPipelineStageFlags dst_stage,
                            bool primary) const {
+  if (is_image() && (primary || !staging_.handle())) {
+    ImageBarrier(cb, image_.handle(), VK_IMAGE_LAYOUT_GENERAL, src_access, dst_access, src_stage,
+                 dst_stage);
+    return;
+  }
   VkBufferMemoryBarrier b{VK_STRUCTURE_TYPE_BUFFER_MEMORY_BARRIER};
   b.srcAccessMask = src_access;
   b.dstAccessMask = dst_access;

@@ -102,4 +102,47 @@ absl::StatusOr<uint32_t> CheckTensorShape(ElementType type, MemoryType memory, u
   return element_size;
 }
 
+bool IsImageElementType(ElementType type) {
+  switch (type) {
+    case ElementType::kInt8:
+    case ElementType::kUInt8:
+    case ElementType::kInt16:
+    case ElementType::kUInt16:
+    case ElementType::kFloat16:
+    case ElementType::kInt32:
+    case ElementType::kUInt32:
+    case ElementType::kFloat32:
+      return true;
+    default:
+      return false;
+  }
+}
+
+absl::Status CheckImageShape(ElementType type, MemoryType memory, const ImageShape& shape) {
+  if (static_cast<uint8_t>(type) > static_cast<uint8_t>(kLastElementType)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown element type ", static_cast<int>(type)));
+  }
+  if (!IsImageElementType(type)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an image cannot hold ", ElementTypeName(type),
+        " elements: images hold int8, uint8, int16, uint16, int32, uint32, float16 or float32"));
+  }
+  if (shape.channels < 1 || shape.channels > 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an image has 1 to 4 channels, not ", shape.channels));
+  }
+  if (shape.width == 0 || shape.height == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot create an image of ", shape.width, "x",
+                                                   shape.height, " texels: both must be above 0"));
+  }
+  if (memory != MemoryType::kDevice && memory != MemoryType::kStorage) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an image of memory type ", MemoryTypeName(memory),
+        ": images live in device memory; use device (its host data moved by sync operations) "
+        "or storage"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace komputed::core

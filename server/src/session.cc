@@ -257,9 +257,14 @@ absl::Status Session::CreateTensorLocked(const TensorRequest& request) {
     if (!host_memory.ok()) return Annotate(host_memory.status(), what);
     charged->host_memory = *std::move(host_memory);
   }
-  auto tensor = core::Tensor::Create(
-      facts_.instance->device, request.type, request.count, *element_size, request.memory,
-      request.data.empty() ? nullptr : request.data.data(), core::TensorInit::kDeferred);
+  const void* initial = request.data.empty() ? nullptr : request.data.data();
+  auto tensor =
+      request.image.is_image()
+          ? core::Tensor::CreateImage(facts_.instance->device, request.type, request.image,
+                                      request.memory, initial, core::TensorInit::kDeferred)
+          : core::Tensor::Create(facts_.instance->device, request.type, request.count,
+                                 *element_size, request.memory, initial,
+                                 core::TensorInit::kDeferred);
   if (!tensor.ok()) {
     facts_.device->CheckLost(*facts_.instance);
     return Annotate(tensor.status(), what);

@@ -31,6 +31,7 @@ struct TensorRequest {
   uint64_t count = 0;
   uint32_t element_size = 0;
   absl::string_view data;
+  core::ImageShape image;  // set: an image (count is then its element count)
 };
 
 // An algorithm to create or rebuild: its tensors by handle and its shader, SPIR-V (bytes, a whole

@@ -118,6 +118,18 @@ absl::StatusOr<TensorRequest> FromWire(const v1::CreateTensorRequest& request) {
   tensor.count = request.count();
   tensor.element_size = request.element_size();
   tensor.data = request.data();
+  if (request.has_image()) {
+    tensor.image = {request.image().width(), request.image().height(), request.image().channels()};
+    KD_RETURN_IF_ERROR(
+        Annotate(core::CheckImageShape(tensor.type, tensor.memory, tensor.image), what));
+    if (tensor.count != 0 && tensor.count != tensor.image.count()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "count ", tensor.count, " is not the image's ", tensor.image.width,
+                       "x", tensor.image.height, "x", tensor.image.channels, " = ",
+                       tensor.image.count(), " elements (give 0 or that)"));
+    }
+    tensor.count = tensor.image.count();
+  }
   return tensor;
 }
 

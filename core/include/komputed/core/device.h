@@ -74,17 +74,20 @@ class Instance {
 // extensions VK_KHR_8bit_storage and VK_KHR_shader_float16_int8; a Vulkan 1.0 device gets the 1.0
 // features only).
 struct ShaderFeatures {
-  bool float64 = false;                           // shaderFloat64
-  bool float16 = false;                           // shaderFloat16
-  bool int64 = false;                             // shaderInt64
-  bool int16 = false;                             // shaderInt16
-  bool int8 = false;                              // shaderInt8
-  bool storage_buffer_8bit = false;               // storageBuffer8BitAccess
-  bool storage_buffer_16bit = false;              // storageBuffer16BitAccess
-  bool uniform_and_storage_buffer_8bit = false;   // uniformAndStorageBuffer8BitAccess
-  bool uniform_and_storage_buffer_16bit = false;  // uniformAndStorageBuffer16BitAccess
-  bool push_constant_8bit = false;                // storagePushConstant8
-  bool push_constant_16bit = false;               // storagePushConstant16
+  bool float64 = false;                             // shaderFloat64
+  bool float16 = false;                             // shaderFloat16
+  bool int64 = false;                               // shaderInt64
+  bool int16 = false;                               // shaderInt16
+  bool int8 = false;                                // shaderInt8
+  bool storage_buffer_8bit = false;                 // storageBuffer8BitAccess
+  bool storage_buffer_16bit = false;                // storageBuffer16BitAccess
+  bool uniform_and_storage_buffer_8bit = false;     // uniformAndStorageBuffer8BitAccess
+  bool uniform_and_storage_buffer_16bit = false;    // uniformAndStorageBuffer16BitAccess
+  bool push_constant_8bit = false;                  // storagePushConstant8
+  bool push_constant_16bit = false;                 // storagePushConstant16
+  bool storage_image_extended_formats = false;      // shaderStorageImageExtendedFormats
+  bool storage_image_read_without_format = false;   // shaderStorageImageReadWithoutFormat
+  bool storage_image_write_without_format = false;  // shaderStorageImageWriteWithoutFormat
   // The subgroup operations (VkSubgroupFeatureFlags) of compute shaders; 0 when the device has
   // none in the compute stage.
   uint32_t subgroup_operations = 0;
@@ -154,6 +157,9 @@ class Device {
   const ShaderFeatures& shader_features() const { return features_; }
   // robustBufferAccess is enabled: out-of-bounds buffer accesses cannot reach other memory.
   bool robust_buffer_access() const { return robust_buffer_access_; }
+  // robustImageAccess (Vulkan 1.3, VK_EXT_image_robustness) is enabled: out-of-bounds image
+  // loads read zeros and stores are dropped. Shaders bind images only where it is.
+  bool robust_image_access() const { return robust_image_access_; }
   // DeviceOptions::map_device_memory.
   bool maps_device_memory() const { return map_device_memory_; }
   // Timeline semaphores (Vulkan 1.2) are enabled: submissions can be awaited several at a time.
@@ -210,6 +216,7 @@ class Device {
   std::vector<std::string> skipped_extensions_;
   ShaderFeatures features_;
   bool robust_buffer_access_ = false;
+  bool robust_image_access_ = false;
   bool map_device_memory_ = true;
   bool timeline_ = false;
   std::atomic<bool> lost_{false};

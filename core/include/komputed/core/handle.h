@@ -52,5 +52,7 @@ using CommandPoolHandle = DeviceHandle<VkCommandPool, vkDestroyCommandPool>;
 using FenceHandle = DeviceHandle<VkFence, vkDestroyFence>;
 using QueryPoolHandle = DeviceHandle<VkQueryPool, vkDestroyQueryPool>;
 using SemaphoreHandle = DeviceHandle<VkSemaphore, vkDestroySemaphore>;
+using ImageHandle = DeviceHandle<VkImage, vkDestroyImage>;
+using ImageViewHandle = DeviceHandle<VkImageView, vkDestroyImageView>;
 
 }  // namespace komputed::core

@@ -40,6 +40,7 @@ struct TensorFacts {
   uint32_t element_size = 0;
   uint64_t count = 0;
   MemoryType memory = MemoryType::kDevice;
+  ImageShape image;  // an image's shape; all zeros for a buffer
 };
 
 // A memory barrier's masks, as Vulkan's VkAccessFlags and VkPipelineStageFlags values.

@@ -41,6 +41,21 @@ struct SpirvBinding {
   uint64_t descriptor_count = 1;
   bool runtime_array = false;  // the block's last member is a runtime array
   bool used = false;           // a function refers to it (a superset of static use)
+  // kImage: its OpTypeImage's operands (spv::Dim, Arrayed, MS, Sampled, spv::ImageFormat), and
+  // its sampled type's kind.
+  struct ImageType {
+    uint32_t dim = 0;
+    uint32_t arrayed = 0;
+    uint32_t multisampled = 0;
+    uint32_t sampled = 0;  // 1: sampled, 2: storage
+    uint32_t format = 0;   // spv::ImageFormat; 0 is Unknown
+    enum class Component : uint8_t {
+      kFloat,
+      kSigned,
+      kUnsigned,
+      kOther
+    } component = Component::kOther;
+  } image;
 };
 
 // An OpEntryPoint.

@@ -40,6 +40,33 @@ class Buffer {
   VkMemoryPropertyFlags properties_ = 0;
 };
 
+// A 2-D image in device memory with its view, always in VK_IMAGE_LAYOUT_GENERAL once initialised
+// (storage image, copy source and destination at once). Move-only.
+class DeviceImage {
+ public:
+  // Errors: INVALID_ARGUMENT when the device cannot use `format` as a storage image with copies
+  // (naming the format), RESOURCE_EXHAUSTED past the device's image limits or memory heap.
+  static absl::StatusOr<DeviceImage> Create(Device& device, const ImageShape& shape,
+                                            VkFormat format, absl::string_view what);
+  DeviceImage() = default;
+  DeviceImage(DeviceImage&&) = default;
+  DeviceImage& operator=(DeviceImage&&) = default;
+
+  VkImage handle() const { return image_.get(); }
+  VkImageView view() const { return view_.get(); }
+
+ private:
+  // Destroyed in reverse order: the view, the image, then its memory.
+  MemoryHandle memory_;
+  ImageHandle image_;
+  ImageViewHandle view_;
+};
+
+// The Vulkan format of an image of `channels` elements of `type` per texel: the UINT/SINT
+// formats for integers (bits round-trip; GLSL r8ui, rg16i, rgba32ui...), SFLOAT for float16 and
+// float32 (r16f, rgba32f...). VK_FORMAT_UNDEFINED for a type that images cannot hold.
+VkFormat ImageFormat(ElementType type, uint32_t channels);
+
 // When a new tensor's device memory gets its first contents. Memory the host can map is written
 // at once either way; the choice is for device memory the host cannot reach, which a command on a
 // queue must fill.
@@ -67,10 +94,23 @@ class Tensor {
                                                         const void* initial,
                                                         TensorInit init = TensorInit::kWait);
 
+  // A 2-D image (shape.is_image(); CheckImageShape in types.h): its device memory is a
+  // DeviceImage, which shaders bind as a storage image; its host data (kDevice) is the texels,
+  // row-major and tightly packed. Errors as Create's, and INVALID_ARGUMENT for a shape that
+  // CheckImageShape refuses or a format that the device lacks.
+  static absl::StatusOr<std::shared_ptr<Tensor>> CreateImage(std::shared_ptr<Device> device,
+                                                             ElementType type,
+                                                             const ImageShape& shape,
+                                                             MemoryType memory, const void* initial,
+                                                             TensorInit init = TensorInit::kWait);
+
   ElementType element_type() const { return type_; }
   MemoryType memory_type() const { return memory_; }
   // What the operation rules (op_semantics.h) need to know of this tensor.
-  TensorFacts facts() const { return {this, type_, element_size_, count_, memory_}; }
+  TensorFacts facts() const { return {this, type_, element_size_, count_, memory_, shape_}; }
+  // Set for an image (CreateImage); a buffer's is all zeros.
+  const ImageShape& image_shape() const { return shape_; }
+  bool is_image() const { return shape_.is_image(); }
   uint64_t count() const { return count_; }
   uint32_t element_size() const { return element_size_; }
   uint64_t byte_size() const { return count_ * element_size_; }
@@ -79,17 +119,24 @@ class Tensor {
   // The host copy: the staging buffer (kDevice), the buffer itself (kHost, kDeviceAndHost), or
   // nullptr (kStorage).
   void* host_data() const;
-  // The buffer that shaders bind.
+  // The buffer that shaders bind (VK_NULL_HANDLE for an image).
   VkBuffer buffer() const { return primary_.handle(); }
+  // An image's image, view and format (VK_NULL_HANDLE / VK_FORMAT_UNDEFINED for a buffer).
+  VkImage image() const { return image_.handle(); }
+  VkImageView image_view() const { return image_.view(); }
+  VkFormat format() const {
+    return is_image() ? ImageFormat(type_, shape_.channels) : VK_FORMAT_UNDEFINED;
+  }
   // The staging buffer, or VK_NULL_HANDLE when the tensor has none.
   VkBuffer staging() const { return staging_.handle(); }
 
-  // Commands: staging → device (a no-op without staging), device → staging, this → dst.
+  // Commands: staging → device (a no-op without staging), device → staging, this → dst (buffers
+  // and images in any pairing; an image's layout stays GENERAL).
   void RecordToDevice(VkCommandBuffer cb) const;
   void RecordToHost(VkCommandBuffer cb) const;
   void RecordCopyTo(VkCommandBuffer cb, const Tensor& dst) const;
-  // A buffer memory barrier over the primary buffer (or the staging buffer when !primary and
-  // there is one).
+  // A buffer memory barrier over the primary buffer, or an image memory barrier over the image
+  // (or, when !primary and there is one, over the staging buffer).
   void RecordBarrier(VkCommandBuffer cb, VkAccessFlags src_access, VkAccessFlags dst_access,
                      VkPipelineStageFlags src_stage, VkPipelineStageFlags dst_stage,
                      bool primary) const;
@@ -100,6 +147,9 @@ class Tensor {
  private:
   friend class TensorInitBatch;
   Tensor() = default;
+  // The parts of Create and CreateImage after the device memory exists: host data, first contents.
+  static absl::StatusOr<std::shared_ptr<Tensor>> Finish(std::shared_ptr<Tensor> t,
+                                                        const void* initial, TensorInit init);
   // Records the commands that give the primary buffer its first contents (the initial data from
   // staging or the upload buffer, else zeros).
   void RecordInit(VkCommandBuffer cb) const;
@@ -109,7 +159,9 @@ class Tensor {
   MemoryType memory_ = MemoryType::kDevice;
   uint64_t count_ = 0;
   uint32_t element_size_ = 0;
-  Buffer primary_;
+  ImageShape shape_;
+  Buffer primary_;     // a buffer's device memory
+  DeviceImage image_;  // an image's
   Buffer staging_;
   // A storage tensor's initial data until its deferred init has run (then the batch holds it).
   std::shared_ptr<Buffer> upload_;

@@ -50,6 +50,27 @@ constexpr bool IsHostCoherent(MemoryType m) {
   return m == MemoryType::kHost || m == MemoryType::kDeviceAndHost;
 }
 
+// A 2-D image's shape (Kompute's Image): height rows of width texels, each of `channels` elements
+// (1 to 4), row-major and tightly packed in its host data. A tensor with an image shape keeps its
+// device memory in a VkImage (a storage image to shaders) instead of a buffer; its element count
+// is width * height * channels.
+struct ImageShape {
+  uint32_t width = 0;
+  uint32_t height = 0;
+  uint32_t channels = 0;
+  bool is_image() const { return channels != 0; }
+  uint64_t count() const { return uint64_t{width} * height * channels; }
+  bool operator==(const ImageShape& o) const {
+    return width == o.width && height == o.height && channels == o.channels;
+  }
+};
+// The element types an image may have: the 8-, 16- and 32-bit integers, float16 and float32.
+bool IsImageElementType(ElementType type);
+// The one check of an image's shape, element type and memory type, shared by every backend:
+// INVALID_ARGUMENT naming what is wrong. Images live in device memory: kDevice (host data in a
+// staging buffer, moved by sync operations) or kStorage.
+absl::Status CheckImageShape(ElementType type, MemoryType memory, const ImageShape& shape);
+
 // The shape of a tensor as requested: the one check of element type, memory type, element size
 // and count, shared by every backend. `element_size` 0 means the type's natural size (required
 // above 0 for kBytes). Returns the element size to use. INVALID_ARGUMENT naming what is wrong.
