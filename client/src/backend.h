@@ -34,6 +34,8 @@ struct TensorSpec {
   uint64_t count = 0;
   uint32_t element_size = 0;
   komputed::core::MemoryType memory = komputed::core::MemoryType::kDevice;
+  // Set: a 2-D image (count is then its element count).
+  komputed::core::ImageShape image;
 };
 
 class BackendTensor : public BackendObject {

@@ -90,8 +90,12 @@ class InProcessBackend final : public Backend {
 
   absl::StatusOr<std::shared_ptr<BackendTensor>> CreateTensor(const TensorSpec& spec,
                                                               const void* data) override {
-    KD_ASSIGN_OR_RETURN(auto tensor, core::Tensor::Create(device_, spec.type, spec.count,
-                                                          spec.element_size, spec.memory, data));
+    KD_ASSIGN_OR_RETURN(
+        auto tensor,
+        spec.image.is_image()
+            ? core::Tensor::CreateImage(device_, spec.type, spec.image, spec.memory, data)
+            : core::Tensor::Create(device_, spec.type, spec.count, spec.element_size, spec.memory,
+                                   data));
     return std::make_shared<LocalTensor>(this, std::move(tensor));
   }
 

@@ -265,6 +265,27 @@ std::vector<std::shared_ptr<Tensor>> Algorithm::getTensors() const {
   return tensors_;
 }
 
+std::vector<std::shared_ptr<Memory>> Algorithm::getMemObjects() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::vector<std::shared_ptr<Memory>>(tensors_.begin(), tensors_.end());
+}
+
+std::vector<std::shared_ptr<Tensor>> detail::AsTensors(
+    const std::vector<std::shared_ptr<Memory>>& memory) {
+  std::vector<std::shared_ptr<Tensor>> tensors;
+  tensors.reserve(memory.size());
+  for (size_t i = 0; i < memory.size(); ++i) {
+    std::shared_ptr<Tensor> t = std::dynamic_pointer_cast<Tensor>(memory[i]);
+    if (memory[i] != nullptr && t == nullptr) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "memory object " + std::to_string(i) +
+                      " is neither a kp::Tensor nor a kp::Image made by a kp::Manager");
+    }
+    tensors.push_back(std::move(t));
+  }
+  return tensors;
+}
+
 bool Algorithm::isInit() const {
   std::lock_guard<std::mutex> lock(mu_);
   return impl_ != nullptr;
@@ -600,16 +621,41 @@ std::shared_ptr<Sequence> Manager::sequence(uint32_t queueIndex, uint32_t totalT
 
 std::pair<std::shared_ptr<internal::BackendTensor>, void*> Manager::createTensor(
     const void* data, uint64_t count, uint32_t element_size, Tensor::TensorDataTypes data_type,
-    Tensor::TensorTypes memory_type) {
+    Tensor::TensorTypes memory_type, uint32_t width, uint32_t height, uint32_t channels) {
   internal::TensorSpec spec;
   spec.type = ToCore(data_type);
   spec.count = count;
   spec.element_size = element_size;
   spec.memory = ToCore(memory_type);
+  spec.image = {width, height, channels};
   std::lock_guard<std::mutex> lock(mu_);
   auto impl = Check(backendOrThrow().CreateTensor(spec, data));
   void* host = impl->host_data();
   return {std::move(impl), host};
+}
+
+void Manager::checkImageData(const void* data, size_t values, uint32_t width, uint32_t height,
+                             uint32_t channels) {
+  const uint64_t texels = uint64_t{width} * height * channels;
+  if (data != nullptr && values != texels) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "image: " + std::to_string(values) + " values given for " + std::to_string(width) +
+                    "x" + std::to_string(height) + "x" + std::to_string(channels) + " = " +
+                    std::to_string(texels) + " elements");
+  }
+}
+
+std::shared_ptr<Image> Manager::image(void* data, size_t dataSize, uint32_t width, uint32_t height,
+                                      uint32_t numChannels, const Memory::DataTypes& dataType,
+                                      Memory::MemoryTypes imageType) {
+  checkImageData(data, dataSize, width, height, numChannels);
+  const uint32_t element_size = komputed::core::ElementTypeSize(ToCore(dataType));
+  auto [impl, host] = createTensor(data, uint64_t{width} * height * numChannels, element_size,
+                                   dataType, imageType, width, height, numChannels);
+  std::shared_ptr<Image> image(new Image(std::move(impl), host, width, height, numChannels,
+                                         element_size, dataType, imageType));
+  track(image);
+  return image;
 }
 
 void Manager::track(const std::shared_ptr<Tensor>& tensor) {

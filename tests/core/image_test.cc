@@ -113,7 +113,7 @@ TEST(Image, SyncDeviceThenCopiesBetweenImagesAndTensors) {
   // host → a; a → b (image → image); b → tensor (image → buffer); tensor → storage image
   // (buffer → image); storage → back (image → image); back → host.
   ASSERT_OK(RunOps({op::SyncToDevice{{a}}, op::Copy{{a, b}}, op::Copy{{b, tensor}},
-                 op::Copy{{tensor, storage}}, op::Copy{{storage, back}}}));
+                    op::Copy{{tensor, storage}}, op::Copy{{storage, back}}}));
   std::memset(back->host_data(), 0, back->byte_size());
   ASSERT_OK(RunOps({op::SyncToHost{{back}}}));
   EXPECT_THAT(Host<float>(*back), ElementsAreArray(data));
@@ -149,9 +149,9 @@ TEST(Image, EveryImageElementTypeRoundTrips) {
         // Finite halves only (a NaN's payload need not survive).
         for (size_t i = 1; i < bytes.size(); i += 2) bytes[i] &= 0x3b;
       }
-      ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> image,
-                           Tensor::CreateImage(TestDevice(), type, shape, MemoryType::kDevice,
-                                               bytes.data()));
+      ASSERT_OK_AND_ASSIGN(
+          std::shared_ptr<Tensor> image,
+          Tensor::CreateImage(TestDevice(), type, shape, MemoryType::kDevice, bytes.data()));
       std::memset(image->host_data(), 0, image->byte_size());
       ASSERT_OK(RunOps({op::SyncToHost{{image}}}));
       EXPECT_THAT(HostBytes(*image), ElementsAreArray(bytes));
@@ -208,16 +208,15 @@ TEST(Image, ShaderReadsAndWritesStorageImages) {
                                            MemoryType::kDevice, nullptr));
   std::vector<uint32_t> t(12);
   for (uint32_t i = 0; i < 12; ++i) t[i] = 100 * i;
-  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> tensor,
-                       Tensor::Create(TestDevice(), ElementType::kUInt32, 12, 0,
-                                      MemoryType::kDevice, t.data()));
+  ASSERT_OK_AND_ASSIGN(
+      std::shared_ptr<Tensor> tensor,
+      Tensor::Create(TestDevice(), ElementType::kUInt32, 12, 0, MemoryType::kDevice, t.data()));
   ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, CompileGlsl(kImageShader));
   AlgorithmSpec spec;
   spec.tensors = {in, out, tensor};
   spec.spirv = spirv;
   spec.workgroup = {4, 3, 1};
-  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm,
-                       Algorithm::Create(TestDevice(), spec));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm, Algorithm::Create(TestDevice(), spec));
   ASSERT_OK(RunOps({op::Dispatch{algorithm}, op::SyncToHost{{out, tensor}}}));
   std::vector<uint32_t> expected_out(12), expected_t(12);
   for (uint32_t i = 0; i < 12; ++i) {
@@ -252,8 +251,7 @@ TEST(Image, OutOfBoundsAccessesReadZerosAndWriteNothing) {
   AlgorithmSpec spec;
   spec.tensors = {img, o};
   spec.spirv = spirv;
-  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm,
-                       Algorithm::Create(TestDevice(), spec));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm, Algorithm::Create(TestDevice(), spec));
   ASSERT_OK(RunOps({op::Dispatch{algorithm}, op::SyncToHost{{img, o}}}));
   EXPECT_THAT(Host<float>(*o), ElementsAreArray({0.0f, 0.0f, 4.0f}));
   EXPECT_THAT(Host<float>(*img), ElementsAreArray(texels));

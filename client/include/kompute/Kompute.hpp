@@ -90,7 +90,10 @@ class Memory {
     eUnsignedChar = 9,   // uint8_t
     eHalf = 10,          // kp::float16: IEEE 754 binary16
   };
+  // Which kind of memory object this is.
+  enum class Type { eTensor = 0, eImage = 1 };
   virtual ~Memory() = default;
+  virtual Type type() const = 0;
 };
 
 // An IEEE 754 binary16 ("half") value, held as its 16 bits: the element type of float16
@@ -170,6 +173,7 @@ class Tensor : public Memory {
   using TensorDataTypes = DataTypes;
 
   ~Tensor() override;
+  Type type() const override { return Type::eTensor; }
 
   // Element count.
   size_t size() const;
@@ -269,36 +273,93 @@ enum class OpKind {
 };
 }  // namespace detail
 
-// A tensor of T elements.
-template <typename T>
-class TensorT : public Tensor {
+namespace detail {
+// The typed host-data access of TensorT and ImageT: Base is Tensor or Image.
+template <typename T, typename Base>
+class Typed : public Base {
  public:
-  T* data() { return static_cast<T*>(rawData()); }
+  T* data() { return static_cast<T*>(this->rawData()); }
   std::vector<T> vector() {
-    const T* p = static_cast<const T*>(hostOrThrow());
-    return std::vector<T>(p, p + size());
+    const T* p = static_cast<const T*>(this->hostOrThrow());
+    return std::vector<T>(p, p + this->size());
   }
   T& operator[](size_t index) { return data()[index]; }
   // Replaces the host copy; the size must be the same.
   void setData(const std::vector<T>& values) {
-    if (values.size() != size()) {
+    if (values.size() != this->size()) {
       throw Error(ErrorCode::kInvalidArgument, "setData: " + std::to_string(values.size()) +
-                                                   " values given for a tensor of " +
-                                                   std::to_string(size()) + " elements");
+                                                   " values given for " +
+                                                   std::to_string(this->size()) + " elements");
     }
-    T* p = static_cast<T*>(hostOrThrow());
+    T* p = static_cast<T*>(this->hostOrThrow());
     if constexpr (std::is_same_v<T, bool>) {
       for (size_t i = 0; i < values.size(); ++i) p[i] = values[i];
     } else {
       std::memcpy(p, values.data(), values.size() * sizeof(T));
     }
   }
-  DataTypes dataType() const { return detail::DataTypeOf<T>(); }
+  Memory::DataTypes dataType() const { return DataTypeOf<T>(); }
+
+ protected:
+  using Base::Base;
+};
+}  // namespace detail
+
+// A tensor of T elements.
+template <typename T>
+class TensorT : public detail::Typed<T, Tensor> {
+ private:
+  friend class Manager;
+  using detail::Typed<T, Tensor>::Typed;
+};
+
+// A 2-D image (Kompute's Image): getY() rows of getX() texels of getNumChannels() elements each
+// (1 to 4), row-major and tightly packed in its host data, which sync operations move as a
+// tensor's. Images are eDevice (with host data) or eStorage; their elements are int8, uint8,
+// int16, uint16, int32, uint32 (formats *_SINT/*_UINT: GLSL r32ui, rgba8i...), float16 or float32
+// (*_SFLOAT: r32f, rgba16f...). Shaders bind them as storage images (`uniform image2D`,
+// iimage2D, uimage2D, with the image's format qualifier or none); OpCopy copies between images
+// of one shape, and between an image and a tensor of its type and element count; OpSyncDevice,
+// OpSyncLocal and OpMemoryBarrier take images as they take tensors. An Image is also a Tensor to
+// komputed's API, so that every list of tensors takes it.
+class Image : public Tensor {
+ public:
+  Type type() const override { return Type::eImage; }
+  uint32_t getX() const { return width_; }
+  uint32_t getY() const { return height_; }
+  uint32_t getNumChannels() const { return channels_; }
+
+ protected:
+  Image(std::shared_ptr<internal::BackendTensor> impl, void* host, uint32_t width, uint32_t height,
+        uint32_t channels, uint32_t element_size, DataTypes data_type, MemoryTypes memory_type)
+      : Tensor(std::move(impl), host, uint64_t{width} * height * channels, element_size, data_type,
+               memory_type),
+        width_(width),
+        height_(height),
+        channels_(channels) {}
 
  private:
   friend class Manager;
-  using Tensor::Tensor;
+  uint32_t width_;
+  uint32_t height_;
+  uint32_t channels_;
 };
+
+// An image of T elements.
+template <typename T>
+class ImageT : public detail::Typed<T, Image> {
+ private:
+  friend class Manager;
+  using detail::Typed<T, Image>::Typed;
+};
+
+namespace detail {
+// A list of Kompute's memory objects as komputed's tensors (every kp Image is a Tensor); throws
+// kInvalidArgument for an object that komputed did not make.
+std::vector<std::shared_ptr<Tensor>> AsTensors(const std::vector<std::shared_ptr<Memory>>& memory);
+template <typename M>
+inline constexpr bool kIsMemory = std::is_same_v<M, Memory>;
+}  // namespace detail
 
 // A compute shader bound to its tensors, with its workgroup and constants.
 class Algorithm {
@@ -332,8 +393,18 @@ class Algorithm {
   std::vector<T> getSpecializationConstants() const {
     return detail::FromBytes<T>(specConstantBytes());
   }
+  template <typename S = float, typename P = float, typename M,
+            typename = std::enable_if_t<detail::kIsMemory<M>>>
+  void rebuild(const std::vector<std::shared_ptr<M>>& memory, const std::vector<uint32_t>& spirv,
+               const Workgroup& workgroup = {}, const std::vector<S>& specializationConstants = {},
+               const std::vector<P>& pushConstants = {}) {
+    rebuild<S, P>(detail::AsTensors(memory), spirv, workgroup, specializationConstants,
+                  pushConstants);
+  }
   Workgroup getWorkgroup() const;
+  // Its tensors and images, in binding order (an Image is a Tensor here).
   std::vector<std::shared_ptr<Tensor>> getTensors() const;
+  std::vector<std::shared_ptr<Memory>> getMemObjects() const;
   bool isInit() const;
   void destroy();
 
@@ -394,6 +465,9 @@ class OpTensorSyncDevice : public OpBase {
  public:
   explicit OpTensorSyncDevice(const std::vector<std::shared_ptr<Tensor>>& tensors)
       : OpBase(detail::OpKind::kSyncDevice, tensors) {}
+  template <typename M, typename = std::enable_if_t<detail::kIsMemory<M>>>
+  explicit OpTensorSyncDevice(const std::vector<std::shared_ptr<M>>& memory)
+      : OpBase(detail::OpKind::kSyncDevice, detail::AsTensors(memory)) {}
 };
 
 // Device → host copy, for eDevice tensors.
@@ -401,6 +475,9 @@ class OpTensorSyncLocal : public OpBase {
  public:
   explicit OpTensorSyncLocal(const std::vector<std::shared_ptr<Tensor>>& tensors)
       : OpBase(detail::OpKind::kSyncLocal, tensors) {}
+  template <typename M, typename = std::enable_if_t<detail::kIsMemory<M>>>
+  explicit OpTensorSyncLocal(const std::vector<std::shared_ptr<M>>& memory)
+      : OpBase(detail::OpKind::kSyncLocal, detail::AsTensors(memory)) {}
 };
 
 // tensors[0] → every other tensor (same type and size), on the device and in host copies.
@@ -408,6 +485,9 @@ class OpTensorCopy : public OpBase {
  public:
   explicit OpTensorCopy(const std::vector<std::shared_ptr<Tensor>>& tensors)
       : OpBase(detail::OpKind::kCopy, tensors) {}
+  template <typename M, typename = std::enable_if_t<detail::kIsMemory<M>>>
+  explicit OpTensorCopy(const std::vector<std::shared_ptr<M>>& memory)
+      : OpBase(detail::OpKind::kCopy, detail::AsTensors(memory)) {}
 };
 
 // Dispatches an algorithm; push constants, when given, replace the algorithm's (and stay).
@@ -433,11 +513,21 @@ class OpMult : public OpBase {
       : OpBase(detail::OpKind::kMult, tensors) {
     algorithm_ = algorithm;
   }
+  template <typename M, typename = std::enable_if_t<detail::kIsMemory<M>>>
+  OpMult(const std::vector<std::shared_ptr<M>>& memory, const std::shared_ptr<Algorithm>& algorithm)
+      : OpMult(detail::AsTensors(memory), algorithm) {}
 };
 
 // A buffer memory barrier on each tensor (its primary buffer, or its staging buffer).
 class OpMemoryBarrier : public OpBase {
  public:
+  template <typename M, typename = std::enable_if_t<detail::kIsMemory<M>>>
+  OpMemoryBarrier(const std::vector<std::shared_ptr<M>>& memory,
+                  const vk::AccessFlags& srcAccessMask, const vk::AccessFlags& dstAccessMask,
+                  const vk::PipelineStageFlags& srcStageMask,
+                  const vk::PipelineStageFlags& dstStageMask, bool barrierOnPrimary = true)
+      : OpMemoryBarrier(detail::AsTensors(memory), srcAccessMask, dstAccessMask, srcStageMask,
+                        dstStageMask, barrierOnPrimary) {}
   OpMemoryBarrier(const std::vector<std::shared_ptr<Tensor>>& tensors,
                   const vk::AccessFlags& srcAccessMask, const vk::AccessFlags& dstAccessMask,
                   const vk::PipelineStageFlags& srcStageMask,
@@ -471,6 +561,13 @@ class Sequence : public std::enable_shared_from_this<Sequence> {
                                    TArgs&&... params) {
     return record(std::shared_ptr<OpBase>(new T(tensors, std::forward<TArgs>(params)...)));
   }
+  // The same from a list of Kompute's memory objects (tensors and images).
+  template <typename T, typename M, typename... TArgs,
+            typename = std::enable_if_t<detail::kIsMemory<M>>>
+  std::shared_ptr<Sequence> record(const std::vector<std::shared_ptr<M>>& memory,
+                                   TArgs&&... params) {
+    return record<T>(detail::AsTensors(memory), std::forward<TArgs>(params)...);
+  }
   template <typename T, typename... TArgs>
   std::shared_ptr<Sequence> record(std::shared_ptr<Algorithm> algorithm, TArgs&&... params) {
     return record(std::shared_ptr<OpBase>(new T(algorithm, std::forward<TArgs>(params)...)));
@@ -485,6 +582,11 @@ class Sequence : public std::enable_shared_from_this<Sequence> {
   std::shared_ptr<Sequence> eval(std::vector<std::shared_ptr<Tensor>> tensors, TArgs&&... params) {
     return eval(std::shared_ptr<OpBase>(new T(tensors, std::forward<TArgs>(params)...)));
   }
+  template <typename T, typename M, typename... TArgs,
+            typename = std::enable_if_t<detail::kIsMemory<M>>>
+  std::shared_ptr<Sequence> eval(const std::vector<std::shared_ptr<M>>& memory, TArgs&&... params) {
+    return eval<T>(detail::AsTensors(memory), std::forward<TArgs>(params)...);
+  }
   template <typename T, typename... TArgs>
   std::shared_ptr<Sequence> eval(std::shared_ptr<Algorithm> algorithm, TArgs&&... params) {
     return eval(std::shared_ptr<OpBase>(new T(algorithm, std::forward<TArgs>(params)...)));
@@ -497,6 +599,12 @@ class Sequence : public std::enable_shared_from_this<Sequence> {
   std::shared_ptr<Sequence> evalAsync(std::vector<std::shared_ptr<Tensor>> tensors,
                                       TArgs&&... params) {
     return evalAsync(std::shared_ptr<OpBase>(new T(tensors, std::forward<TArgs>(params)...)));
+  }
+  template <typename T, typename M, typename... TArgs,
+            typename = std::enable_if_t<detail::kIsMemory<M>>>
+  std::shared_ptr<Sequence> evalAsync(const std::vector<std::shared_ptr<M>>& memory,
+                                      TArgs&&... params) {
+    return evalAsync<T>(detail::AsTensors(memory), std::forward<TArgs>(params)...);
   }
   template <typename T, typename... TArgs>
   std::shared_ptr<Sequence> evalAsync(std::shared_ptr<Algorithm> algorithm, TArgs&&... params) {
@@ -701,6 +809,87 @@ class Manager {
     return algo;
   }
 
+  // The same from a list of Kompute's memory objects (tensors and images, in binding order).
+  template <typename S = float, typename P = float, typename M,
+            typename = std::enable_if_t<detail::kIsMemory<M>>>
+  std::shared_ptr<Algorithm> algorithm(const std::vector<std::shared_ptr<M>>& memory,
+                                       const std::vector<uint32_t>& spirv = {},
+                                       const Workgroup& workgroup = {},
+                                       const std::vector<S>& specializationConstants = {},
+                                       const std::vector<P>& pushConstants = {}) {
+    return algorithm<S, P>(detail::AsTensors(memory), spirv, workgroup, specializationConstants,
+                           pushConstants);
+  }
+
+  // 2-D images (see Image): width x height texels of numChannels T values, from `data`
+  // (width * height * numChannels values, row-major) or zero-filled. The tiling argument of
+  // Kompute's overloads is accepted and ignored: images are optimally tiled device memory, and
+  // imageType eHost or eDeviceAndHost throws kInvalidArgument.
+  template <typename T>
+  std::shared_ptr<ImageT<T>> imageT(const std::vector<T>& data, uint32_t width, uint32_t height,
+                                    uint32_t numChannels,
+                                    Memory::MemoryTypes imageType = Memory::MemoryTypes::eDevice) {
+    return makeImageT<T>(data.data(), data.size(), width, height, numChannels, imageType);
+  }
+  template <typename T>
+  std::shared_ptr<ImageT<T>> imageT(const std::vector<T>& data, uint32_t width, uint32_t height,
+                                    uint32_t numChannels, vk::ImageTiling /*tiling*/,
+                                    Memory::MemoryTypes imageType = Memory::MemoryTypes::eDevice) {
+    return imageT<T>(data, width, height, numChannels, imageType);
+  }
+  template <typename T>
+  std::shared_ptr<ImageT<T>> imageT(uint32_t width, uint32_t height, uint32_t numChannels,
+                                    Memory::MemoryTypes imageType = Memory::MemoryTypes::eDevice) {
+    return makeImageT<T>(nullptr, 0, width, height, numChannels, imageType);
+  }
+  template <typename T>
+  std::shared_ptr<ImageT<T>> imageT(uint32_t width, uint32_t height, uint32_t numChannels,
+                                    vk::ImageTiling /*tiling*/,
+                                    Memory::MemoryTypes imageType = Memory::MemoryTypes::eDevice) {
+    return imageT<T>(width, height, numChannels, imageType);
+  }
+  std::shared_ptr<ImageT<float>> image(
+      const std::vector<float>& data, uint32_t width, uint32_t height, uint32_t numChannels,
+      Memory::MemoryTypes imageType = Memory::MemoryTypes::eDevice) {
+    return imageT<float>(data, width, height, numChannels, imageType);
+  }
+  std::shared_ptr<ImageT<float>> image(
+      const std::vector<float>& data, uint32_t width, uint32_t height, uint32_t numChannels,
+      vk::ImageTiling tiling, Memory::MemoryTypes imageType = Memory::MemoryTypes::eDevice) {
+    return imageT<float>(data, width, height, numChannels, tiling, imageType);
+  }
+  std::shared_ptr<ImageT<float>> image(
+      uint32_t width, uint32_t height, uint32_t numChannels,
+      Memory::MemoryTypes imageType = Memory::MemoryTypes::eDevice) {
+    return imageT<float>(width, height, numChannels, imageType);
+  }
+  std::shared_ptr<ImageT<float>> image(
+      uint32_t width, uint32_t height, uint32_t numChannels, vk::ImageTiling tiling,
+      Memory::MemoryTypes imageType = Memory::MemoryTypes::eDevice) {
+    return imageT<float>(width, height, numChannels, tiling, imageType);
+  }
+  // dataSize: the number of elements at `data` (width * height * numChannels; nullptr and 0:
+  // zero-filled).
+  std::shared_ptr<Image> image(void* data, size_t dataSize, uint32_t width, uint32_t height,
+                               uint32_t numChannels, const Memory::DataTypes& dataType,
+                               Memory::MemoryTypes imageType = Memory::MemoryTypes::eDevice);
+  std::shared_ptr<Image> image(void* data, size_t dataSize, uint32_t width, uint32_t height,
+                               uint32_t numChannels, const Memory::DataTypes& dataType,
+                               vk::ImageTiling /*tiling*/,
+                               Memory::MemoryTypes imageType = Memory::MemoryTypes::eDevice) {
+    return image(data, dataSize, width, height, numChannels, dataType, imageType);
+  }
+  std::shared_ptr<Image> image(uint32_t width, uint32_t height, uint32_t numChannels,
+                               const Memory::DataTypes& dataType,
+                               Memory::MemoryTypes imageType = Memory::MemoryTypes::eDevice) {
+    return image(nullptr, 0, width, height, numChannels, dataType, imageType);
+  }
+  std::shared_ptr<Image> image(uint32_t width, uint32_t height, uint32_t numChannels,
+                               const Memory::DataTypes& dataType, vk::ImageTiling /*tiling*/,
+                               Memory::MemoryTypes imageType = Memory::MemoryTypes::eDevice) {
+    return image(nullptr, 0, width, height, numChannels, dataType, imageType);
+  }
+
   // Destroys every sequence, algorithm and tensor made here (they stop being isInit()), then
   // releases the device: a remote Manager closes its session on the daemon, waiting at most
   // KOMPUTED_CLOSE_TIMEOUT_S seconds (default 5) for the daemon's answer. Idempotent.
@@ -725,10 +914,29 @@ class Manager {
     track(t);
     return t;
   }
-  // Creates the backend's tensor; returns it with its host data (nullptr for eStorage).
+  template <typename T>
+  std::shared_ptr<ImageT<T>> makeImageT(const void* data, size_t values, uint32_t width,
+                                        uint32_t height, uint32_t channels,
+                                        Memory::MemoryTypes type) {
+    static_assert(!std::is_same_v<T, bool> && !std::is_same_v<T, double>,
+                  "images hold 8-, 16- and 32-bit integers, float16 and float32");
+    checkImageData(data, values, width, height, channels);
+    auto [impl, host] = createTensor(data, uint64_t{width} * height * channels, sizeof(T),
+                                     detail::DataTypeOf<T>(), type, width, height, channels);
+    std::shared_ptr<ImageT<T>> image(new ImageT<T>(std::move(impl), host, width, height, channels,
+                                                   sizeof(T), detail::DataTypeOf<T>(), type));
+    track(image);
+    return image;
+  }
+  // Throws kInvalidArgument unless `values` (with data) is width * height * channels.
+  static void checkImageData(const void* data, size_t values, uint32_t width, uint32_t height,
+                             uint32_t channels);
+  // Creates the backend's tensor (an image when channels > 0); returns it with its host data
+  // (nullptr for eStorage).
   std::pair<std::shared_ptr<internal::BackendTensor>, void*> createTensor(
       const void* data, uint64_t count, uint32_t element_size, Tensor::TensorDataTypes data_type,
-      Tensor::TensorTypes memory_type);
+      Tensor::TensorTypes memory_type, uint32_t width = 0, uint32_t height = 0,
+      uint32_t channels = 0);
   void track(const std::shared_ptr<Tensor>& tensor);
   std::shared_ptr<Algorithm> makeAlgorithm();
   internal::Backend& backendOrThrow() const;

@@ -20,7 +20,7 @@ RemoteTensor::~RemoteTensor() {
 }
 
 core::TensorFacts RemoteTensor::facts() const {
-  return {this, spec_.type, spec_.element_size, spec_.count, spec_.memory};
+  return {this, spec_.type, spec_.element_size, spec_.count, spec_.memory, spec_.image};
 }
 
 RemoteAlgorithm::RemoteAlgorithm(const void* owner, std::shared_ptr<Connection> connection,

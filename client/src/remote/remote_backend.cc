@@ -39,6 +39,9 @@ class RemoteBackend final : public Backend {
 
   absl::StatusOr<std::shared_ptr<BackendTensor>> CreateTensor(const TensorSpec& spec,
                                                               const void* data) override {
+    if (spec.image.is_image()) {
+      KD_RETURN_IF_ERROR(core::CheckImageShape(spec.type, spec.memory, spec.image));
+    }
     KD_ASSIGN_OR_RETURN(
         const uint32_t element_size,
         core::CheckTensorShape(spec.type, spec.memory, spec.count, spec.element_size));
@@ -54,6 +57,11 @@ class RemoteBackend final : public Backend {
     request.set_count(spec.count);
     request.set_element_size(spec.element_size);
     request.set_memory_type(v1::wire::ToWire(spec.memory));
+    if (spec.image.is_image()) {
+      request.mutable_image()->set_width(spec.image.width);
+      request.mutable_image()->set_height(spec.image.height);
+      request.mutable_image()->set_channels(spec.image.channels);
+    }
     const bool inline_data = data != nullptr && bytes <= remote::kInlineLimit;
     if (inline_data) request.mutable_data()->assign(reinterpret_cast<const char*>(data), bytes);
     {
