@@ -24,7 +24,9 @@ struct ShaderInterface {
 //  - capabilities and extensions on an allow-list of what the device enabled; never physical
 //    addressing, buffer device address, kernels, linkage or variable pointers;
 //  - every descriptor the shader uses is in set 0 (set 1 is komputed's own), at a binding below
-//    the number of tensors, and a single storage buffer;
+//    the number of tensors, and a single storage buffer, or for an image a single 2-D storage
+//    image of the image's numeric kind and format qualifier (or none), on a device with
+//    robustImageAccess (else FAILED_PRECONDITION);
 //  - the local size (specialized) within maxComputeWorkGroupSize and
 //    maxComputeWorkGroupInvocations;
 //  - shared memory within maxComputeSharedMemorySize, and the push-constant block within

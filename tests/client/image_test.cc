@@ -192,8 +192,8 @@ TEST_P(KpTest, RawImageOfADataType) {
   std::memset(image->rawData(), 0, image->memorySize());
   mgr().sequence()->eval<kp::OpSyncLocal>({image});
   EXPECT_EQ(image->vector<int16_t>(), values);
-  auto zeros = mgr().image(2, 2, 1, kp::Memory::DataTypes::eUnsignedChar,
-                           kp::Memory::MemoryTypes::eDevice);
+  auto zeros =
+      mgr().image(2, 2, 1, kp::Memory::DataTypes::eUnsignedChar, kp::Memory::MemoryTypes::eDevice);
   EXPECT_THAT(zeros->vector<uint8_t>(), Each(0));
 }
 

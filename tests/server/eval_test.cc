@@ -245,6 +245,49 @@ TEST_P(EvalTest, DuplicateHandlesAlreadyExist) {
   ExpectWorks();
 }
 
+TEST_P(EvalTest, BadImagesAreInvalidArguments) {
+  auto image = [&](uint64_t handle, uint32_t width, uint32_t height, uint32_t channels) {
+    v1::CreateTensorRequest r = FloatTensor(session_, handle, {});
+    r.set_count(0);
+    r.mutable_image()->set_width(width);
+    r.mutable_image()->set_height(height);
+    r.mutable_image()->set_channels(channels);
+    return r;
+  };
+  struct Case {
+    v1::CreateTensorRequest request;
+    const char* error;
+  };
+  std::vector<Case> cases = {
+      {image(80, 4, 4, 0), "1 to 4 channels, not 0"},
+      {image(81, 4, 4, 5), "not 5"},
+      {image(82, 0, 4, 1), "both must be above 0"},
+      {image(83, 4, 4, 1), "memory type host"},
+      {image(84, 4, 4, 1), "float64"},
+      {image(85, 4, 4, 2), "count 7 is not the image's 4x4x2 = 32 elements"},
+      {image(86, 2, 2, 1), "data of 12 bytes given"},
+  };
+  cases[3].request.set_memory_type(v1::MEMORY_TYPE_HOST);
+  cases[4].request.set_element_type(v1::ELEMENT_TYPE_FLOAT64);
+  cases[5].request.set_count(7);
+  cases[6].request.set_data(FloatBytes({1, 2, 3}));
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.error);
+    grpc::Status s = CreateTensor(c.request);
+    EXPECT_THAT(s, HasCode(grpc::StatusCode::INVALID_ARGUMENT));
+    EXPECT_THAT(s.error_message(), HasSubstr(c.error));
+  }
+  // A good one, with its texels and with its count given.
+  v1::CreateTensorRequest good = image(87, 2, 2, 1);
+  good.set_data(FloatBytes({1, 2, 3, 4}));
+  EXPECT_THAT(CreateTensor(good), IsOk());
+  v1::CreateTensorRequest counted = image(88, 2, 2, 4);
+  counted.set_count(16);
+  counted.set_memory_type(v1::MEMORY_TYPE_STORAGE);
+  EXPECT_THAT(CreateTensor(counted), IsOk());
+  ExpectWorks();
+}
+
 TEST_P(EvalTest, BadTensorsAreInvalidArguments) {
   v1::CreateTensorRequest zero = FloatTensor(session_, 70, {});
   grpc::Status s = CreateTensor(zero);
