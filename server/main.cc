@@ -139,9 +139,14 @@ ABSL_FLAG(uint64_t, default_quota_kernel_time_ms, 0,
 ABSL_FLAG(int, build_threads, 2,
           "threads that compile GLSL, build pipelines and create large tensors, off the threads "
           "that serve calls");
-ABSL_FLAG(absl::Duration, max_kernel_time, absl::Seconds(10),
+ABSL_FLAG(absl::Duration, max_kernel_time, absl::Seconds(3),
           "a submission that runs longer is stopped by the kernel watchdog, and its session is "
-          "closed (0: no watchdog)");
+          "closed (0: no watchdog); keep it under 4s on NVIDIA GPUs, whose driver ends a context "
+          "that holds the GPU about 5s while other work waits, and with it the device");
+ABSL_FLAG(absl::Duration, kernel_stop_grace, absl::Seconds(10),
+          "a submission stopped by the kernel watchdog that has not left its device this long "
+          "after: the device no longer answers; it is declared lost (its sessions' calls fail "
+          "with UNAVAILABLE) and opened again for new sessions");
 ABSL_FLAG(std::string, glsl_compiler, "",
           "the komputed_glslc program that compiles clients' GLSL in a child process; empty: the "
           "one beside this program");
@@ -247,6 +252,7 @@ int main(int argc, char** argv) {
   quota.client_name_bytes = absl::GetFlag(FLAGS_default_quota_client_name_bytes);
   quota.kernel_time_ms = absl::GetFlag(FLAGS_default_quota_kernel_time_ms);
   options.max_kernel_time = absl::GetFlag(FLAGS_max_kernel_time);
+  options.kernel_stop_grace = absl::GetFlag(FLAGS_kernel_stop_grace);
   options.build_threads = absl::GetFlag(FLAGS_build_threads);
 
   // Every thread started from here on inherits the blocked signals; main takes them with sigwait.

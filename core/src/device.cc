@@ -562,7 +562,7 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
 
 Device::~Device() {
   if (device_ == VK_NULL_HANDLE) return;
-  vkDeviceWaitIdle(device_);
+  if (!unresponsive_.load()) vkDeviceWaitIdle(device_);
   {
     absl::MutexLock lock(&once_mu_);
     once_pool_.Reset();
@@ -590,6 +590,14 @@ absl::StatusOr<uint32_t> Device::FindMemoryType(uint32_t type_bits, VkMemoryProp
 
 uint64_t Device::HeapSize(uint32_t memory_type) const {
   return info_.memory.memoryHeaps[info_.memory.memoryTypes[memory_type].heapIndex].size;
+}
+
+void Device::MarkLost(absl::string_view why) {
+  unresponsive_.store(true);
+  if (!lost_.exchange(true)) {
+    spdlog::error("device {} ({}) declared lost: {}", info_.index, info_.properties.deviceName,
+                  std::string(why));
+  }
 }
 
 absl::Status Device::Check(VkResult result, absl::string_view what) {

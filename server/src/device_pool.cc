@@ -195,7 +195,8 @@ void PooledDevice::CheckLost(const DeviceInstance& instance) {
   }
   losses_->Increment();
   spdlog::error(
-      "device {} ({}) was lost (VK_ERROR_DEVICE_LOST): its sessions' calls fail with "
+      "device {} ({}) was lost (VK_ERROR_DEVICE_LOST, or it stopped answering): its sessions' "
+      "calls fail with "
       "UNAVAILABLE",
       index_, info_.properties.deviceName);
   if (on_lost_) on_lost_();

@@ -34,6 +34,30 @@
 namespace komputed::server {
 namespace {
 
+// NVIDIA's driver ends a GPU context whose kernel has held the GPU for about 5 s while other work
+// waits (kernel log: Xid 109, CTX SWITCH TIMEOUT), without reporting the device lost: the
+// watchdog must stop a runaway before that. Measured on an H200 (driver 580): a runaway stopped
+// at 2, 3 or 4 s left the device 40 to 105 ms later; one stopped at 5 s hung the device.
+constexpr absl::Duration kNvidiaSafeKernelTime = absl::Seconds(4);
+
+void WarnOfUnsafeKernelTime(const DevicePool& pool, absl::Duration max_kernel_time) {
+  for (size_t i = 0; i < pool.size(); ++i) {
+    const VkPhysicalDeviceProperties& p = pool.at(i).info().properties;
+    constexpr uint32_t kNvidia = 0x10de;
+    if (p.vendorID != kNvidia) continue;
+    if (max_kernel_time > absl::ZeroDuration() && max_kernel_time <= kNvidiaSafeKernelTime) {
+      continue;
+    }
+    spdlog::warn(
+        "device {} ({}): --max_kernel_time={} is {}; NVIDIA's driver ends a context whose kernel "
+        "holds the GPU about 5s while other work waits (Xid 109), which leaves the device "
+        "unusable: keep it at most {}",
+        i, p.deviceName, absl::FormatDuration(max_kernel_time),
+        max_kernel_time == absl::ZeroDuration() ? "off" : "over that",
+        absl::FormatDuration(kNvidiaSafeKernelTime));
+  }
+}
+
 // After the evaluations of a drain have completed: how long no call may arrive before gRPC stops
 // (clients still calling get refusals, not calls cut off), and then how long the last replies
 // have to reach their clients before the remaining calls (idle streams) are cancelled.
@@ -259,6 +283,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
 
   KD_ASSIGN_OR_RETURN(s->pool_, DevicePool::Create(o, s->metrics_.get()));
   s->pool_->SetStateListener([s] { s->UpdateHealth(); });
+  WarnOfUnsafeKernelTime(*s->pool_, o.max_kernel_time);
   s->sessions_ =
       std::make_unique<SessionManager>(s->pool_.get(), o, s->metrics_.get(), s->gate_.get());
 

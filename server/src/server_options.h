@@ -41,7 +41,10 @@ struct ServerOptions {
   absl::Duration eval_timeout = absl::Seconds(600);
   // The kernel watchdog (watchdog.h): a submission that runs longer is stopped and its session
   // closed; zero: no watchdog (shaders are then not rewritten with cancel checks).
-  absl::Duration max_kernel_time = absl::Seconds(10);
+  absl::Duration max_kernel_time = absl::Seconds(3);
+  // A submission stopped by the watchdog that has not left its device this long after the stop:
+  // the device is declared lost (its sessions fail with UNAVAILABLE) and opened again.
+  absl::Duration kernel_stop_grace = absl::Seconds(10);
   // Threads that compile GLSL and build pipelines for CreateAlgorithm and RebuildAlgorithm, and
   // create large tensors for CreateTensor, off gRPC's serving threads, and how many such requests
   // may wait for them.

@@ -167,10 +167,11 @@ absl::Status Session::CheckOpenLocked() const {
 absl::Status Session::CheckUsableLocked() const {
   KD_RETURN_IF_ERROR(CheckOpenLocked());
   if (facts_.instance->device->lost()) {
-    return absl::UnavailableError(absl::StrCat(
-        "device ", facts_.device->index(), " was lost (VK_ERROR_DEVICE_LOST) with session ",
-        facts_.id, "'s objects on it: close this session and open a new one",
-        facts_.device->usable() ? " (the device has been opened again)" : ""));
+    return absl::UnavailableError(
+        absl::StrCat("device ", facts_.device->index(),
+                     " was lost (VK_ERROR_DEVICE_LOST, or it stopped answering) with session ",
+                     facts_.id, "'s objects on it: close this session and open a new one",
+                     facts_.device->usable() ? " (the device has been opened again)" : ""));
   }
   return absl::OkStatus();
 }

@@ -71,9 +71,27 @@ SessionManager::SessionManager(DevicePool* pool, const ServerOptions& options, M
   if (options_.max_kernel_time > absl::ZeroDuration()) {
     watchdog_ = Watchdog::Create(
         options_.watchdog_interval,
-        [this](const std::string& id, absl::Duration limit) { Overrun(id, limit); });
+        [this](const std::string& id, absl::Duration limit) { Overrun(id, limit); },
+        options_.kernel_stop_grace,
+        [this](const void* instance, const std::string& id, absl::Duration waited) {
+          Unresponsive(instance, id, waited);
+        });
   }
   reaper_ = std::thread([this] { Reap(); });
+}
+
+void SessionManager::Unresponsive(const void* instance, const std::string& id,
+                                  absl::Duration waited) {
+  for (size_t i = 0; i < pool_->size(); ++i) {
+    PooledDevice& device = pool_->at(i);
+    std::shared_ptr<DeviceInstance> current = device.instance();
+    if (current.get() != instance) continue;
+    current->device->MarkLost(absl::StrCat(
+        "a submission of session ", id, " stopped by the kernel watchdog had not left it ",
+        absl::FormatDuration(waited), " after the stop (--kernel_stop_grace)"));
+    device.CheckLost(*current);
+    return;
+  }
 }
 
 void SessionManager::Overrun(const std::string& id, absl::Duration limit) {

@@ -72,6 +72,8 @@ class SessionManager {
   // The watchdog stopped a submission of the session: closes it, and remembers why for its
   // client's next call.
   void Overrun(const std::string& id, absl::Duration limit);
+  // The watchdog's word for a device instance that no longer answers: it is declared lost.
+  void Unresponsive(const void* instance, const std::string& id, absl::Duration waited);
   // For an id not in the table: why the daemon closed it (FAILED_PRECONDITION, for its own
   // tenant), or the NOT_FOUND of an unknown id.
   absl::Status Missing(absl::string_view id, const Caller& caller) const

@@ -19,15 +19,22 @@ absl::Time MonotonicNow() {
 
 }  // namespace
 
-std::shared_ptr<Watchdog> Watchdog::Create(absl::Duration interval, Overrun on_overrun) {
-  auto watchdog = std::shared_ptr<Watchdog>(new Watchdog(interval, std::move(on_overrun)));
+std::shared_ptr<Watchdog> Watchdog::Create(absl::Duration interval, Overrun on_overrun,
+                                           absl::Duration stop_grace,
+                                           Unresponsive on_unresponsive) {
+  auto watchdog = std::shared_ptr<Watchdog>(
+      new Watchdog(interval, std::move(on_overrun), stop_grace, std::move(on_unresponsive)));
   absl::MutexLock lock(&watchdog->thread_mu_);
   watchdog->thread_ = std::thread([w = watchdog.get()] { w->Run(); });
   return watchdog;
 }
 
-Watchdog::Watchdog(absl::Duration interval, Overrun on_overrun)
-    : interval_(interval), on_overrun_(std::move(on_overrun)) {}
+Watchdog::Watchdog(absl::Duration interval, Overrun on_overrun, absl::Duration stop_grace,
+                   Unresponsive on_unresponsive)
+    : interval_(interval),
+      on_overrun_(std::move(on_overrun)),
+      stop_grace_(stop_grace),
+      on_unresponsive_(std::move(on_unresponsive)) {}
 
 void Watchdog::Stop() {
   {
@@ -103,10 +110,20 @@ void Watchdog::Run() {
     };
     absl::flat_hash_map<const void*, Culprit> culprits;
     absl::flat_hash_set<const void*> ending;
+    struct Stuck {
+      const void* device;
+      std::string session_id;
+      absl::Duration waited;
+    };
+    std::vector<Stuck> stuck;
     for (auto& [key, q] : queues_) {
       Entry& head = q.entries.front();
       if (head.stopped) {
         ending.insert(key.first);
+        if (!head.reported_unresponsive && now - head.stopped_at > stop_grace_) {
+          head.reported_unresponsive = true;
+          stuck.push_back({key.first, head.session_id, now - head.stopped_at});
+        }
         continue;
       }
       const absl::Time deadline = std::max(q.head_since, head.submitted) + head.limit;
@@ -128,12 +145,20 @@ void Watchdog::Run() {
           absl::FormatDuration(head->limit), absl::FormatDuration(now - head->submitted),
           culprit.queue->entries.size() - 1);
       head->stopped = true;
+      head->stopped_at = now;
       if (head->word != nullptr) head->word->Set();
       stopped.emplace_back(head->session_id, head->limit);
     }
-    if (stopped.empty()) continue;
+    if (stopped.empty() && (stuck.empty() || on_unresponsive_ == nullptr)) continue;
     mu_.Unlock();
     for (const auto& [session_id, limit] : stopped) on_overrun_(session_id, limit);
+    for (const Stuck& s : stuck) {
+      spdlog::error(
+          "watchdog: a submission of session {} was stopped {} ago and has not left its device: "
+          "the device no longer answers",
+          s.session_id, absl::FormatDuration(s.waited));
+      if (on_unresponsive_) on_unresponsive_(s.device, s.session_id, s.waited);
+    }
     mu_.Lock();
   }
 }

@@ -35,8 +35,14 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
  public:
   // Called on the watchdog's thread, once per submission, for one that ran past `limit`.
   using Overrun = std::function<void(const std::string& session_id, absl::Duration limit)>;
+  // Called on the watchdog's thread, once per submission, for a stopped one that has not left
+  // its device `stop_grace` after the stop: the device (the QueueKey's first) no longer answers.
+  using Unresponsive =
+      std::function<void(const void* device, const std::string& session_id, absl::Duration waited)>;
   // Looks every `interval` (the stop comes at most that late).
-  static std::shared_ptr<Watchdog> Create(absl::Duration interval, Overrun on_overrun);
+  static std::shared_ptr<Watchdog> Create(absl::Duration interval, Overrun on_overrun,
+                                          absl::Duration stop_grace = absl::InfiniteDuration(),
+                                          Unresponsive on_unresponsive = nullptr);
   // Stops the thread (idempotent): on_overrun is not called after it returns.
   void Stop();
   ~Watchdog();
@@ -76,17 +82,22 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
     absl::Duration limit;
     absl::Time submitted;
     bool stopped = false;
+    absl::Time stopped_at;
+    bool reported_unresponsive = false;
   };
   struct Queue {
     std::deque<Entry> entries;  // in submission order
     absl::Time head_since;      // when the head reached the head
   };
-  Watchdog(absl::Duration interval, Overrun on_overrun);
+  Watchdog(absl::Duration interval, Overrun on_overrun, absl::Duration stop_grace,
+           Unresponsive on_unresponsive);
   void Finished(QueueKey queue, uint64_t id);
   void Run();
 
   const absl::Duration interval_;
   const Overrun on_overrun_;
+  const absl::Duration stop_grace_;
+  const Unresponsive on_unresponsive_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<QueueKey, Queue> queues_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -11,6 +11,9 @@
 // completed eval. Exits 1 when the runaway is not stopped with DEADLINE_EXCEEDED or a neighbour's
 // result is wrong.
 //
+// With --neighbour_address the neighbour runs on another daemon (another process on the same GPU):
+// what a process per tenant would give, where the GPU time-slices between processes.
+//
 // The limit counts from the moment the runaway's submission reaches the head of its queue; the
 // daemon is idle when it is submitted, so that is when it is submitted.
 
@@ -43,6 +46,12 @@ ABSL_FLAG(absl::Duration, limit, absl::Seconds(5), "the daemon's --max_kernel_ti
 ABSL_FLAG(absl::Duration, idle, absl::Seconds(3),
           "how long the neighbour's latency is measured on the idle daemon, and again after");
 ABSL_FLAG(uint32_t, device, 0, "the physical device (Vulkan index) that the daemon serves");
+ABSL_FLAG(std::string, address, "",
+          "run against the daemon at this address instead of starting one in process (give "
+          "--limit equal to its --max_kernel_time)");
+ABSL_FLAG(std::string, neighbour_address, "",
+          "where the neighbour runs: empty, on the bench's own daemon beside the runaway; else on "
+          "the daemon at this address (another process, so another GPU context, on the same GPU)");
 
 namespace komputed_bench {
 namespace {
@@ -115,13 +124,18 @@ int Run() {
   options.metrics_listen = "";
   options.devices = {absl::GetFlag(FLAGS_device)};
   options.max_kernel_time = limit;
-  absl::StatusOr<std::unique_ptr<komputed::server::Server>> server =
-      komputed::server::Server::Start(options);
-  if (!server.ok()) {
-    std::fprintf(stderr, "komputed_watchdog_bench: %s\n", server.status().ToString().c_str());
-    return 1;
+  std::unique_ptr<komputed::server::Server> server;
+  std::string address = absl::GetFlag(FLAGS_address);
+  if (address.empty()) {
+    absl::StatusOr<std::unique_ptr<komputed::server::Server>> started =
+        komputed::server::Server::Start(options);
+    if (!started.ok()) {
+      std::fprintf(stderr, "komputed_watchdog_bench: %s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    server = *std::move(started);
+    address = server->address();
   }
-  const std::string address = (*server)->address();
   absl::StatusOr<std::vector<uint32_t>> tiny_spirv =
       komputed::core::CompileGlsl(kTinyShader, "tiny.comp");
   absl::StatusOr<std::vector<uint32_t>> runaway_spirv =
@@ -133,7 +147,8 @@ int Run() {
 
   int rc = 0;
   try {
-    kp::Manager neighbour_mgr(address);
+    const std::string neighbour_address = absl::GetFlag(FLAGS_neighbour_address);
+    kp::Manager neighbour_mgr(neighbour_address.empty() ? address : neighbour_address);
     KpTiny tiny = MakeKpTiny(neighbour_mgr, *tiny_spirv);
     uint64_t i = 0;
     for (int w = 0; w < 50; ++w) TinyEval(tiny, i++);  // warm up
@@ -197,7 +212,9 @@ int Run() {
     std::printf("komputed_watchdog_bench: %s, --max_kernel_time=%s\n",
                 neighbour_mgr.getDeviceProperties().deviceName.data(),
                 absl::FormatDuration(limit).c_str());
-    std::printf("the neighbour's tiny eval (remote, TCP loopback):\n");
+    std::printf(
+        "the neighbour's tiny eval (remote, TCP loopback, %s):\n",
+        neighbour_address.empty() ? "on the runaway's daemon" : "on another daemon process");
     Print("idle daemon", idle_stats);
     Print("during the runaway", during_stats);
     Print("after the runaway", after_stats);
@@ -220,7 +237,7 @@ int Run() {
     std::fprintf(stderr, "komputed_watchdog_bench: %s\n", e.what());
     rc = 1;
   }
-  (*server)->Shutdown();
+  if (server != nullptr) server->Shutdown();
   return rc;
 }
 

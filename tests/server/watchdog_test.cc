@@ -147,6 +147,60 @@ TEST_F(WatchdogTest, QueueWaitDoesNotCountAgainstTheLimit) {
   EXPECT_THAT(CreateTensor(FloatTensor(s, 100, {1})), IsOk());
 }
 
+// A device on which a stopped submission does not end within --kernel_stop_grace no longer
+// answers: the daemon declares it lost and opens it again, and new sessions work there. (A GPU
+// whose driver ended the runaway's context never completes the submission; here lavapipe's
+// stopped runaway takes longer to end than the 1 ms grace given.)
+class UnresponsiveDeviceTest : public WatchdogTest {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions options = WatchdogTest::Options();
+    options.max_kernel_time = absl::Seconds(1);
+    options.kernel_stop_grace = absl::Milliseconds(1);
+    options.device_recovery_interval = absl::Milliseconds(200);
+    return options;
+  }
+
+  bool Serving() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    grpc::health::v1::HealthCheckResponse resp;
+    auto health = grpc::health::v1::Health::NewStub(client_->channel);
+    return health->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp).ok() &&
+           resp.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+  }
+};
+
+TEST_F(UnresponsiveDeviceTest, IsDeclaredLostAndOpenedAgain) {
+  const std::string a = Open("runaway");
+  ASSERT_THAT(CreateTensor(FloatTensor(a, 1, std::vector<float>(1024, 0.0f))), IsOk());
+  std::string push(4, '\0');
+  v1::CreateAlgorithmRequest algorithm = GlslAlgorithm(a, 2, {1}, kRunawayShader, 65535, push);
+  algorithm.mutable_workgroup()->set_y(64);
+  ASSERT_THAT(CreateAlgorithm(algorithm), IsOk());
+  ASSERT_THAT(CreateSequence(a, 3), IsOk());
+  ASSERT_THAT(Record(a, 3, {RecordOp(Dispatch(2))}), IsOk());
+  ASSERT_TRUE(Serving());
+  v1::EvalRequest req;
+  req.set_session_id(a);
+  req.set_sequence(3);
+  v1::EvalResponse resp;
+  const grpc::Status runaway = Eval(req, &resp);
+  // Stopped by the watchdog; the device was declared lost while the stopped kernel ended.
+  EXPECT_FALSE(runaway.ok());
+  EXPECT_THAT(runaway.error_code(),
+              ::testing::AnyOf(grpc::StatusCode::DEADLINE_EXCEEDED, grpc::StatusCode::UNAVAILABLE));
+  // Opened again (after the 200 ms recovery interval): health serves, a new session works.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!Serving() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(Serving());
+  const std::string b = Open("after");
+  MakePipeline(b, 10, 4, 2.0f);
+  v1::EvalResponse out;
+  ASSERT_THAT(Eval(PipelineEval(b, 10, {1, 2, 3, 4}), &out), IsOk());
+  EXPECT_THAT(Floats(out.downloads(0).data()), ElementsAre(2, 4, 6, 8));
+}
+
 // The watchdog on its own, with made-up queues: what it stops, and when.
 class WatchdogUnitTest : public ::testing::Test {
  protected:
@@ -210,6 +264,36 @@ TEST_F(WatchdogUnitTest, OtherDevicesAreJudgedWhileARunawayEnds) {
   auto other = watchdog_->Started({&kDeviceB, 0}, "other", nullptr, absl::Milliseconds(20));
   ASSERT_TRUE(AwaitStopped(2));
   EXPECT_THAT(Stopped(), ElementsAre("runaway", "other"));
+}
+
+TEST(WatchdogUnresponsive, AStoppedSubmissionThatDoesNotLeaveIsReportedOnce) {
+  absl::Mutex mu;
+  std::vector<std::pair<const void*, std::string>> reported;
+  std::shared_ptr<Watchdog> watchdog = Watchdog::Create(
+      absl::Milliseconds(5), [](const std::string&, absl::Duration) {}, absl::Milliseconds(100),
+      [&](const void* device, const std::string& session, absl::Duration waited) {
+        EXPECT_GE(waited, absl::Milliseconds(100));
+        absl::MutexLock lock(&mu);
+        reported.emplace_back(device, session);
+      });
+  auto runaway = watchdog->Started({&kDeviceA, 0}, "runaway", nullptr, absl::Milliseconds(20));
+  auto ends = watchdog->Started({&kDeviceB, 0}, "ends", nullptr, absl::Milliseconds(20));
+  absl::SleepFor(absl::Milliseconds(60));
+  ends.reset();  // stopped, and left its device within the grace
+  {
+    absl::MutexLock lock(&mu);
+    auto one = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return !reported.empty(); };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&one), absl::Seconds(30)));
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(reported.size(), 1u);
+    EXPECT_EQ(reported[0].first, &kDeviceA);
+    EXPECT_EQ(reported[0].second, "runaway");
+  }
+  runaway.reset();
+  watchdog->Stop();
 }
 
 TEST_F(WatchdogUnitTest, OfTwoOverrunsOnOneDeviceTheFirstIsStopped) {

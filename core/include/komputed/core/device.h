@@ -200,6 +200,11 @@ class Device {
 
   // Once a call has reported VK_ERROR_DEVICE_LOST every later submission fails with UNAVAILABLE.
   bool lost() const { return lost_.load(); }
+  // Declares the device lost without the driver saying so: for a device that stopped answering
+  // (a stopped submission that never completes). New submissions fail as after
+  // VK_ERROR_DEVICE_LOST; those in flight keep their resources until they complete or their
+  // waits time out; destruction does not wait for the device to be idle (it could wait for ever).
+  void MarkLost(absl::string_view why);
   // Turns a failed result into a status, remembering device loss.
   absl::Status Check(VkResult result, absl::string_view what);
 
@@ -220,6 +225,7 @@ class Device {
   bool map_device_memory_ = true;
   bool timeline_ = false;
   std::atomic<bool> lost_{false};
+  std::atomic<bool> unresponsive_{false};  // MarkLost: never wait for idle
 
   mutable absl::Mutex shared_mu_;
   absl::flat_hash_map<std::string, std::weak_ptr<const void>> shared_ ABSL_GUARDED_BY(shared_mu_);
