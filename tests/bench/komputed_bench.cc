@@ -7,7 +7,9 @@
 //  2. upload_256MiB/{raw,kp}, download_256MiB/{raw,kp}: 256 MiB through a staging buffer, host
 //     memcpy included; bytes_per_second.
 //  3. saxpy_<N>MiB/kp: y = a*x + y over two vectors of N MiB of floats; bytes_per_second counts
-//     3 x 4 bytes per element (x read, y read, y written).
+//     3 x 4 bytes per element (x read, y read, y written). opmult_<N>MiB/kp: OpMult's built-in
+//     shader, c = a * b over vectors of the same size, counted the same way, and its ratio to
+//     saxpy's bytes per second.
 //  3b. The cost of clamping shaders' buffer accesses (core::ClampBufferAccesses, which every
 //     algorithm gets): tiny/core_unclamped against tiny/core, and saxpy_<N>MiB/core{,_unclamped}
 //     (one pair of tensors, an algorithm with and one without the clamping).
@@ -585,6 +587,13 @@ struct CoreLoop {
   std::unique_ptr<core::Sequence> sequence[2][2];
 };
 
+// OpMult (its built-in shader) over three tensors of the saxpy vectors' size.
+struct KpMult {
+  uint64_t count = 0;
+  std::shared_ptr<kp::TensorT<float>> a, b, c;
+  std::shared_ptr<kp::Sequence> sequence;  // the OpMult, recorded once
+};
+
 struct KpSaxpy {
   uint64_t count = 0;
   std::shared_ptr<kp::TensorT<float>> x;
@@ -610,11 +619,13 @@ struct Env {
   std::unique_ptr<kp::Manager> mgr;
   KpTiny kp_tiny;
   std::unique_ptr<KpSaxpy> saxpy;                       // made by its first run
+  std::unique_ptr<KpMult> mult;                         // made by its first run
   std::unique_ptr<komputed_bench::RemoteBench> remote;  // uses mgr
 
   void Teardown() {
     remote.reset();
     saxpy.reset();
+    mult.reset();
     kp_tiny = KpTiny{};
     mgr.reset();
     core_saxpy.reset();
@@ -856,6 +867,35 @@ void BM_SaxpyKp(benchmark::State& state) {
       state.SkipWithError(
           absl::StrCat("saxpy: wrong result: y[last] = ", y[s.count - 1], ", expected ", expected)
               .c_str());
+    }
+  } catch (const kp::Error& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// c = a * b by OpMult over the saxpy vectors' size: its bytes per second (3 x 4 bytes per
+// element) against saxpy's.
+void BM_MultKp(benchmark::State& state) {
+  kp::Manager& mgr = *g_env->mgr;
+  try {
+    if (g_env->mult == nullptr) {
+      auto m = std::make_unique<KpMult>();
+      m->count = g_env->config.saxpy_mb * (uint64_t{1} << 20) / sizeof(float);
+      m->a = mgr.tensor(std::vector<float>(m->count, 1.5f));
+      m->b = mgr.tensor(std::vector<float>(m->count, 2.0f));
+      m->c = mgr.tensorT<float>(m->count);
+      m->sequence = mgr.sequence();
+      m->sequence->record<kp::OpMult>({m->a, m->b, m->c}, mgr.algorithm());
+      g_env->mult = std::move(m);
+    }
+    KpMult& m = *g_env->mult;
+    for (auto _ : state) m.sequence->eval();
+    state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(3 * m.count * sizeof(float)));
+    // Untimed: every product is 3.
+    mgr.sequence()->eval<kp::OpTensorSyncLocal>(std::vector<std::shared_ptr<kp::Tensor>>{m.c});
+    const float* c = m.c->data();
+    if (c[0] != 3.0f || c[m.count / 2] != 3.0f || c[m.count - 1] != 3.0f) {
+      state.SkipWithError(absl::StrCat("OpMult: wrong result: c[last] = ", c[m.count - 1]).c_str());
     }
   } catch (const kp::Error& e) {
     state.SkipWithError(e.what());
@@ -1127,6 +1167,11 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
             << GBps(r.MeanBytesPerSecond(kDownloadKp)) << "\n";
   std::cout << "saxpy " << g_env->config.saxpy_mb << " MiB (3 x 4 bytes per element): kp "
             << GBps(r.MeanBytesPerSecond(saxpy_name)) << "\n";
+  const std::string mult_name = absl::StrCat("opmult_", g_env->config.saxpy_mb, "MiB/kp");
+  std::cout << "OpMult over the same size (3 x 4 bytes per element): kp "
+            << GBps(r.MeanBytesPerSecond(mult_name)) << "\n";
+  PrintInfoRatio("OpMult/saxpy (GB/s)",
+                 Ratio(r.MeanBytesPerSecond(mult_name), r.MeanBytesPerSecond(saxpy_name)));
   const auto core_unclamped = r.MeanSeconds(kTinyCoreUnclamped);
   const auto saxpy_clamped_s = r.MeanSeconds(saxpy_core);
   const auto saxpy_unclamped_s = r.MeanSeconds(saxpy_core_unclamped);
@@ -1269,6 +1314,11 @@ int main(int argc, char** argv) {
   register_bulk({kDownloadKp, BM_DownloadKp});
   if (env.remote != nullptr) env.remote->RegisterDownload();
   benchmark::RegisterBenchmark(saxpy_name.c_str(), BM_SaxpyKp)
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMillisecond);
+  const std::string mult_name = absl::StrCat("opmult_", c.saxpy_mb, "MiB/kp");
+  benchmark::RegisterBenchmark(mult_name.c_str(), BM_MultKp)
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMillisecond);
