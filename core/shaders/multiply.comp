@@ -9,7 +9,7 @@
 //           that the arithmetic types (shaderInt8, shaderInt16, shaderFloat16) are not needed;
 //  HALF     ELEMENT is uint16_t holding IEEE 754 binary16 bits, converted here with integer
 //           operations: exactly, and rounded to nearest-even on every device.
-// Dispatched as a grid of workgroups of 64 invocations (MultiplyWorkgroup in shader.h), with up to
+// Dispatched as a grid of workgroups of 256 invocations (MultiplyWorkgroup in shader.h), with up to
 // 65535 workgroups per dimension: invocation i is numbered row by row (x fastest, then y, then
 // z), and those at or past c's length do nothing.
 #if defined(STORAGE_8BIT)
@@ -18,7 +18,7 @@
 #if defined(STORAGE_16BIT)
 #extension GL_EXT_shader_16bit_storage : require
 #endif
-layout(local_size_x = 64) in;
+layout(local_size_x = 256) in;
 layout(set = 0, binding = 0) readonly buffer A { ELEMENT a[]; };
 layout(set = 0, binding = 1) readonly buffer B { ELEMENT b[]; };
 layout(set = 0, binding = 2) writeonly buffer C { ELEMENT c[]; };

@@ -167,16 +167,16 @@ TEST(Shader, MultiplyWorkgroupCoversAnyCount) {
     return g.ok() ? *g : Grid{0, 0, 0};
   };
   EXPECT_EQ(grid(1), (Grid{1, 1, 1}));
-  EXPECT_EQ(grid(64), (Grid{1, 1, 1}));
-  EXPECT_EQ(grid(65), (Grid{2, 1, 1}));
-  EXPECT_EQ(grid(65535ull * 64), (Grid{65535, 1, 1}));
-  EXPECT_EQ(grid(65535ull * 64 + 1), (Grid{65535, 2, 1}));
-  EXPECT_EQ(grid(10'000'000), (Grid{65535, 3, 1}));
-  EXPECT_EQ(grid(UINT32_MAX), (Grid{65535, 1025, 1}));
+  EXPECT_EQ(grid(256), (Grid{1, 1, 1}));
+  EXPECT_EQ(grid(257), (Grid{2, 1, 1}));
+  EXPECT_EQ(grid(65535ull * 256), (Grid{65535, 1, 1}));
+  EXPECT_EQ(grid(65535ull * 256 + 1), (Grid{65535, 2, 1}));
+  EXPECT_EQ(grid(10'000'000), (Grid{39063, 1, 1}));
+  EXPECT_EQ(grid(UINT32_MAX), (Grid{65535, 257, 1}));
   EXPECT_THAT(MultiplyWorkgroup(0), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(MultiplyWorkgroup(uint64_t{UINT32_MAX} + 1),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("4294967296")));
-  EXPECT_EQ(kMultiplyLocalSize, 64u);
+  EXPECT_EQ(kMultiplyLocalSize, 256u);
   ASSERT_OK_AND_ASSIGN(absl::Span<const uint32_t> spirv, MultiplyShader(ElementType::kFloat32));
   EXPECT_EQ(ShaderLocalSize(spirv, {}, 4), (std::array<uint64_t, 3>{kMultiplyLocalSize, 1, 1}));
 }

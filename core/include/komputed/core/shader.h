@@ -51,7 +51,7 @@ std::array<uint64_t, 3> ShaderLocalSize(absl::Span<const uint32_t> spirv,
 // invocations; dispatch it with MultiplyWorkgroup(count).
 absl::StatusOr<absl::Span<const uint32_t>> MultiplyShader(ElementType type);
 
-inline constexpr uint32_t kMultiplyLocalSize = 64;
+inline constexpr uint32_t kMultiplyLocalSize = 256;
 
 // The workgroups (x, y, z) that cover `count` elements with the multiply shader, each at most
 // 65535 (Vulkan's least maxComputeWorkGroupCount, so any device takes them), filling x first:
