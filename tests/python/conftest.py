@@ -42,8 +42,11 @@ def start_daemon(flags=()):
     if not os.path.exists(binary):
         pytest.fail(f"komputed binary not found at {binary} (set KOMPUTED_BINARY)")
     log = tempfile.TemporaryFile()
+    # The kernel watchdog's limit that the suite's runner gives (as the C++ suites' daemons).
+    limit = os.environ.get("KOMPUTED_TEST_MAX_KERNEL_TIME")
+    watchdog = [f"--max_kernel_time={limit}"] if limit else []
     process = subprocess.Popen(
-        [binary, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", *flags],
+        [binary, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", *watchdog, *flags],
         stdout=subprocess.PIPE,
         stderr=log,
     )

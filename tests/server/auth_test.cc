@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "server.h"
 #include "tenant_client.h"
+#include "test_options.h"
 #include "tls.h"
 
 namespace komputed::server::testing {
@@ -33,7 +34,7 @@ class AuthTest : public ::testing::Test {
   void SetUp() override {
     tenants_.Write(absl::StrCat("tenants:\n", Entry("alice"), Entry("bob"),
                                 Entry("ops", "    admin: true\n")));
-    ServerOptions options;
+    ServerOptions options = TestServerOptions();
     options.listen = "127.0.0.1:0";
     options.tenants_file = tenants_.path();
     options.tenants_poll_interval = absl::Milliseconds(20);
@@ -261,7 +262,7 @@ TEST_F(AuthTest, AReloadedFileGrantsAndRevokesWithoutARestart) {
 
 // Without a tenants file, on loopback: the one implicit tenant, as before tenants existed.
 TEST(ImplicitTenantTest, LoopbackWithoutTenantsNeedsNoCredentials) {
-  ServerOptions options;
+  ServerOptions options = TestServerOptions();
   options.listen = "127.0.0.1:0";
   auto server = Server::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
@@ -292,7 +293,7 @@ TEST(SecureByDefaultTest, OnlyLoopbackLiteralsAndUnixSocketsAreLocal) {
 
 TEST(SecureByDefaultTest, OffLoopbackWithoutAuthenticationDoesNotStart) {
   for (const char* listen : {"0.0.0.0:0", "[::]:0"}) {
-    ServerOptions options;
+    ServerOptions options = TestServerOptions();
     options.listen = listen;
     auto refused = Server::Start(options);
     ASSERT_FALSE(refused.ok()) << listen;
@@ -300,7 +301,7 @@ TEST(SecureByDefaultTest, OffLoopbackWithoutAuthenticationDoesNotStart) {
     EXPECT_THAT(refused.status().message(), HasSubstr("--tenants_file"));
     EXPECT_THAT(refused.status().message(), HasSubstr("--insecure"));
   }
-  ServerOptions options;
+  ServerOptions options = TestServerOptions();
   options.listen = "0.0.0.0:0";
   options.insecure = true;
   auto started = Server::Start(options);

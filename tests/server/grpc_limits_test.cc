@@ -40,7 +40,7 @@ bool LeavesReady(grpc::Channel& channel, absl::Duration timeout) {
 
 TEST(GrpcLimits, StartRefusesBadValues) {
   auto start = [](void (*change)(ServerOptions&)) {
-    ServerOptions options;
+    ServerOptions options = TestServerOptions();
     options.listen = "127.0.0.1:0";
     change(options);
     return Server::Start(options).status();

@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "support/slow_kernel.h"
 #include "tenant_client.h"
+#include "test_options.h"
 
 namespace komputed::server::testing {
 namespace {
@@ -32,7 +33,7 @@ class QuotaTest : public ::testing::Test {
         Entry("inflight_submissions", "    quota: {inflight_submissions: 1}\n"),
         Entry("held_memory",
               absl::StrCat("    quota: {device_memory_bytes: ", 2 * kSlowBytes, "}\n"))));
-    ServerOptions options;
+    ServerOptions options = TestServerOptions();
     options.listen = "127.0.0.1:0";
     options.tenants_file = tenants_.path();
     auto server = Server::Start(options);

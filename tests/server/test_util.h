@@ -19,6 +19,7 @@
 #include "support/grpc_matchers.h"
 #include "support/requests.h"
 #include "support/stubs.h"
+#include "test_options.h"
 
 namespace komputed::server::testing {
 
@@ -96,17 +97,7 @@ inline grpc::Status Record(Stubs& c, const std::string& id, uint64_t sequence,
 // own daemon, so that totals (memory, sessions) start at zero.
 class ServerTest : public ::testing::Test {
  protected:
-  virtual ServerOptions Options() {
-    ServerOptions options;
-    options.listen = "127.0.0.1:0";
-    // The sanitizer suites raise the kernel watchdog's limit: their lavapipe runs shaders tens of
-    // times slower.
-    if (const char* limit = std::getenv("KOMPUTED_TEST_MAX_KERNEL_TIME"); limit != nullptr) {
-      EXPECT_TRUE(absl::ParseDuration(limit, &options.max_kernel_time))
-          << "KOMPUTED_TEST_MAX_KERNEL_TIME=" << limit;
-    }
-    return options;
-  }
+  virtual ServerOptions Options() { return TestServerOptions(); }
 
   void SetUp() override {
     auto server = Server::Start(Options());

@@ -6,6 +6,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "support/test_certs.h"
 #include "tenant_client.h"
+#include "test_options.h"
 
 namespace komputed::server::testing {
 namespace {
@@ -35,7 +36,7 @@ class TlsTest : public ::testing::Test {
 
   void Start(bool mutual, const std::string& tenants_file = "",
              const std::string& health_listen = "") {
-    ServerOptions options;
+    ServerOptions options = TestServerOptions();
     options.listen = "127.0.0.1:0";
     options.health_listen = health_listen;
     options.tls_cert = certs_.server_cert();
@@ -164,7 +165,7 @@ TEST_F(TlsTest, BadTlsFilesStopTheStartWithTheFlagNamed) {
             "--tls_key=" + certs_.server_cert() + ": not a PEM private key"},
            {certs_.server_cert(), certs_.server_key(), missing, "--tls_client_ca="},
        }) {
-    ServerOptions options;
+    ServerOptions options = TestServerOptions();
     options.listen = "127.0.0.1:0";
     options.tls_cert = c.cert;
     options.tls_key = c.key;

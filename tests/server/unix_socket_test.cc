@@ -60,7 +60,7 @@ class UnixSocketTest : public ::testing::Test {
 };
 
 TEST_F(UnixSocketTest, ServesOnTheSocketWithItsModeAndGroupAndRemovesIt) {
-  ServerOptions options;
+  ServerOptions options = TestServerOptions();
   options.listen = "unix:" + path_;
   options.listen_socket_mode = 0660;
   options.listen_socket_group = std::to_string(getegid());
@@ -79,7 +79,7 @@ TEST_F(UnixSocketTest, ServesOnTheSocketWithItsModeAndGroupAndRemovesIt) {
 }
 
 TEST_F(UnixSocketTest, TheTripleSlashFormNamesTheSameFile) {
-  ServerOptions options;
+  ServerOptions options = TestServerOptions();
   options.listen = "unix://" + path_;  // unix:///tmp/...
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
