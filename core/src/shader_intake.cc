@@ -237,35 +237,7 @@ spv::ImageFormat SpirvImageFormat(ElementType type, uint32_t channels) {
       {F::R32ui, F::Rg32ui, F::Rgba32ui}, {F::R32f, F::Rg32f, F::Rgba32f},
   };
   const int column = channels == 1 ? 0 : channels == 2 ? 1 : channels == 4 ? 2 : -1;
-  int row = -1;
-  switch (type) {
-    case ElementType::kInt8:
-      row = 0;
-      break;
-    case ElementType::kUInt8:
-      row = 1;
-      break;
-    case ElementType::kInt16:
-      row = 2;
-      break;
-    case ElementType::kUInt16:
-      row = 3;
-      break;
-    case ElementType::kFloat16:
-      row = 4;
-      break;
-    case ElementType::kInt32:
-      row = 5;
-      break;
-    case ElementType::kUInt32:
-      row = 6;
-      break;
-    case ElementType::kFloat32:
-      row = 7;
-      break;
-    default:
-      break;
-  }
+  const int row = ImageElementIndex(type);
   return row < 0 || column < 0 ? F::Unknown : kFormats[row][column];
 }
 

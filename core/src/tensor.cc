@@ -2,11 +2,40 @@
 
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "komputed/core/status.h"
 
 namespace komputed::core {
+
+namespace {
+
+// Device memory for a buffer's or an image's requirements: of a type with `required` (and
+// `preferred` where offered), within its heap. Returns the memory and its type's index.
+absl::StatusOr<std::pair<MemoryHandle, uint32_t>> AllocateFor(Device& device,
+                                                              const VkMemoryRequirements& req,
+                                                              VkMemoryPropertyFlags required,
+                                                              VkMemoryPropertyFlags preferred,
+                                                              absl::string_view what) {
+  KD_ASSIGN_OR_RETURN(uint32_t type,
+                      device.FindMemoryType(req.memoryTypeBits, required, preferred));
+  if (req.size > device.HeapSize(type)) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", req.size,
+                                                     " bytes, more than its memory heap's ",
+                                                     device.HeapSize(type), " bytes"));
+  }
+  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  ai.allocationSize = req.size;
+  ai.memoryTypeIndex = type;
+  VkDeviceMemory memory = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(
+      device.Check(device.calls().AllocateMemory(device.handle(), &ai, &memory),
+                   absl::StrCat("vkAllocateMemory of ", req.size, " bytes for ", what)));
+  return std::make_pair(MemoryHandle(device.handle(), memory), type);
+}
+
+}  // namespace
 
 absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsageFlags usage,
                                       VkMemoryPropertyFlags required,
@@ -24,21 +53,10 @@ absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsa
 
   VkMemoryRequirements req;
   vkGetBufferMemoryRequirements(device.handle(), buffer, &req);
-  KD_ASSIGN_OR_RETURN(uint32_t type,
-                      device.FindMemoryType(req.memoryTypeBits, required, preferred));
-  if (req.size > device.HeapSize(type)) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", req.size,
-                                                     " bytes, more than its memory heap's ",
-                                                     device.HeapSize(type), " bytes"));
-  }
-  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
-  ai.allocationSize = req.size;
-  ai.memoryTypeIndex = type;
-  VkDeviceMemory memory = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(
-      device.Check(device.calls().AllocateMemory(device.handle(), &ai, &memory),
-                   absl::StrCat("vkAllocateMemory of ", req.size, " bytes for ", what)));
-  b.memory_ = MemoryHandle(device.handle(), memory);
+  KD_ASSIGN_OR_RETURN(auto allocated, AllocateFor(device, req, required, preferred, what));
+  const uint32_t type = allocated.second;
+  b.memory_ = std::move(allocated.first);
+  const VkDeviceMemory memory = b.memory_.get();
   KD_RETURN_IF_ERROR(
       device.Check(vkBindBufferMemory(device.handle(), buffer, memory, 0), "vkBindBufferMemory"));
   b.properties_ = device.info().memory.memoryTypes[type].propertyFlags;
@@ -68,35 +86,8 @@ VkFormat ImageFormat(ElementType type, uint32_t channels) {
       {VK_FORMAT_R32_SFLOAT, VK_FORMAT_R32G32_SFLOAT, VK_FORMAT_R32G32B32_SFLOAT,
        VK_FORMAT_R32G32B32A32_SFLOAT},
   };
-  int row = -1;
-  switch (type) {
-    case ElementType::kInt8:
-      row = 0;
-      break;
-    case ElementType::kUInt8:
-      row = 1;
-      break;
-    case ElementType::kInt16:
-      row = 2;
-      break;
-    case ElementType::kUInt16:
-      row = 3;
-      break;
-    case ElementType::kFloat16:
-      row = 4;
-      break;
-    case ElementType::kInt32:
-      row = 5;
-      break;
-    case ElementType::kUInt32:
-      row = 6;
-      break;
-    case ElementType::kFloat32:
-      row = 7;
-      break;
-    default:
-      return VK_FORMAT_UNDEFINED;
-  }
+  const int row = ImageElementIndex(type);
+  if (row < 0) return VK_FORMAT_UNDEFINED;
   return kFormats[row][channels - 1];
 }
 
@@ -146,21 +137,10 @@ absl::StatusOr<DeviceImage> DeviceImage::Create(Device& device, const ImageShape
   out.image_ = ImageHandle(dev, image);
   VkMemoryRequirements req;
   vkGetImageMemoryRequirements(dev, image, &req);
-  KD_ASSIGN_OR_RETURN(uint32_t type, device.FindMemoryType(req.memoryTypeBits,
-                                                           VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0));
-  if (req.size > device.HeapSize(type)) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", req.size,
-                                                     " bytes, more than its memory heap's ",
-                                                     device.HeapSize(type), " bytes"));
-  }
-  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
-  ai.allocationSize = req.size;
-  ai.memoryTypeIndex = type;
-  VkDeviceMemory memory = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(
-      device.Check(device.calls().AllocateMemory(dev, &ai, &memory),
-                   absl::StrCat("vkAllocateMemory of ", req.size, " bytes for ", what)));
-  out.memory_ = MemoryHandle(dev, memory);
+  KD_ASSIGN_OR_RETURN(auto allocated,
+                      AllocateFor(device, req, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0, what));
+  out.memory_ = std::move(allocated.first);
+  const VkDeviceMemory memory = out.memory_.get();
   KD_RETURN_IF_ERROR(device.Check(vkBindImageMemory(dev, image, memory, 0), "vkBindImageMemory"));
   VkImageViewCreateInfo vi{VK_STRUCTURE_TYPE_IMAGE_VIEW_CREATE_INFO};
   vi.image = image;

@@ -102,19 +102,26 @@ absl::StatusOr<uint32_t> CheckTensorShape(ElementType type, MemoryType memory, u
   return element_size;
 }
 
-bool IsImageElementType(ElementType type) {
+int ImageElementIndex(ElementType type) {
   switch (type) {
     case ElementType::kInt8:
+      return 0;
     case ElementType::kUInt8:
+      return 1;
     case ElementType::kInt16:
+      return 2;
     case ElementType::kUInt16:
+      return 3;
     case ElementType::kFloat16:
+      return 4;
     case ElementType::kInt32:
+      return 5;
     case ElementType::kUInt32:
+      return 6;
     case ElementType::kFloat32:
-      return true;
+      return 7;
     default:
-      return false;
+      return -1;
   }
 }
 

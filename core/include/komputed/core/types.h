@@ -65,7 +65,10 @@ struct ImageShape {
   }
 };
 // The element types an image may have: the 8-, 16- and 32-bit integers, float16 and float32.
-bool IsImageElementType(ElementType type);
+// ImageElementIndex numbers them 0..7 (int8, uint8, int16, uint16, float16, int32, uint32,
+// float32), the rows of the tables of image formats; -1 for any other type.
+int ImageElementIndex(ElementType type);
+inline bool IsImageElementType(ElementType type) { return ImageElementIndex(type) >= 0; }
 // The one check of an image's shape, element type and memory type, shared by every backend:
 // INVALID_ARGUMENT naming what is wrong. Images live in device memory: kDevice (host data in a
 // staging buffer, moved by sync operations) or kStorage.
