@@ -147,6 +147,11 @@ ABSL_FLAG(absl::Duration, kernel_stop_grace, absl::Seconds(10),
           "a submission stopped by the kernel watchdog that has not left its device this long "
           "after: the device no longer answers; it is declared lost (its sessions' calls fail "
           "with UNAVAILABLE) and opened again for new sessions");
+ABSL_FLAG(double, dispatch_share, 0.5,
+          "the share of a GPU's invocation slots that one dispatch may hold at a time: a dispatch "
+          "of more workgroups runs as a loop over fewer, so that a kernel that fills the GPU or "
+          "never ends leaves room for other sessions' work (1: no bound; devices that report "
+          "their compute units: NVIDIA, AMD)");
 ABSL_FLAG(std::string, glsl_compiler, "",
           "the komputed_glslc program that compiles clients' GLSL in a child process; empty: the "
           "one beside this program");
@@ -253,6 +258,7 @@ int main(int argc, char** argv) {
   quota.kernel_time_ms = absl::GetFlag(FLAGS_default_quota_kernel_time_ms);
   options.max_kernel_time = absl::GetFlag(FLAGS_max_kernel_time);
   options.kernel_stop_grace = absl::GetFlag(FLAGS_kernel_stop_grace);
+  options.dispatch_share = absl::GetFlag(FLAGS_dispatch_share);
   options.build_threads = absl::GetFlag(FLAGS_build_threads);
 
   // Every thread started from here on inherits the blocked signals; main takes them with sigwait.

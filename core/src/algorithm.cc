@@ -1,12 +1,14 @@
 #include "komputed/core/algorithm.h"
 
 #include <algorithm>
+#include <array>
 
 #include "absl/strings/str_cat.h"
 #include "komputed/core/op_semantics.h"
 #include "komputed/core/shader.h"
 #include "komputed/core/spirv_module.h"
 #include "komputed/core/status.h"
+#include "komputed/core/workgroup_loop.h"
 #include "shader_intake.h"
 
 namespace komputed::core {
@@ -204,13 +206,44 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
   if (spec.clamp_buffer_accesses) {
     KD_ASSIGN_OR_RETURN(code, ClampBufferAccesses(code, api_version));
   }
+  // Entry checks only where the dispatch could run long without them: a module with loops
+  // (which the back-edge checks stop only once they are running), or a loop-free one whose
+  // invocations together may execute more than UncheckedWorkLimit instructions. Measured before
+  // the workgroup loop, which adds a loop of its own (checked at its back edge).
+  std::optional<uint64_t> per_invocation;
   if (spec.cancel != nullptr) {
-    // Entry checks only where the dispatch could run long without them: a module with loops
-    // (which the back-edge checks stop only once they are running), or a loop-free one whose
-    // invocations together may execute more than UncheckedWorkLimit instructions.
+    KD_ASSIGN_OR_RETURN(per_invocation, LoopFreeInstructionBound(code));
+  }
+  // A dispatch of more workgroups than it may keep on the device at once loops over fewer.
+  Workgroup dispatched = spec.workgroup;
+  {
+    const std::array<uint64_t, 3> local =
+        reflection.LocalSize(SpecConstants{spec.spec_constants, spec.spec_constant_size});
+    const uint64_t invocations = local[0] * local[1] * local[2];
+    const uint32_t resident = spec.resident_workgroups != 0
+                                  ? spec.resident_workgroups
+                                  : device.ResidentWorkgroupLimit(invocations);
+    const uint64_t total = uint64_t{spec.workgroup.x} * spec.workgroup.y * spec.workgroup.z;
+    if (resident != 0 && total > resident) {
+      absl::StatusOr<std::vector<uint32_t>> looped = LoopOverWorkgroups(
+          code, {{spec.workgroup.x, spec.workgroup.y, spec.workgroup.z}, resident});
+      if (looped.ok()) {
+        absl::Status valid = ValidateSpirv(*looped, api_version);
+        if (!valid.ok()) {
+          return absl::InternalError(absl::StrCat(
+              "the shader looped over its workgroups is not valid: ", valid.message()));
+        }
+        code = *std::move(looped);
+        dispatched = {resident, 1, 1};
+      } else if (!absl::IsUnimplemented(looped.status())) {
+        return looped.status();
+      }
+      // A module of a form the loop does not take is dispatched as it is: the watchdog still
+      // bounds how long it holds the device.
+    }
+  }
+  if (spec.cancel != nullptr) {
     CancelCheckOptions checks;
-    KD_ASSIGN_OR_RETURN(const std::optional<uint64_t> per_invocation,
-                        LoopFreeInstructionBound(code));
     if (per_invocation.has_value()) {
       const unsigned __int128 work = static_cast<unsigned __int128>(*per_invocation) *
                                      spec.workgroup.x * spec.workgroup.y * spec.workgroup.z *
@@ -227,7 +260,7 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
 
   auto p = std::make_shared<Pipeline>();
   p->tensors = spec.tensors;
-  p->workgroup = spec.workgroup;
+  p->workgroup = dispatched;
   p->cancel = spec.cancel;
   p->push_constant_range = interface.push_constant_range;
   const std::string key = SharedPipelineKey(code, spec, p->push_constant_range);
@@ -337,6 +370,11 @@ size_t Algorithm::push_constant_size() const {
 uint64_t Algorithm::generation() const {
   absl::MutexLock lock(&mu_);
   return generation_;
+}
+
+Workgroup Algorithm::dispatched() const {
+  absl::MutexLock lock(&mu_);
+  return pipeline_->workgroup;
 }
 
 std::shared_ptr<const void> Algorithm::RecordDispatch(VkCommandBuffer cb,

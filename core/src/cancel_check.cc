@@ -13,91 +13,23 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "komputed/core/status.h"
+#include "spirv_edit.h"
 
 namespace komputed::core {
 namespace {
 
-// Opcodes, enumerants and decorations of the SPIR-V specification.
-constexpr uint32_t kOpUndef = 1, kOpExtension = 10, kOpMemoryModel = 14, kOpEntryPoint = 15,
-                   kOpCapability = 17, kOpTypeBool = 20, kOpTypeInt = 21, kOpTypeStruct = 30,
-                   kOpTypePointer = 32, kOpConstant = 43, kOpFunction = 54,
-                   kOpFunctionParameter = 55, kOpFunctionEnd = 56, kOpFunctionCall = 57,
-                   kOpVariable = 59, kOpAccessChain = 65, kOpLoad = 61, kOpStore = 62,
-                   kOpAtomicLoad = 227, kOpConstantTrue = 41, kOpISub = 130, kOpSelect = 169,
-                   kOpTypeVector = 23, kOpTypeArray = 28, kOpCompositeExtract = 81,
-                   kOpBitcast = 124, kOpIAdd = 128, kOpIMul = 132, kOpBitwiseAnd = 199,
-                   kOpDecorate = 71, kOpMemberDecorate = 72, kOpLogicalOr = 166,
-                   kOpLogicalNot = 168, kOpLogicalAnd = 167, kOpIEqual = 170, kOpPhi = 245,
-                   kOpLoopMerge = 246, kOpSelectionMerge = 247, kOpLabel = 248, kOpBranch = 249,
-                   kOpBranchConditional = 250, kOpSwitch = 251, kOpReturn = 253,
-                   kOpReturnValue = 254, kOpUnreachable = 255, kOpTypeVoid = 19, kOpLine = 8,
-                   kOpNoLine = 317;
-constexpr uint32_t kCapabilityVulkanMemoryModel = 5345;
-// The atomic load's scope: Device, or QueueFamily in modules of the Vulkan memory model (where
-// Device scope needs a capability of its own); its semantics: Relaxed.
-constexpr uint32_t kScopeDevice = 1, kScopeQueueFamily = 5, kSemanticsRelaxed = 0;
-constexpr uint32_t kInput = 1, kFunction = 7, kStorageBuffer = 12, kGLCompute = 5,
-                   kAddressingLogical = 0;
-constexpr uint32_t kBuiltInWorkgroupId = 26;
-constexpr uint32_t kDecorationBlock = 2, kDecorationArrayStride = 6, kDecorationBuiltIn = 11,
-                   kDecorationBinding = 33, kDecorationDescriptorSet = 34, kDecorationOffset = 35;
-
-// Layout sections before the types: capabilities ... debug names, annotations.
-bool IsBeforeTypes(uint32_t op) {
-  return (op >= 2 && op <= 7) || op == 10 || op == 11 || op == 14 || op == 15 || op == 16 ||
-         op == 17 || (op >= 71 && op <= 75) || op == 330 || op == 331 || op == 332 || op == 5632 ||
-         op == 5633;
-}
-
-bool IsTerminator(uint32_t op) {
-  return (op >= kOpBranch && op <= 255) || op == 4416 || op == 4448 || op == 4449 || op == 5294;
-}
-
-using Inst = std::vector<uint32_t>;  // one instruction, its first word (count, opcode) included
-
-Inst Make(uint32_t opcode, std::initializer_list<uint32_t> operands) {
-  Inst inst;
-  inst.reserve(operands.size() + 1);
-  inst.push_back(static_cast<uint32_t>((operands.size() + 1) << 16) | opcode);
-  inst.insert(inst.end(), operands);
-  return inst;
-}
-
-uint32_t Opcode(const Inst& inst) { return inst[0] & 0xffff; }
-
-void Append(Inst& inst, std::initializer_list<uint32_t> operands) {
-  inst.insert(inst.end(), operands);
-  inst[0] = static_cast<uint32_t>(inst.size() << 16) | Opcode(inst);
-}
-
-// A literal string as SPIR-V words (NUL-terminated, zero-padded).
-std::vector<uint32_t> Literal(absl::string_view s) {
-  std::vector<uint32_t> words(s.size() / 4 + 1, 0);
-  std::memcpy(words.data(), s.data(), s.size());
-  return words;
-}
-
-struct Block {
-  uint32_t label = 0;
-  std::vector<Inst> body;  // after the OpLabel; the terminator last
-};
-
-struct Function {
-  std::vector<Inst> head;  // OpFunction and its parameters
-  std::vector<Block> blocks;
-  Inst end;
-};
+using namespace spirv;  // NOLINT(build/namespaces): the rewrite speaks SPIR-V throughout
 
 class Rewriter {
  public:
-  absl::Status Parse(absl::Span<const uint32_t> spirv);
+  absl::Status Parse(absl::Span<const uint32_t> spirv) { return m_.Parse(spirv); }
   absl::Status Rewrite(const CancelCheckOptions& options);
-  std::vector<uint32_t> Serialize() const;
+  std::vector<uint32_t> Serialize() const { return m_.Serialize(); }
   // LoopFreeInstructionBound of the parsed module.
   absl::StatusOr<std::optional<uint64_t>> LoopFreeBound() const;
 
  private:
-  uint32_t NewId() { return bound_++; }
+  uint32_t NewId() { return m_.NewId(); }
   // Appends the instructions that read the cancel word; returns the id of a bool that is true
   // while the word is zero.
   uint32_t EmitNotCancelled(std::vector<Inst>& out);
@@ -105,11 +37,8 @@ class Rewriter {
   absl::Status CheckLoops(Function& f);
   void CheckEntry(Function& f);
 
-  uint32_t header_[5] = {};
-  uint32_t bound_ = 0;
-  std::vector<Inst> globals_;  // everything before the first function
+  EditableModule m_;
   std::vector<Inst> added_globals_;
-  std::vector<Function> functions_;
   uint32_t uint_ = 0, bool_ = 0, zero_ = 0, ptr_uint_ = 0, var_ = 0, scope_ = 0, semantics_ = 0;
   uint32_t one_ = 0, true_ = 0, interval_ = 0, ptr_function_uint_ = 0;  // the loops' countdown
   // Which copy of the word an invocation reads: from its workgroup's id.
@@ -118,51 +47,6 @@ class Rewriter {
   absl::flat_hash_set<uint32_t> void_types_;
   absl::flat_hash_map<uint32_t, uint32_t> undefs_;  // type → OpUndef of it
 };
-
-absl::Status Rewriter::Parse(absl::Span<const uint32_t> spirv) {
-  if (spirv.size() < 5) return absl::InvalidArgumentError("SPIR-V shorter than its header");
-  std::memcpy(header_, spirv.data(), sizeof(header_));
-  bound_ = header_[3];
-  Function* f = nullptr;
-  for (size_t at = 5; at < spirv.size();) {
-    const uint32_t words = spirv[at] >> 16;
-    if (words == 0 || at + words > spirv.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("malformed instruction at word ", at));
-    }
-    Inst inst(spirv.begin() + at, spirv.begin() + at + words);
-    at += words;
-    const uint32_t op = Opcode(inst);
-    if (f == nullptr) {
-      if (op != kOpFunction) {
-        globals_.push_back(std::move(inst));
-        continue;
-      }
-      functions_.emplace_back();
-      f = &functions_.back();
-      f->head.push_back(std::move(inst));
-    } else if (op == kOpFunctionParameter && f->blocks.empty()) {
-      f->head.push_back(std::move(inst));
-    } else if (op == kOpLabel && words >= 2) {
-      f->blocks.push_back({inst[1], {}});
-    } else if (op == kOpFunctionEnd) {
-      f->end = std::move(inst);
-      f = nullptr;
-    } else if (f->blocks.empty()) {
-      return absl::InvalidArgumentError("an instruction outside any block of a function");
-    } else {
-      f->blocks.back().body.push_back(std::move(inst));
-    }
-  }
-  if (f != nullptr) return absl::InvalidArgumentError("a function without OpFunctionEnd");
-  for (const Function& fn : functions_) {
-    for (const Block& b : fn.blocks) {
-      if (b.body.empty() || !IsTerminator(Opcode(b.body.back()))) {
-        return absl::InvalidArgumentError(absl::StrCat("block %", b.label, " has no terminator"));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
 
 uint32_t Rewriter::EmitNotCancelled(std::vector<Inst>& out) {
   // The copy of the word: (x + 97 y + 89 z) mod kCancelWordCopies of the workgroup's id, so that
@@ -326,8 +210,9 @@ absl::Status Rewriter::CheckLoops(Function& f) {
   }
   f.blocks = std::move(blocks);
   if (ticks != 0) {
-    f.blocks[0].body.insert(f.blocks[0].body.begin(),
-                            Make(kOpVariable, {ptr_function_uint_, ticks, kFunction, interval_}));
+    f.blocks[0].body.insert(
+        f.blocks[0].body.begin(),
+        Make(kOpVariable, {ptr_function_uint_, ticks, kStorageFunction, interval_}));
   }
   index.clear();
   for (size_t i = 0; i < f.blocks.size(); ++i) index[f.blocks[i].label] = i;
@@ -384,10 +269,10 @@ void Rewriter::CheckEntry(Function& f) {
 
 absl::Status Rewriter::Rewrite(const CancelCheckOptions& options) {
   if (options.interval == 0) return absl::InvalidArgumentError("a cancel check interval of 0");
-  const uint32_t version = header_[1];
+  const uint32_t version = m_.version();
   bool has_storage_buffer_ext = false, vulkan_memory_model = false;
   absl::flat_hash_set<uint32_t> compute_entries;
-  for (const Inst& inst : globals_) {
+  for (const Inst& inst : m_.globals) {
     const uint32_t op = Opcode(inst);
     if (op == kOpMemoryModel && inst.size() >= 3 && inst[1] != kAddressingLogical) {
       return absl::InvalidArgumentError("only modules with Logical addressing can be stopped");
@@ -440,7 +325,7 @@ absl::Status Rewriter::Rewrite(const CancelCheckOptions& options) {
   added_globals_.push_back(Make(kOpVariable, {ptr_block, var_, kStorageBuffer}));
   // The workgroup's id: the module's own WorkgroupId variable, or a new one (an entry point's
   // inputs may carry a built-in only once).
-  for (const Inst& inst : globals_) {
+  for (const Inst& inst : m_.globals) {
     if (Opcode(inst) == kOpDecorate && inst.size() >= 4 && inst[2] == kDecorationBuiltIn &&
         inst[3] == kBuiltInWorkgroupId) {
       workgroup_id_ = inst[1];
@@ -449,7 +334,7 @@ absl::Status Rewriter::Rewrite(const CancelCheckOptions& options) {
   const bool own_workgroup_id = workgroup_id_ == 0;
   if (!own_workgroup_id) {
     absl::flat_hash_map<uint32_t, const Inst*> defs;
-    for (const Inst& inst : globals_) {
+    for (const Inst& inst : m_.globals) {
       const uint32_t op = Opcode(inst);
       if (op == kOpVariable && inst.size() >= 3) defs[inst[2]] = &inst;
       if ((op == kOpTypePointer || op == kOpTypeVector) && inst.size() >= 2) defs[inst[1]] = &inst;
@@ -471,7 +356,7 @@ absl::Status Rewriter::Rewrite(const CancelCheckOptions& options) {
     id_vector_ = (*vector)[1];
     id_component_ = (*vector)[2];
   } else {
-    for (const Inst& inst : globals_) {
+    for (const Inst& inst : m_.globals) {
       if (Opcode(inst) == kOpTypeVector && inst.size() == 4 && inst[2] == uint_ && inst[3] == 3) {
         id_vector_ = inst[1];
       }
@@ -483,8 +368,8 @@ absl::Status Rewriter::Rewrite(const CancelCheckOptions& options) {
     id_component_ = uint_;
     const uint32_t ptr_input = NewId();
     workgroup_id_ = NewId();
-    added_globals_.push_back(Make(kOpTypePointer, {ptr_input, kInput, id_vector_}));
-    added_globals_.push_back(Make(kOpVariable, {ptr_input, workgroup_id_, kInput}));
+    added_globals_.push_back(Make(kOpTypePointer, {ptr_input, kStorageInput, id_vector_}));
+    added_globals_.push_back(Make(kOpVariable, {ptr_input, workgroup_id_, kStorageInput}));
   }
   scope_ = NewId();
   added_globals_.push_back(
@@ -499,7 +384,7 @@ absl::Status Rewriter::Rewrite(const CancelCheckOptions& options) {
   added_globals_.push_back(Make(kOpConstant, {uint_, one_, 1}));
   added_globals_.push_back(Make(kOpConstantTrue, {bool_, true_}));
   added_globals_.push_back(Make(kOpConstant, {uint_, interval_, options.interval}));
-  added_globals_.push_back(Make(kOpTypePointer, {ptr_function_uint_, kFunction, uint_}));
+  added_globals_.push_back(Make(kOpTypePointer, {ptr_function_uint_, kStorageFunction, uint_}));
   std::vector<Inst> decorations = {
       Make(kOpDecorate, {array, kDecorationArrayStride, 4}),
       Make(kOpDecorate, {block, kDecorationBlock}),
@@ -512,8 +397,8 @@ absl::Status Rewriter::Rewrite(const CancelCheckOptions& options) {
         Make(kOpDecorate, {workgroup_id_, kDecorationBuiltIn, kBuiltInWorkgroupId}));
   }
 
-  for (Function& f : functions_) KD_RETURN_IF_ERROR(CheckLoops(f));
-  for (Function& f : functions_) {
+  for (Function& f : m_.functions) KD_RETURN_IF_ERROR(CheckLoops(f));
+  for (Function& f : m_.functions) {
     if (options.check_entry && f.head[0].size() >= 3 && compute_entries.contains(f.head[0][2])) {
       CheckEntry(f);
     }
@@ -521,53 +406,34 @@ absl::Status Rewriter::Rewrite(const CancelCheckOptions& options) {
 
   // Place the new global instructions where the layout wants them.
   size_t last_before_types = 0, last_capability = 0;
-  for (size_t i = 0; i < globals_.size(); ++i) {
-    const uint32_t op = Opcode(globals_[i]);
+  for (size_t i = 0; i < m_.globals.size(); ++i) {
+    const uint32_t op = Opcode(m_.globals[i]);
     if (IsBeforeTypes(op)) last_before_types = i + 1;
     if (op == kOpCapability) last_capability = i + 1;
     if (op != kOpEntryPoint) continue;
     // An entry point lists the inputs it uses, and from SPIR-V 1.4 every global variable.
-    if (version >= 0x00010400) Append(globals_[i], {var_});
-    size_t interface = 3;  // after the name, a NUL-terminated literal
-    while (interface < globals_[i].size() && (globals_[i][interface] >> 24) != 0) ++interface;
-    ++interface;
+    if (version >= 0x00010400) Append(m_.globals[i], {var_});
     bool listed = false;
-    for (size_t w = interface; w < globals_[i].size(); ++w) {
-      listed = listed || globals_[i][w] == workgroup_id_;
+    for (size_t w = InterfaceStart(m_.globals[i]); w < m_.globals[i].size(); ++w) {
+      listed = listed || m_.globals[i][w] == workgroup_id_;
     }
-    if (!listed) Append(globals_[i], {workgroup_id_});
+    if (!listed) Append(m_.globals[i], {workgroup_id_});
   }
-  globals_.insert(globals_.end(), added_globals_.begin(), added_globals_.end());
-  globals_.insert(globals_.begin() + static_cast<std::ptrdiff_t>(last_before_types),
-                  decorations.begin(), decorations.end());
+  m_.globals.insert(m_.globals.end(), added_globals_.begin(), added_globals_.end());
+  m_.globals.insert(m_.globals.begin() + static_cast<std::ptrdiff_t>(last_before_types),
+                    decorations.begin(), decorations.end());
   if (version < 0x00010300 && !has_storage_buffer_ext) {
     Inst extension = Make(kOpExtension, {});
     for (uint32_t w : Literal("SPV_KHR_storage_buffer_storage_class")) Append(extension, {w});
-    globals_.insert(globals_.begin() + static_cast<std::ptrdiff_t>(last_capability),
-                    std::move(extension));
+    m_.globals.insert(m_.globals.begin() + static_cast<std::ptrdiff_t>(last_capability),
+                      std::move(extension));
   }
   return absl::OkStatus();
 }
 
-std::vector<uint32_t> Rewriter::Serialize() const {
-  std::vector<uint32_t> out(header_, header_ + 5);
-  out[3] = bound_;
-  auto put = [&](const Inst& inst) { out.insert(out.end(), inst.begin(), inst.end()); };
-  for (const Inst& inst : globals_) put(inst);
-  for (const Function& f : functions_) {
-    for (const Inst& inst : f.head) put(inst);
-    for (const Block& b : f.blocks) {
-      put(Make(kOpLabel, {b.label}));
-      for (const Inst& inst : b.body) put(inst);
-    }
-    put(f.end);
-  }
-  return out;
-}
-
 absl::StatusOr<std::optional<uint64_t>> Rewriter::LoopFreeBound() const {
   absl::flat_hash_map<uint32_t, const Function*> by_id;
-  for (const Function& f : functions_) {
+  for (const Function& f : m_.functions) {
     if (f.head[0].size() >= 3) by_id[f.head[0][2]] = &f;
     for (const Block& b : f.blocks) {
       for (const Inst& inst : b.body) {
@@ -603,7 +469,7 @@ absl::StatusOr<std::optional<uint64_t>> Rewriter::LoopFreeBound() const {
     return n;
   };
   uint64_t most = 0;
-  for (const Inst& inst : globals_) {
+  for (const Inst& inst : m_.globals) {
     if (Opcode(inst) != kOpEntryPoint || inst.size() < 3 || inst[1] != kGLCompute) continue;
     KD_ASSIGN_OR_RETURN(const uint64_t n, of(inst[2]));
     most = std::max(most, n);

@@ -512,14 +512,40 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
   std::vector<const char*> extension_names;
   for (const std::string& e : device->enabled_extensions_) extension_names.push_back(e.c_str());
 
+  device->dispatch_share_ = options.dispatch_share;
   if (info.properties.apiVersion >= VK_API_VERSION_1_1) {
     VkPhysicalDeviceSubgroupProperties subgroup{
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
     VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
     p2.pNext = &subgroup;
+    // The compute units, where the device reports them (the extensions need only be present).
+    VkPhysicalDeviceShaderSMBuiltinsPropertiesNV nv{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV};
+    VkPhysicalDeviceShaderCorePropertiesAMD amd{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_PROPERTIES_AMD};
+    const bool has_nv = HasExtension(available, VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME);
+    const bool has_amd = HasExtension(available, VK_AMD_SHADER_CORE_PROPERTIES_EXTENSION_NAME);
+    if (has_nv) {
+      nv.pNext = p2.pNext;
+      p2.pNext = &nv;
+    }
+    if (has_amd) {
+      amd.pNext = p2.pNext;
+      p2.pNext = &amd;
+    }
     vkGetPhysicalDeviceProperties2(device->physical_device_, &p2);
     if (subgroup.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) {
       enabled.subgroup_operations = subgroup.supportedOperations & ~withheld.subgroup_operations;
+    }
+    device->subgroup_size_ = subgroup.subgroupSize;
+    if (has_nv) {
+      device->resident_invocations_ =
+          uint64_t{nv.shaderSMCount} * nv.shaderWarpsPerSM * subgroup.subgroupSize;
+    } else if (has_amd) {
+      device->resident_invocations_ = uint64_t{amd.shaderEngineCount} *
+                                      amd.shaderArraysPerEngineCount *
+                                      amd.computeUnitsPerShaderArray * amd.simdPerComputeUnit *
+                                      amd.wavefrontsPerSimd * amd.wavefrontSize;
     }
   }
 
@@ -590,6 +616,20 @@ absl::StatusOr<uint32_t> Device::FindMemoryType(uint32_t type_bits, VkMemoryProp
 
 uint64_t Device::HeapSize(uint32_t memory_type) const {
   return info_.memory.memoryHeaps[info_.memory.memoryTypes[memory_type].heapIndex].size;
+}
+
+uint32_t Device::ResidentWorkgroupLimit(uint64_t local_invocations, double share) const {
+  if (!(share > 0.0 && share < 1.0) || resident_invocations_ == 0) return 0;
+  const uint64_t subgroup = std::max<uint64_t>(subgroup_size_, 1);
+  const uint64_t slots = std::max<uint64_t>(local_invocations, 1);
+  // A workgroup counts as at least two subgroups: GPUs keep at most half as many workgroups as
+  // subgroups on a compute unit (NVIDIA's SMs since Volta: 32 of 64 or fewer), so that small
+  // workgroups run out of workgroup places before invocation slots.
+  const uint64_t per_workgroup =
+      std::max((slots + subgroup - 1) / subgroup * subgroup, 2 * subgroup);
+  const double limit =
+      share * static_cast<double>(resident_invocations_) / static_cast<double>(per_workgroup);
+  return static_cast<uint32_t>(std::clamp(limit, 1.0, 65535.0));
 }
 
 void Device::MarkLost(absl::string_view why) {

@@ -38,6 +38,7 @@ absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
   options.physical_device_index = physical_index;
   options.calls = server_options.vulkan_calls;
   options.map_device_memory = server_options.map_device_memory;
+  options.dispatch_share = server_options.dispatch_share;
   for (uint32_t f = 0; f < info.queue_families.size(); ++f) {
     if (!info.HasCompute(f)) continue;
     for (uint32_t q = 0; q < info.queue_families[f].queueCount; ++q) {
@@ -86,6 +87,15 @@ std::shared_ptr<DeviceInstance> PooledDevice::instance() const {
   return instance_;
 }
 
+std::vector<uint32_t> DefaultSessionFamilies(const core::PhysicalDeviceInfo& info) {
+  std::vector<uint32_t> compute, compute_only;
+  for (uint32_t f = 0; f < info.queue_families.size(); ++f) {
+    if (info.HasCompute(f)) compute.push_back(f);
+    if (info.HasComputeOnly(f)) compute_only.push_back(f);
+  }
+  return compute_only.empty() ? compute : compute_only;
+}
+
 absl::StatusOr<std::vector<uint32_t>> PooledDevice::AcquireQueues(
     const std::vector<uint32_t>& families) {
   const core::PhysicalDeviceInfo& info = info_;
@@ -105,9 +115,11 @@ absl::StatusOr<std::vector<uint32_t>> PooledDevice::AcquireQueues(
   };
   std::vector<uint32_t> result;
   if (families.empty()) {
-    // The least used queue of every compute-capable family.
-    for (uint32_t f = 0; f < info.queue_families.size(); ++f) {
-      if (!info.HasCompute(f)) continue;
+    // The least used queue of the compute-only families, or where there are none of every
+    // compute-capable family: a kernel on a graphics family's queue keeps the other queues' work
+    // waiting even where it leaves compute units free (NVIDIA), one on a compute-only queue does
+    // not (core::PhysicalDeviceInfo::HasComputeOnly).
+    for (uint32_t f : DefaultSessionFamilies(info)) {
       const std::vector<uint32_t> queues = by_use(f);
       if (!queues.empty() &&
           (result.empty() || std::make_pair(queue_sessions_[queues[0]], queues[0]) <

@@ -30,6 +30,10 @@ struct DeviceInstance {
   std::unique_ptr<core::CompletionWaiter> waiter;
 };
 
+// The queue families whose queues serve sessions that ask for none: the compute-only families
+// (core::PhysicalDeviceInfo::HasComputeOnly), or every compute-capable one where there are none.
+std::vector<uint32_t> DefaultSessionFamilies(const core::PhysicalDeviceInfo& info);
+
 // One device the daemon serves: its current DeviceInstance (a core::Device opened with every queue
 // of every compute-capable queue family, and its CompletionWaiter), the totals of what sessions
 // hold on it, and its metrics. When the instance is lost, Recover() opens a new one; sessions on
@@ -50,7 +54,8 @@ class PooledDevice {
 
   // The device queue indices for a session that asks for one queue per entry of `families`:
   // distinct queues of each family, those that the fewest sessions use first (empty: the least
-  // used queue of any compute-capable family), so that sessions spread over the device's queues
+  // used queue of the compute-only families, else of any compute-capable family), so that
+  // sessions spread over the device's queues
   // and do not wait behind each other's submissions. Counts them as used until ReleaseQueues.
   // INVALID_ARGUMENT names the family and its queue count.
   absl::StatusOr<std::vector<uint32_t>> AcquireQueues(const std::vector<uint32_t>& families);

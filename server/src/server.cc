@@ -230,6 +230,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.eval_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the eval timeout must be positive");
   }
+  if (!(options.dispatch_share > 0.0 && options.dispatch_share <= 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dispatch_share ", options.dispatch_share, " is outside (0, 1]"));
+  }
   if (options.eval_spin < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the eval spin must not be negative");
   }

@@ -45,6 +45,11 @@ struct ServerOptions {
   // A submission stopped by the watchdog that has not left its device this long after the stop:
   // the device is declared lost (its sessions fail with UNAVAILABLE) and opened again.
   absl::Duration kernel_stop_grace = absl::Seconds(10);
+  // The share of a device's invocation slots that one dispatch may hold at a time (a dispatch of
+  // more workgroups loops over fewer: core::DeviceOptions::dispatch_share), so that a kernel that
+  // fills the GPU, or never ends, leaves room for other sessions' work on other queues. 1: no
+  // bound. Applies to devices that report their compute units (NVIDIA, AMD).
+  double dispatch_share = 0.5;
   // Threads that compile GLSL and build pipelines for CreateAlgorithm and RebuildAlgorithm, and
   // create large tensors for CreateTensor, off gRPC's serving threads, and how many such requests
   // may wait for them.

@@ -16,6 +16,9 @@
 //  3c. The cost of the watchdog's cancel checks (core::AddCancelChecks, which the daemon adds to
 //     every algorithm): saxpy_<N>MiB/core_stoppable against saxpy_<N>MiB/core, and
 //     loop/core_stoppable against loop/core (a kernel bound by a 4096-step loop).
+//  3d. The cost of the bound on resident workgroups (core::LoopOverWorkgroups, which the daemon
+//     applies with --dispatch_share, default 0.5): saxpy_<N>MiB/core_bounded and
+//     loop{,16}/core_bounded against their _stoppable variants.
 //
 // Remote (remote_bench.cc): a komputed daemon started in this process (Server::Start on
 // 127.0.0.1:0, serving the same device) and a second kp::Manager connected to it over TCP
@@ -102,6 +105,8 @@ using komputed_bench::kTinyShader;
 
 // Two-dimensional grid (maxComputeWorkGroupCount[0] is 65535 on many devices); the tail is
 // guarded by the vector's length.
+// Both loop shapes run workgroups of this many invocations.
+constexpr uint32_t kLoopLocalSize = 64;
 // Each invocation runs a dependent loop of `iterations` steps; nothing is written (the
 // condition is never true, but the compiler cannot know).
 constexpr char kLoopShader[] = R"(
@@ -573,19 +578,26 @@ struct CoreSaxpy {
   std::shared_ptr<core::Tensor> y;
   // [kClamped] as every algorithm is in-process, [kUnclamped] without the clamping,
   // [kStoppable] clamped and with the watchdog's cancel checks, as the daemon runs every algorithm.
-  std::shared_ptr<core::Algorithm> algorithm[3];
-  std::unique_ptr<core::Sequence> sequence[3];  // one dispatch each, recorded once
+  // [kBounded] also with at most the daemon's default --dispatch_share of the device's invocation
+  // slots held at a time (the same as kStoppable on a device that does not report them).
+  std::shared_ptr<core::Algorithm> algorithm[4];
+  std::unique_ptr<core::Sequence> sequence[4];  // one dispatch each, recorded once
   uint64_t dispatches = 0;                      // so far, by all
 };
-enum SaxpyVariant { kClamped = 0, kUnclamped = 1, kStoppable = 2 };
+enum SaxpyVariant { kClamped = 0, kUnclamped = 1, kStoppable = 2, kBounded = 3 };
 
-// The loop-bound kernels (kLoopShader, kLoop16Shader: [shape]), plain and with the watchdog's
-// cancel checks ([stoppable]).
+// The share of the device's invocation slots that the bounded variants' dispatches may hold: the
+// daemon's default --dispatch_share.
+constexpr double kBenchDispatchShare = 0.5;
+
+// The loop-bound kernels (kLoopShader, kLoop16Shader: [shape]), plain, with the watchdog's
+// cancel checks, and with those and the daemon's bound on resident workgroups ([variant]).
 struct CoreLoop {
   std::shared_ptr<core::Tensor> out;
-  std::shared_ptr<core::Algorithm> algorithm[2][2];
-  std::unique_ptr<core::Sequence> sequence[2][2];
+  std::shared_ptr<core::Algorithm> algorithm[2][3];
+  std::unique_ptr<core::Sequence> sequence[2][3];
 };
+enum LoopVariant { kLoopPlain = 0, kLoopStoppable = 1, kLoopBounded = 2 };
 
 // OpMult (its built-in shader) over three tensors of the saxpy vectors' size.
 struct KpMult {
@@ -917,7 +929,7 @@ absl::Status MakeCoreSaxpy(Env& env) {
   const kp::Workgroup wg = SaxpyWorkgroup(s->count);
   KD_ASSIGN_OR_RETURN(std::shared_ptr<core::CancelWord> word,
                       core::CancelWord::Create(env.core_device));
-  for (int v : {kClamped, kUnclamped, kStoppable}) {
+  for (int v : {kClamped, kUnclamped, kStoppable, kBounded}) {
     core::AlgorithmSpec spec;
     spec.tensors = {s->x, s->y};
     spec.spirv = env.saxpy_spirv;
@@ -925,7 +937,11 @@ absl::Status MakeCoreSaxpy(Env& env) {
     spec.push_constants.resize(sizeof(kSaxpyA));
     std::memcpy(spec.push_constants.data(), &kSaxpyA, sizeof(kSaxpyA));
     spec.clamp_buffer_accesses = v != kUnclamped;
-    if (v == kStoppable) spec.cancel = word;
+    if (v == kStoppable || v == kBounded) spec.cancel = word;
+    if (v == kBounded) {
+      spec.resident_workgroups =
+          env.core_device->ResidentWorkgroupLimit(kSaxpyLocalSize, kBenchDispatchShare);
+    }
     KD_ASSIGN_OR_RETURN(s->algorithm[v], core::Algorithm::Create(env.core_device, std::move(spec)));
     KD_ASSIGN_OR_RETURN(s->sequence[v], core::Sequence::Create(env.core_device, 0, 0));
     KD_RETURN_IF_ERROR(s->sequence[v]->Record(core::op::Dispatch{s->algorithm[v], std::nullopt}));
@@ -970,6 +986,7 @@ void RunCoreSaxpy(benchmark::State& state, SaxpyVariant variant) {
 void BM_SaxpyCore(benchmark::State& state) { RunCoreSaxpy(state, kClamped); }
 void BM_SaxpyCoreUnclamped(benchmark::State& state) { RunCoreSaxpy(state, kUnclamped); }
 void BM_SaxpyCoreStoppable(benchmark::State& state) { RunCoreSaxpy(state, kStoppable); }
+void BM_SaxpyCoreBounded(benchmark::State& state) { RunCoreSaxpy(state, kBounded); }
 
 // Makes the loop pair on first use: 4096 workgroups of 64 on a GPU, 64 on a CPU device.
 absl::Status MakeCoreLoop(Env& env) {
@@ -988,32 +1005,35 @@ absl::Status MakeCoreLoop(Env& env) {
   for (int shape = 0; shape < 2; ++shape) {
     KD_ASSIGN_OR_RETURN(std::vector<uint32_t> spirv,
                         core::CompileGlsl(shapes[shape].source, "loop.comp"));
-    for (int stoppable = 0; stoppable < 2; ++stoppable) {
+    for (int v : {kLoopPlain, kLoopStoppable, kLoopBounded}) {
       core::AlgorithmSpec spec;
       spec.tensors = {l->out};
       spec.spirv = spirv;
       spec.workgroup = {cpu ? 64u : 4096u, 1, 1};
       spec.push_constants.resize(sizeof(uint32_t));
       std::memcpy(spec.push_constants.data(), &shapes[shape].iterations, sizeof(uint32_t));
-      if (stoppable == 1) spec.cancel = word;
-      KD_ASSIGN_OR_RETURN(l->algorithm[shape][stoppable],
+      if (v != kLoopPlain) spec.cancel = word;
+      if (v == kLoopBounded) {
+        spec.resident_workgroups =
+            env.core_device->ResidentWorkgroupLimit(kLoopLocalSize, kBenchDispatchShare);
+      }
+      KD_ASSIGN_OR_RETURN(l->algorithm[shape][v],
                           core::Algorithm::Create(env.core_device, std::move(spec)));
-      KD_ASSIGN_OR_RETURN(l->sequence[shape][stoppable],
-                          core::Sequence::Create(env.core_device, 0, 0));
-      KD_RETURN_IF_ERROR(l->sequence[shape][stoppable]->Record(
-          core::op::Dispatch{l->algorithm[shape][stoppable], std::nullopt}));
+      KD_ASSIGN_OR_RETURN(l->sequence[shape][v], core::Sequence::Create(env.core_device, 0, 0));
+      KD_RETURN_IF_ERROR(
+          l->sequence[shape][v]->Record(core::op::Dispatch{l->algorithm[shape][v], std::nullopt}));
     }
   }
   env.core_loop = std::move(l);
   return absl::OkStatus();
 }
 
-void RunCoreLoop(benchmark::State& state, int shape, bool stoppable) {
+void RunCoreLoop(benchmark::State& state, int shape, LoopVariant variant) {
   if (absl::Status s = MakeCoreLoop(*g_env); !s.ok()) {
     state.SkipWithError(s.ToString().c_str());
     return;
   }
-  core::Sequence& seq = *g_env->core_loop->sequence[shape][stoppable ? 1 : 0];
+  core::Sequence& seq = *g_env->core_loop->sequence[shape][variant];
   const absl::Duration timeout = absl::Nanoseconds(static_cast<int64_t>(kTimeoutNs));
   for (auto _ : state) {
     if (absl::Status st = seq.Eval(timeout); !st.ok()) {
@@ -1023,10 +1043,12 @@ void RunCoreLoop(benchmark::State& state, int shape, bool stoppable) {
   }
 }
 
-void BM_LoopCore(benchmark::State& state) { RunCoreLoop(state, 0, /*stoppable=*/false); }
-void BM_LoopCoreStoppable(benchmark::State& state) { RunCoreLoop(state, 0, /*stoppable=*/true); }
-void BM_Loop16Core(benchmark::State& state) { RunCoreLoop(state, 1, /*stoppable=*/false); }
-void BM_Loop16CoreStoppable(benchmark::State& state) { RunCoreLoop(state, 1, /*stoppable=*/true); }
+void BM_LoopCore(benchmark::State& state) { RunCoreLoop(state, 0, kLoopPlain); }
+void BM_LoopCoreStoppable(benchmark::State& state) { RunCoreLoop(state, 0, kLoopStoppable); }
+void BM_LoopCoreBounded(benchmark::State& state) { RunCoreLoop(state, 0, kLoopBounded); }
+void BM_Loop16Core(benchmark::State& state) { RunCoreLoop(state, 1, kLoopPlain); }
+void BM_Loop16CoreStoppable(benchmark::State& state) { RunCoreLoop(state, 1, kLoopStoppable); }
+void BM_Loop16CoreBounded(benchmark::State& state) { RunCoreLoop(state, 1, kLoopBounded); }
 
 // ---------------------------------------------------------------------------------------------
 // Reporting: the console output, plus the run's results kept for the summary.
@@ -1147,11 +1169,13 @@ constexpr char kLoopCore[] = "loop/core";
 constexpr char kLoopCoreStoppable[] = "loop/core_stoppable";
 constexpr char kLoop16Core[] = "loop16/core";
 constexpr char kLoop16CoreStoppable[] = "loop16/core_stoppable";
+constexpr char kLoopCoreBounded[] = "loop/core_bounded";
+constexpr char kLoop16CoreBounded[] = "loop16/core_bounded";
 
 // True when every target was met.
 bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
                   const std::string& saxpy_core, const std::string& saxpy_core_unclamped,
-                  const std::string& saxpy_core_stoppable) {
+                  const std::string& saxpy_core_stoppable, const std::string& saxpy_core_bounded) {
   const auto raw = r.MeanSeconds(kTinyRaw);
   const auto core_s = r.MeanSeconds(kTinyCore);
   const auto kp_s = r.MeanSeconds(kTinyKp);
@@ -1193,6 +1217,22 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
                  Ratio(r.MeanSeconds(kLoopCoreStoppable), r.MeanSeconds(kLoopCore)));
   PrintInfoRatio("stoppable/plain (loop of 16 steps per iteration, time)",
                  Ratio(r.MeanSeconds(kLoop16CoreStoppable), r.MeanSeconds(kLoop16Core)));
+  const uint32_t bound =
+      g_env->core_device->ResidentWorkgroupLimit(kSaxpyLocalSize, kBenchDispatchShare);
+  std::cout << "dispatches bounded to " << kBenchDispatchShare
+            << " of the device's invocation slots (--dispatch_share; "
+            << (bound == 0 ? std::string("this device reports none: no bound")
+                           : absl::StrCat(bound, " resident workgroups of ", kSaxpyLocalSize))
+            << "), with the cancel checks: saxpy core "
+            << GBps(r.MeanBytesPerSecond(saxpy_core_bounded)) << "; loop "
+            << Micros(r.MeanSeconds(kLoopCoreBounded)) << "; loop of 16 steps per iteration "
+            << Micros(r.MeanSeconds(kLoop16CoreBounded)) << "\n";
+  PrintInfoRatio("bounded/stoppable (saxpy time)",
+                 Ratio(r.MeanSeconds(saxpy_core_bounded), r.MeanSeconds(saxpy_core_stoppable)));
+  PrintInfoRatio("bounded/stoppable (loop time)",
+                 Ratio(r.MeanSeconds(kLoopCoreBounded), r.MeanSeconds(kLoopCoreStoppable)));
+  PrintInfoRatio("bounded/stoppable (loop of 16 steps per iteration, time)",
+                 Ratio(r.MeanSeconds(kLoop16CoreBounded), r.MeanSeconds(kLoop16CoreStoppable)));
   bool met = true;
   met &= PrintRatio("core/raw (tiny sequence)", Ratio(core_s, raw), true, 1.10);
   met &= PrintRatio("kp/raw (tiny sequence)", Ratio(kp_s, raw), true, 1.10);
@@ -1274,6 +1314,8 @@ int main(int argc, char** argv) {
   const std::string saxpy_core = absl::StrCat("saxpy_", c.saxpy_mb, "MiB/core");
   const std::string saxpy_core_unclamped = absl::StrCat("saxpy_", c.saxpy_mb, "MiB/core_unclamped");
   const std::string saxpy_core_stoppable = absl::StrCat("saxpy_", c.saxpy_mb, "MiB/core_stoppable");
+  const std::string saxpy_core_bounded = absl::StrCat("saxpy_", c.saxpy_mb, "MiB/core_bounded");
+  const std::string loop_core_bounded = kLoopCoreBounded, loop16_core_bounded = kLoop16CoreBounded;
   const std::string loop_core = kLoopCore, loop_core_stoppable = kLoopCoreStoppable;
   const std::string loop16_core = kLoop16Core, loop16_core_stoppable = kLoop16CoreStoppable;
   benchmark::RegisterBenchmark(kTinyRaw, BM_TinyRaw)
@@ -1330,7 +1372,10 @@ int main(int argc, char** argv) {
        {Named{&saxpy_core, BM_SaxpyCore}, Named{&saxpy_core_unclamped, BM_SaxpyCoreUnclamped},
         Named{&saxpy_core_stoppable, BM_SaxpyCoreStoppable}, Named{&loop_core, BM_LoopCore},
         Named{&loop_core_stoppable, BM_LoopCoreStoppable}, Named{&loop16_core, BM_Loop16Core},
-        Named{&loop16_core_stoppable, BM_Loop16CoreStoppable}}) {
+        Named{&loop16_core_stoppable, BM_Loop16CoreStoppable},
+        Named{&saxpy_core_bounded, BM_SaxpyCoreBounded},
+        Named{&loop_core_bounded, BM_LoopCoreBounded},
+        Named{&loop16_core_bounded, BM_Loop16CoreBounded}}) {
     benchmark::RegisterBenchmark(b.name->c_str(), b.fn)
         ->UseRealTime()
         ->MinTime(c.min_time_s)
@@ -1343,8 +1388,8 @@ int main(int argc, char** argv) {
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
 
-  const bool met =
-      PrintSummary(reporter, saxpy_name, saxpy_core, saxpy_core_unclamped, saxpy_core_stoppable);
+  const bool met = PrintSummary(reporter, saxpy_name, saxpy_core, saxpy_core_unclamped,
+                                saxpy_core_stoppable, saxpy_core_bounded);
   env.Teardown();
   g_env = nullptr;
   const uint64_t validation_errors = core::ValidationErrorCount();

@@ -26,6 +26,7 @@
 #include <exception>
 #include <kompute/Kompute.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -38,13 +39,29 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench_common.h"
+#include "komputed/core/algorithm.h"
+#include "komputed/core/cancel_check.h"
+#include "komputed/core/device.h"
+#include "komputed/core/sequence.h"
 #include "komputed/core/shader.h"
+#include "komputed/core/status.h"
+#include "komputed/core/tensor.h"
 #include "server.h"
 #include "support/slow_kernel.h"
 
 ABSL_FLAG(absl::Duration, limit, absl::Seconds(5), "the daemon's --max_kernel_time");
 ABSL_FLAG(absl::Duration, idle, absl::Seconds(3),
           "how long the neighbour's latency is measured on the idle daemon, and again after");
+ABSL_FLAG(double, dispatch_share, 0.5,
+          "the daemon's --dispatch_share: the share of the GPU's invocation slots that one "
+          "dispatch (the runaway's) may hold at a time; 1: no bound");
+ABSL_FLAG(bool, core, false,
+          "no daemon: the runaway and the neighbour (its tiny dispatch between two syncs) are "
+          "core sequences on two queues of one device in this process, and the runaway is "
+          "stopped by setting its cancel word at --limit: what the GPU itself gives the "
+          "neighbour");
+ABSL_FLAG(uint32_t, runaway_queue, 1, "with --core: the runaway's queue (the device's order)");
+ABSL_FLAG(uint32_t, neighbour_queue, 0, "with --core: the neighbour's queue");
 ABSL_FLAG(uint32_t, device, 0, "the physical device (Vulkan index) that the daemon serves");
 ABSL_FLAG(std::string, address, "",
           "run against the daemon at this address instead of starting one in process (give "
@@ -115,6 +132,121 @@ std::vector<absl::Duration> Took(const std::vector<Sample>& samples) {
   return d;
 }
 
+// --core: the same two workloads without the daemon.
+absl::Status RunCore() {
+  namespace core = komputed::core;
+  const absl::Duration limit = absl::GetFlag(FLAGS_limit);
+  const absl::Duration idle = absl::GetFlag(FLAGS_idle);
+  const uint32_t index = absl::GetFlag(FLAGS_device);
+  KD_ASSIGN_OR_RETURN(std::vector<core::PhysicalDeviceInfo> all, core::Device::List());
+  if (index >= all.size()) return absl::InvalidArgumentError("no such device");
+  core::DeviceOptions options;
+  options.physical_device_index = index;
+  options.dispatch_share = absl::GetFlag(FLAGS_dispatch_share);
+  for (uint32_t f = 0; f < all[index].queue_families.size(); ++f) {
+    if (!all[index].HasCompute(f)) continue;
+    for (uint32_t q = 0; q < all[index].queue_families[f].queueCount; ++q) {
+      options.queue_families.push_back(f);
+    }
+  }
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<core::Device> device, core::Device::Create(options));
+  const uint32_t rq = absl::GetFlag(FLAGS_runaway_queue);
+  const uint32_t nq = absl::GetFlag(FLAGS_neighbour_queue);
+  if (rq >= device->queue_count() || nq >= device->queue_count()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the device has ", device->queue_count(), " compute queues"));
+  }
+  KD_ASSIGN_OR_RETURN(std::vector<uint32_t> tiny_spirv,
+                      core::CompileGlsl(kTinyShader, "tiny.comp"));
+  KD_ASSIGN_OR_RETURN(std::vector<uint32_t> runaway_spirv,
+                      core::CompileGlsl(komputed::test_support::kRunawayShader, "runaway.comp"));
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<core::CancelWord> word, core::CancelWord::Create(device));
+
+  std::vector<float> values(1024, 1.0f);
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<core::Tensor> data,
+                      core::Tensor::Create(device, core::ElementType::kFloat32, values.size(), 0,
+                                           core::MemoryType::kDevice, values.data()));
+  core::AlgorithmSpec tiny;
+  tiny.tensors = {data};
+  tiny.spirv = tiny_spirv;
+  tiny.workgroup = {16, 1, 1};
+  tiny.cancel = word;  // as the daemon builds it (a loop-free module: no check is read)
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<core::Algorithm> tiny_algorithm,
+                      core::Algorithm::Create(device, tiny));
+  KD_ASSIGN_OR_RETURN(std::unique_ptr<core::Sequence> neighbour,
+                      core::Sequence::Create(device, nq, 0));
+  KD_RETURN_IF_ERROR(neighbour->Record(core::op::SyncToDevice{{data}}));
+  KD_RETURN_IF_ERROR(neighbour->Record(core::op::Dispatch{tiny_algorithm, std::nullopt}));
+  KD_RETURN_IF_ERROR(neighbour->Record(core::op::SyncToHost{{data}}));
+
+  std::vector<float> zeros(1024, 0.0f);
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<core::Tensor> out,
+                      core::Tensor::Create(device, core::ElementType::kFloat32, zeros.size(), 0,
+                                           core::MemoryType::kDevice, zeros.data()));
+  core::AlgorithmSpec runaway;
+  runaway.tensors = {out};
+  runaway.spirv = runaway_spirv;
+  runaway.workgroup = {65535, 64, 1};
+  runaway.push_constants.assign(4, 0);  // iterations 0: no end
+  runaway.cancel = word;
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<core::Algorithm> runaway_algorithm,
+                      core::Algorithm::Create(device, runaway));
+  KD_ASSIGN_OR_RETURN(std::unique_ptr<core::Sequence> runaway_seq,
+                      core::Sequence::Create(device, rq, 0));
+  KD_RETURN_IF_ERROR(runaway_seq->Record(core::op::Dispatch{runaway_algorithm, std::nullopt}));
+
+  const absl::Duration timeout = absl::Seconds(30);
+  auto measure = [&](std::vector<absl::Duration>& out_samples, absl::Time until) -> absl::Status {
+    while (absl::Now() < until) {
+      const absl::Time start = absl::Now();
+      KD_RETURN_IF_ERROR(neighbour->Eval(timeout));
+      out_samples.push_back(absl::Now() - start);
+    }
+    return absl::OkStatus();
+  };
+  std::vector<absl::Duration> before, during, after;
+  for (int w = 0; w < 50; ++w) KD_RETURN_IF_ERROR(neighbour->Eval(timeout));
+  KD_RETURN_IF_ERROR(measure(before, absl::Now() + idle));
+  const absl::Time submitted = absl::Now();
+  KD_RETURN_IF_ERROR(runaway_seq->Submit());
+  // Until the limit; an eval still waiting then (behind the runaway on its queue) completes after
+  // the stop, and counts from its start.
+  std::optional<absl::Time> waiting;
+  while (absl::Now() < submitted + limit) {
+    const absl::Time start = absl::Now();
+    absl::Status s = neighbour->Eval(submitted + limit - start + absl::Milliseconds(1));
+    if (absl::IsDeadlineExceeded(s)) {
+      waiting = start;
+      break;
+    }
+    KD_RETURN_IF_ERROR(s);
+    during.push_back(absl::Now() - start);
+  }
+  const absl::Time stop = absl::Now();
+  word->Set();
+  absl::Status ended = runaway_seq->Wait(timeout);
+  const absl::Time end = absl::Now();
+  if (waiting.has_value()) {
+    KD_RETURN_IF_ERROR(neighbour->Wait(timeout));
+    during.push_back(absl::Now() - *waiting);
+  }
+  KD_RETURN_IF_ERROR(measure(after, absl::Now() + idle));
+  const core::Workgroup d = runaway_algorithm->dispatched();
+  std::printf(
+      "komputed_watchdog_bench --core: %s, runaway on queue %u (family %u), neighbour on "
+      "queue %u (family %u), dispatch_share %g: the runaway dispatches %u x %u x %u "
+      "workgroups of 64\n",
+      device->properties().deviceName, rq, device->queue(rq).family, nq, device->queue(nq).family,
+      options.dispatch_share, d.x, d.y, d.z);
+  std::printf("the neighbour's tiny eval (core, in-process):\n");
+  Print("idle", Summarise(before));
+  Print("during the runaway", Summarise(during));
+  Print("after the runaway", Summarise(after));
+  std::printf("the runaway ended %s after its word was set: %s\n",
+              absl::FormatDuration(end - stop).c_str(), ended.ToString().c_str());
+  return absl::OkStatus();
+}
+
 int Run() {
   const absl::Duration limit = absl::GetFlag(FLAGS_limit);
   const absl::Duration idle = absl::GetFlag(FLAGS_idle);
@@ -124,6 +256,7 @@ int Run() {
   options.metrics_listen = "";
   options.devices = {absl::GetFlag(FLAGS_device)};
   options.max_kernel_time = limit;
+  options.dispatch_share = absl::GetFlag(FLAGS_dispatch_share);
   std::unique_ptr<komputed::server::Server> server;
   std::string address = absl::GetFlag(FLAGS_address);
   if (address.empty()) {
@@ -209,9 +342,9 @@ int Run() {
     const Stats idle_stats = Summarise(Took(before));
     const Stats during_stats = Summarise(Took(while_running));
     const Stats after_stats = Summarise(Took(after));
-    std::printf("komputed_watchdog_bench: %s, --max_kernel_time=%s\n",
+    std::printf("komputed_watchdog_bench: %s, --max_kernel_time=%s, --dispatch_share=%g\n",
                 neighbour_mgr.getDeviceProperties().deviceName.data(),
-                absl::FormatDuration(limit).c_str());
+                absl::FormatDuration(limit).c_str(), options.dispatch_share);
     std::printf(
         "the neighbour's tiny eval (remote, TCP loopback, %s):\n",
         neighbour_address.empty() ? "on the runaway's daemon" : "on another daemon process");
@@ -248,5 +381,10 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "What one session's runaway kernel costs the other sessions of a komputed daemon.");
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_core)) {
+    absl::Status s = komputed_bench::RunCore();
+    if (!s.ok()) std::fprintf(stderr, "komputed_watchdog_bench: %s\n", s.ToString().c_str());
+    return s.ok() ? 0 : 1;
+  }
   return komputed_bench::Run();
 }

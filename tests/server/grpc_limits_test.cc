@@ -55,6 +55,13 @@ TEST(GrpcLimits, StartRefusesBadValues) {
       absl::IsInvalidArgument(start([](ServerOptions& o) { o.keepalive_max_ping_strikes = -1; })));
   EXPECT_TRUE(absl::IsInvalidArgument(
       start([](ServerOptions& o) { o.max_connection_idle = -absl::Seconds(1); })));
+  for (double share : {0.0, -0.5, 1.5}) {
+    static double bad;
+    bad = share;
+    const absl::Status status = start([](ServerOptions& o) { o.dispatch_share = bad; });
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << share << ": " << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("dispatch_share"));
+  }
   const absl::Status small = start([](ServerOptions& o) { o.grpc_memory_bytes = 128 << 20; });
   EXPECT_TRUE(absl::IsInvalidArgument(small)) << small;
   EXPECT_THAT(std::string(small.message()), HasSubstr("at least 268435456"));

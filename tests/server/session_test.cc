@@ -151,6 +151,30 @@ class SessionTest : public ::testing::Test {
   const std::string y_ = FloatBytes({10, 20, 30, 40});
 };
 
+core::PhysicalDeviceInfo WithFamilies(std::vector<VkQueueFlags> flags) {
+  core::PhysicalDeviceInfo info;
+  for (VkQueueFlags f : flags) {
+    VkQueueFamilyProperties p{};
+    p.queueFlags = f;
+    p.queueCount = 4;
+    info.queue_families.push_back(p);
+  }
+  return info;
+}
+
+TEST(DefaultSessionFamilies, ComputeOnlyFamiliesServeSessionsWhereThereAreAny) {
+  constexpr VkQueueFlags kG = VK_QUEUE_GRAPHICS_BIT, kC = VK_QUEUE_COMPUTE_BIT,
+                         kT = VK_QUEUE_TRANSFER_BIT;
+  // The H200's: graphics+compute, transfer, compute, video.
+  EXPECT_THAT(DefaultSessionFamilies(WithFamilies({kG | kC | kT, kT, kC | kT, 0})),
+              ::testing::ElementsAre(2u));
+  EXPECT_THAT(DefaultSessionFamilies(WithFamilies({kG | kC | kT, kC, kC | kT})),
+              ::testing::ElementsAre(1u, 2u));
+  // lavapipe's one family, and a device without compute.
+  EXPECT_THAT(DefaultSessionFamilies(WithFamilies({kG | kC | kT})), ::testing::ElementsAre(0u));
+  EXPECT_THAT(DefaultSessionFamilies(WithFamilies({kG | kT, kT})), ::testing::IsEmpty());
+}
+
 TEST_F(SessionTest, SaxpyEvalReturnsTheResult) {
   MakeSaxpy();
   EvalPlan plan;

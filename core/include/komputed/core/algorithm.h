@@ -43,6 +43,10 @@ struct AlgorithmSpec {
   // before it reaches the driver. Only measurements turn it off: the daemon and the kp API
   // always clamp.
   bool clamp_buffer_accesses = true;
+  // The most workgroups a dispatch keeps on the device at once: a dispatch of more runs as a loop
+  // over this many (LoopOverWorkgroups). 0: the device's ResidentWorkgroupLimit for the shader's
+  // local size (no bound where the device sets none).
+  uint32_t resident_workgroups = 0;
   // Algorithms whose driver code, specialisation and layout are the same share one compute
   // pipeline (Device::Share) when they have the same scope: the daemon gives each tenant's
   // algorithms the tenant's name, so that no tenant learns from how fast a build went what
@@ -76,6 +80,9 @@ class Algorithm {
   // Bytes of push constants the algorithm takes.
   size_t push_constant_size() const;
   uint64_t generation() const;  // incremented by each Rebuild
+  // The workgroups each dispatch actually launches: the spec's, or fewer that loop over them
+  // (AlgorithmSpec::resident_workgroups).
+  Workgroup dispatched() const;
 
   // Records bind + push constants + dispatch (the caller adds barriers). The returned token keeps
   // the pipeline (and its tensors) alive while the recording exists, across rebuilds;

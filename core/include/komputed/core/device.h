@@ -36,6 +36,12 @@ struct PhysicalDeviceInfo {
     return family < queue_families.size() &&
            (queue_families[family].queueFlags & VK_QUEUE_COMPUTE_BIT) != 0;
   }
+  // A compute family without graphics: on NVIDIA GPUs the queues where a kernel leaves the
+  // compute units it does not hold to other queues' work (one on a graphics family's queue kept
+  // every other queue's work waiting, measured on the H200).
+  bool HasComputeOnly(uint32_t family) const {
+    return HasCompute(family) && (queue_families[family].queueFlags & VK_QUEUE_GRAPHICS_BIT) == 0;
+  }
   // Total size of the device-local heaps.
   uint64_t DeviceLocalBytes() const;
 };
@@ -121,6 +127,12 @@ struct DeviceOptions {
   // VK_KHR_shader_float16_int8, no timeline semaphores), so that the path is tested. Unset: the
   // device's version.
   std::optional<uint32_t> feature_api_version;
+  // The share of the device's invocation slots (resident_invocations()) that one dispatch may
+  // hold at a time; a dispatch of more workgroups is run as a loop over fewer
+  // (LoopOverWorkgroups in workgroup_loop.h), so that a dispatch that never ends leaves the rest
+  // to other queues' work. 1 or more: no bound. Applies where the device reports its compute
+  // units (resident_invocations() > 0).
+  double dispatch_share = 1.0;
 };
 
 // One queue of a device. Submissions to it are serialised by its mutex.
@@ -165,6 +177,21 @@ class Device {
   // Timeline semaphores (Vulkan 1.2) are enabled: submissions can be awaited several at a time.
   bool timeline_supported() const { return timeline_; }
   VulkanCalls& calls() const { return *calls_; }
+  // How many invocations the device runs at once when every compute unit is full, from what it
+  // reports of them (VK_NV_shader_sm_builtins: SMs x warps per SM x warp size;
+  // VK_AMD_shader_core_properties: compute units x SIMDs x wavefronts x wavefront size); 0 where
+  // it does not report them (lavapipe).
+  uint64_t resident_invocations() const { return resident_invocations_; }
+  uint32_t subgroup_size() const { return subgroup_size_; }
+  double dispatch_share() const { return dispatch_share_; }
+  // The most workgroups of `local_invocations` invocations that one dispatch may keep on the
+  // device at once (DeviceOptions::dispatch_share of its invocation slots, whole subgroups per
+  // workgroup and at least two, at least 1); 0 for no bound.
+  uint32_t ResidentWorkgroupLimit(uint64_t local_invocations) const {
+    return ResidentWorkgroupLimit(local_invocations, dispatch_share_);
+  }
+  // The same for another share (1 or more: no bound).
+  uint32_t ResidentWorkgroupLimit(uint64_t local_invocations, double share) const;
 
   size_t queue_count() const { return queues_.size(); }
   Queue& queue(size_t i) const { return *queues_[i]; }
@@ -224,6 +251,9 @@ class Device {
   bool robust_image_access_ = false;
   bool map_device_memory_ = true;
   bool timeline_ = false;
+  uint64_t resident_invocations_ = 0;
+  uint32_t subgroup_size_ = 0;
+  double dispatch_share_ = 1.0;
   std::atomic<bool> lost_{false};
   std::atomic<bool> unresponsive_{false};  // MarkLost: never wait for idle
 
