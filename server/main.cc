@@ -147,7 +147,7 @@ ABSL_FLAG(absl::Duration, kernel_stop_grace, absl::Seconds(10),
           "a submission stopped by the kernel watchdog that has not left its device this long "
           "after: the device no longer answers; it is declared lost (its sessions' calls fail "
           "with UNAVAILABLE) and opened again for new sessions");
-ABSL_FLAG(double, dispatch_share, 0.5,
+ABSL_FLAG(double, dispatch_share, 0.75,
           "the share of a GPU's invocation slots that one dispatch may hold at a time: a dispatch "
           "of more workgroups runs as a loop over fewer, so that a kernel that fills the GPU or "
           "never ends leaves room for other sessions' work (1: no bound; devices that report "

@@ -28,13 +28,12 @@ inline constexpr uint32_t kOpUndef = 1, kOpLine = 8, kOpExtension = 10, kOpMemor
                           kOpCompositeExtract = 81, kOpCopyObject = 83, kOpUDiv = 134,
                           kOpUMod = 137, kOpBitcast = 124, kOpIAdd = 128, kOpISub = 130,
                           kOpIMul = 132, kOpLogicalOr = 166, kOpLogicalAnd = 167,
-                          kOpLogicalNot = 168, kOpSelect = 169, kOpIEqual = 170,
-                          kOpULessThan = 176, kOpUGreaterThanEqual = 174, kOpBitwiseAnd = 199,
-                          kOpAtomicLoad = 227, kOpControlBarrier = 224, kOpPhi = 245,
-                          kOpLoopMerge = 246, kOpSelectionMerge = 247, kOpLabel = 248,
-                          kOpBranch = 249, kOpBranchConditional = 250, kOpSwitch = 251,
-                          kOpReturn = 253, kOpReturnValue = 254, kOpUnreachable = 255,
-                          kOpNoLine = 317;
+                          kOpLogicalNot = 168, kOpSelect = 169, kOpIEqual = 170, kOpULessThan = 176,
+                          kOpUGreaterThanEqual = 174, kOpBitwiseAnd = 199, kOpAtomicLoad = 227,
+                          kOpControlBarrier = 224, kOpPhi = 245, kOpLoopMerge = 246,
+                          kOpSelectionMerge = 247, kOpLabel = 248, kOpBranch = 249,
+                          kOpBranchConditional = 250, kOpSwitch = 251, kOpReturn = 253,
+                          kOpReturnValue = 254, kOpUnreachable = 255, kOpNoLine = 317;
 inline constexpr uint32_t kCapabilityVulkanMemoryModel = 5345;
 inline constexpr uint32_t kStorageInput = 1, kStorageWorkgroup = 4, kStoragePrivate = 6,
                           kStorageFunction = 7, kStorageBuffer = 12;
@@ -43,9 +42,9 @@ inline constexpr uint32_t kExecutionModeLocalSize = 17, kExecutionModeLocalSizeI
 inline constexpr uint32_t kBuiltInNumWorkgroups = 24, kBuiltInWorkgroupSize = 25,
                           kBuiltInWorkgroupId = 26, kBuiltInLocalInvocationId = 27,
                           kBuiltInGlobalInvocationId = 28;
-inline constexpr uint32_t kDecorationBlock = 2, kDecorationArrayStride = 6,
-                          kDecorationBuiltIn = 11, kDecorationBinding = 33,
-                          kDecorationDescriptorSet = 34, kDecorationOffset = 35;
+inline constexpr uint32_t kDecorationBlock = 2, kDecorationArrayStride = 6, kDecorationBuiltIn = 11,
+                          kDecorationBinding = 33, kDecorationDescriptorSet = 34,
+                          kDecorationOffset = 35;
 inline constexpr uint32_t kScopeDevice = 1, kScopeWorkgroup = 2, kScopeQueueFamily = 5;
 inline constexpr uint32_t kSemanticsRelaxed = 0, kSemanticsAcquireRelease = 0x8,
                           kSemanticsWorkgroupMemory = 0x100;

@@ -45,7 +45,7 @@ class Looper {
 
   EditableModule& m_;
   const WorkgroupLoop& loop_;
-  std::vector<Inst> added_;       // new types, constants and variables, after the module's
+  std::vector<Inst> added_;        // new types, constants and variables, after the module's
   std::vector<Inst> decorations_;  // new decorations
   uint32_t uint_ = 0, bool_ = 0, uvec3_ = 0, entry_ = 0;
   absl::flat_hash_map<uint32_t, uint32_t> constants_;  // value → id
@@ -76,8 +76,7 @@ uint32_t Looper::PointerType(uint32_t storage, uint32_t pointee) {
 }
 
 std::array<uint32_t, 3> Looper::LoadUnsigned(std::vector<Inst>& out, uint32_t input,
-                                             uint32_t vector, uint32_t component,
-                                             bool is_signed) {
+                                             uint32_t vector, uint32_t component, bool is_signed) {
   const uint32_t value = m_.NewId();
   out.push_back(Make(kOpLoad, {vector, value, input}));
   std::array<uint32_t, 3> c{};
@@ -111,8 +110,8 @@ void Looper::StoreVector(std::vector<Inst>& out, const Replaced& r,
 // derived from it (access chains, copies) Private pointer types.
 absl::Status Looper::Retarget(Replaced& r) {
   r.variable = m_.NewId();
-  added_.push_back(Make(kOpVariable, {PointerType(kStoragePrivate, r.pointee), r.variable,
-                                      kStoragePrivate}));
+  added_.push_back(
+      Make(kOpVariable, {PointerType(kStoragePrivate, r.pointee), r.variable, kStoragePrivate}));
   absl::flat_hash_set<uint32_t> derived = {r.input};
   for (Function& f : m_.functions) {
     for (Block& b : f.blocks) {
@@ -164,8 +163,8 @@ absl::StatusOr<std::array<uint32_t, 3>> Looper::LocalSize(std::vector<Inst>& out
       return absl::InvalidArgumentError("the WorkgroupSize built-in is no vector");
     }
     auto component = defs_.find((*vec->second)[2]);
-    const bool is_signed = component != defs_.end() && component->second->size() >= 4 &&
-                           (*component->second)[3] != 0;
+    const bool is_signed =
+        component != defs_.end() && component->second->size() >= 4 && (*component->second)[3] != 0;
     for (uint32_t d = 0; d < 3; ++d) {
       c[d] = m_.NewId();
       out.push_back(Make(kOpCompositeExtract, {(*vec->second)[2], c[d], it->second, d}));
@@ -216,9 +215,9 @@ absl::Status Looper::Run() {
     const uint32_t op = Opcode(inst);
     if (op == kOpEntryPoint && inst.size() >= 4) {
       ++entry_points;
-      if (inst[1] == kGLCompute && std::vector<uint32_t>(inst.begin() + 3,
-                                                         inst.begin() + InterfaceStart(inst)) ==
-                                       Literal("main")) {
+      if (inst[1] == kGLCompute &&
+          std::vector<uint32_t>(inst.begin() + 3, inst.begin() + InterfaceStart(inst)) ==
+              Literal("main")) {
         entry_point = &inst;
         entry_ = inst[2];
       }
@@ -269,7 +268,8 @@ absl::Status Looper::Run() {
   }
   if (entry == nullptr || entry->head.size() != 1 || entry->head[0].size() < 5 ||
       !void_types.contains(entry->head[0][1])) {
-    return absl::InvalidArgumentError("the entry point main is no void function without parameters");
+    return absl::InvalidArgumentError(
+        "the entry point main is no void function without parameters");
   }
   if (uint_ == 0) {
     uint_ = m_.NewId();
@@ -300,8 +300,8 @@ absl::Status Looper::Run() {
     }
     r.pointee = (*pointer->second)[3];
     auto vec = defs_.find(r.pointee);
-    auto comp = vec == defs_.end() || vec->second->size() < 4 ? defs_.end()
-                                                               : defs_.find((*vec->second)[2]);
+    auto comp =
+        vec == defs_.end() || vec->second->size() < 4 ? defs_.end() : defs_.find((*vec->second)[2]);
     if (comp == defs_.end() || Opcode(*vec->second) != kOpTypeVector || (*vec->second)[3] != 3 ||
         Opcode(*comp->second) != kOpTypeInt || comp->second->size() < 4 ||
         (*comp->second)[2] != 32) {
@@ -328,8 +328,8 @@ absl::Status Looper::Run() {
     real_workgroup = *workgroup_id;
   } else {
     real_workgroup = {m_.NewId(), uvec3_, uint_, false, 0};
-    added_.push_back(Make(kOpVariable, {PointerType(kStorageInput, uvec3_), real_workgroup.input,
-                                        kStorageInput}));
+    added_.push_back(Make(
+        kOpVariable, {PointerType(kStorageInput, uvec3_), real_workgroup.input, kStorageInput}));
     decorations_.push_back(
         Make(kOpDecorate, {real_workgroup.input, kDecorationBuiltIn, kBuiltInWorkgroupId}));
   }
@@ -339,8 +339,8 @@ absl::Status Looper::Run() {
       KD_RETURN_IF_ERROR(describe(it->second, local_id));
     } else {
       local_id = {m_.NewId(), uvec3_, uint_, false, 0};
-      added_.push_back(Make(kOpVariable, {PointerType(kStorageInput, uvec3_), local_id.input,
-                                          kStorageInput}));
+      added_.push_back(
+          Make(kOpVariable, {PointerType(kStorageInput, uvec3_), local_id.input, kStorageInput}));
       decorations_.push_back(
           Make(kOpDecorate, {local_id.input, kDecorationBuiltIn, kBuiltInLocalInvocationId}));
     }
@@ -369,8 +369,8 @@ absl::Status Looper::Run() {
   // kept as (v mod x, v / x) so that no value exceeds 32 bits.
   const uint32_t cx = Constant(x), cy = Constant(y), cyz = Constant(y * z), zero = Constant(0),
                  one = Constant(1), step_x = Constant(r % x), step_yz = Constant(r / x);
-  Block start{m_.NewId(), {}}, header{m_.NewId(), {}}, body{m_.NewId(), {}},
-      next{m_.NewId(), {}}, merge{m_.NewId(), {}};
+  Block start{m_.NewId(), {}}, header{m_.NewId(), {}}, body{m_.NewId(), {}}, next{m_.NewId(), {}},
+      merge{m_.NewId(), {}};
   const std::array<uint32_t, 3> real =
       LoadUnsigned(start.body, real_workgroup.input, real_workgroup.pointee,
                    real_workgroup.component, real_workgroup.is_signed);
@@ -413,9 +413,9 @@ absl::Status Looper::Run() {
   }
   body.body.push_back(Make(kOpFunctionCall, {void_type, m_.NewId(), body_function}));
   if (shared_memory) {
-    body.body.push_back(Make(kOpControlBarrier,
-                             {Constant(kScopeWorkgroup), Constant(kScopeWorkgroup),
-                              Constant(kSemanticsAcquireRelease | kSemanticsWorkgroupMemory)}));
+    body.body.push_back(
+        Make(kOpControlBarrier, {Constant(kScopeWorkgroup), Constant(kScopeWorkgroup),
+                                 Constant(kSemanticsAcquireRelease | kSemanticsWorkgroupMemory)}));
   }
   body.body.push_back(Make(kOpBranch, {next.label}));
 

@@ -49,7 +49,7 @@ struct ServerOptions {
   // more workgroups loops over fewer: core::DeviceOptions::dispatch_share), so that a kernel that
   // fills the GPU, or never ends, leaves room for other sessions' work on other queues. 1: no
   // bound. Applies to devices that report their compute units (NVIDIA, AMD).
-  double dispatch_share = 0.5;
+  double dispatch_share = 0.75;
   // Threads that compile GLSL and build pipelines for CreateAlgorithm and RebuildAlgorithm, and
   // create large tensors for CreateTensor, off gRPC's serving threads, and how many such requests
   // may wait for them.

@@ -17,7 +17,7 @@
 //     every algorithm): saxpy_<N>MiB/core_stoppable against saxpy_<N>MiB/core, and
 //     loop/core_stoppable against loop/core (a kernel bound by a 4096-step loop).
 //  3d. The cost of the bound on resident workgroups (core::LoopOverWorkgroups, which the daemon
-//     applies with --dispatch_share, default 0.5): saxpy_<N>MiB/core_bounded and
+//     applies with --dispatch_share, default 0.75): saxpy_<N>MiB/core_bounded and
 //     loop{,16}/core_bounded against their _stoppable variants.
 //
 // Remote (remote_bench.cc): a komputed daemon started in this process (Server::Start on
@@ -43,6 +43,7 @@
 //   KOMPUTED_BENCH_MIN_TIME     seconds per tiny and saxpy benchmark (default 1.5)
 //   KOMPUTED_BENCH_BULK_ITERS   iterations of each 256 MiB transfer benchmark (default 10)
 //   KOMPUTED_BENCH_SAXPY_MB     MiB per saxpy vector (default 64)
+//   KOMPUTED_BENCH_DISPATCH_SHARE  the bounded variants' share of the invocation slots (0.75)
 //   KOMPUTED_BENCH_DEVICE       physical device index (default: core's default choice)
 //   KOMPUTED_BENCH_REMOTE=0     skip the remote benchmarks (4-8)
 //   KOMPUTED_BENCH_REMOTE_BULK_ITERS  iterations of each remote 256 MiB transfer (default 3)
@@ -163,6 +164,9 @@ struct Config {
   bool remote = true;
   int64_t remote_bulk_iterations = 3;
   uint32_t async_depth = 4;
+  // The share of the device's invocation slots that the bounded variants' dispatches may hold
+  // (the daemon's --dispatch_share; its default).
+  double dispatch_share = 0.75;
 };
 
 std::optional<double> EnvNumber(const char* name) {
@@ -185,6 +189,9 @@ Config ReadConfig() {
   }
   if (auto v = EnvNumber("KOMPUTED_BENCH_SAXPY_MB"); v && *v >= 1) {
     c.saxpy_mb = static_cast<uint64_t>(*v);
+  }
+  if (auto v = EnvNumber("KOMPUTED_BENCH_DISPATCH_SHARE"); v && *v > 0 && *v <= 1) {
+    c.dispatch_share = *v;
   }
   if (auto v = EnvNumber("KOMPUTED_BENCH_DEVICE")) c.device = static_cast<uint32_t>(*v);
   if (auto v = EnvNumber("KOMPUTED_BENCH_STRICT")) c.strict = *v != 0;
@@ -586,10 +593,6 @@ struct CoreSaxpy {
 };
 enum SaxpyVariant { kClamped = 0, kUnclamped = 1, kStoppable = 2, kBounded = 3 };
 
-// The share of the device's invocation slots that the bounded variants' dispatches may hold: the
-// daemon's default --dispatch_share.
-constexpr double kBenchDispatchShare = 0.5;
-
 // The loop-bound kernels (kLoopShader, kLoop16Shader: [shape]), plain, with the watchdog's
 // cancel checks, and with those and the daemon's bound on resident workgroups ([variant]).
 struct CoreLoop {
@@ -940,7 +943,7 @@ absl::Status MakeCoreSaxpy(Env& env) {
     if (v == kStoppable || v == kBounded) spec.cancel = word;
     if (v == kBounded) {
       spec.resident_workgroups =
-          env.core_device->ResidentWorkgroupLimit(kSaxpyLocalSize, kBenchDispatchShare);
+          env.core_device->ResidentWorkgroupLimit(kSaxpyLocalSize, env.config.dispatch_share);
     }
     KD_ASSIGN_OR_RETURN(s->algorithm[v], core::Algorithm::Create(env.core_device, std::move(spec)));
     KD_ASSIGN_OR_RETURN(s->sequence[v], core::Sequence::Create(env.core_device, 0, 0));
@@ -1015,7 +1018,7 @@ absl::Status MakeCoreLoop(Env& env) {
       if (v != kLoopPlain) spec.cancel = word;
       if (v == kLoopBounded) {
         spec.resident_workgroups =
-            env.core_device->ResidentWorkgroupLimit(kLoopLocalSize, kBenchDispatchShare);
+            env.core_device->ResidentWorkgroupLimit(kLoopLocalSize, env.config.dispatch_share);
       }
       KD_ASSIGN_OR_RETURN(l->algorithm[shape][v],
                           core::Algorithm::Create(env.core_device, std::move(spec)));
@@ -1218,8 +1221,8 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   PrintInfoRatio("stoppable/plain (loop of 16 steps per iteration, time)",
                  Ratio(r.MeanSeconds(kLoop16CoreStoppable), r.MeanSeconds(kLoop16Core)));
   const uint32_t bound =
-      g_env->core_device->ResidentWorkgroupLimit(kSaxpyLocalSize, kBenchDispatchShare);
-  std::cout << "dispatches bounded to " << kBenchDispatchShare
+      g_env->core_device->ResidentWorkgroupLimit(kSaxpyLocalSize, g_env->config.dispatch_share);
+  std::cout << "dispatches bounded to " << g_env->config.dispatch_share
             << " of the device's invocation slots (--dispatch_share; "
             << (bound == 0 ? std::string("this device reports none: no bound")
                            : absl::StrCat(bound, " resident workgroups of ", kSaxpyLocalSize))

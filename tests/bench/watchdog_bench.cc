@@ -52,7 +52,7 @@
 ABSL_FLAG(absl::Duration, limit, absl::Seconds(5), "the daemon's --max_kernel_time");
 ABSL_FLAG(absl::Duration, idle, absl::Seconds(3),
           "how long the neighbour's latency is measured on the idle daemon, and again after");
-ABSL_FLAG(double, dispatch_share, 0.5,
+ABSL_FLAG(double, dispatch_share, 0.75,
           "the daemon's --dispatch_share: the share of the GPU's invocation slots that one "
           "dispatch (the runaway's) may hold at a time; 1: no bound");
 ABSL_FLAG(bool, core, false,

@@ -93,8 +93,8 @@ struct Ran {
 
 // Runs `spirv` over one uint tensor of `words` words, zero-filled, and returns the tensor.
 absl::StatusOr<Ran> RunLooped(std::vector<uint32_t> spirv, size_t words, Workgroup groups,
-                        uint32_t resident, std::vector<uint8_t> spec_constants = {},
-                        std::shared_ptr<CancelWord> word = nullptr) {
+                              uint32_t resident, std::vector<uint8_t> spec_constants = {},
+                              std::shared_ptr<CancelWord> word = nullptr) {
   std::vector<uint32_t> zeros(words, 0);
   KD_ASSIGN_OR_RETURN(std::shared_ptr<Tensor> t,
                       Tensor::Create(TestDevice(), ElementType::kUInt32, words, 0,
@@ -128,8 +128,8 @@ TEST(WorkgroupLoop, EveryIdIsTheWholeDispatchs) {
     EXPECT_EQ(whole.dispatched.x, groups.x);
     for (size_t at = 11; at < words; at += 12) ASSERT_EQ(whole.out[at], 1u) << at;
     for (uint32_t resident : {1u, 2u, 4u, 5u, 7u, 11u}) {
-      SCOPED_TRACE(testing::Message() << groups.x << "x" << groups.y << "x" << groups.z
-                                      << " over " << resident);
+      SCOPED_TRACE(testing::Message()
+                   << groups.x << "x" << groups.y << "x" << groups.z << " over " << resident);
       ASSERT_OK_AND_ASSIGN(Ran looped, RunLooped(spirv, words, groups, resident));
       EXPECT_EQ(looped.dispatched.x, resident);
       EXPECT_EQ(looped.dispatched.y, 1u);
@@ -209,8 +209,8 @@ TEST(WorkgroupLoop, ASetCancelWordStopsALoopedDispatch) {
   std::vector<uint8_t> spec(4);
   std::memcpy(spec.data(), &local, 4);
   // A module with a loop: its new main checks the word first.
-  ASSERT_OK_AND_ASSIGN(Ran looped,
-                       RunLooped(Compile(kSpecializedShader), 10 * local, {10, 1, 1}, 3, spec, word));
+  ASSERT_OK_AND_ASSIGN(
+      Ran looped, RunLooped(Compile(kSpecializedShader), 10 * local, {10, 1, 1}, 3, spec, word));
   EXPECT_EQ(looped.dispatched.x, 3u);
   EXPECT_THAT(looped.out, ElementsAreArray(std::vector<uint32_t>(10 * local, 0)));
 }

@@ -6,14 +6,17 @@
 //
 // Settings: byte 0, bits 0-2: tensors bound (0-7, of the process's 8: device, host, device, ...);
 // bit 3: rebuild after creating; bit 4: with the kernel watchdog's cancel word (the module is
-// rewritten by core::AddCancelChecks, as the daemon does). Byte 1: push-constant bytes (modulo
-// 129). Byte 2, bits 0-2: specialization constants; bits 3-4: their size (4, 8, 1 or 0 bytes). Byte
-// 3: the workgroup count in x (0 included).
+// rewritten by core::AddCancelChecks, as the daemon does); bit 5: with a bound on resident
+// workgroups (the dispatch loops over fewer: core::LoopOverWorkgroups). Byte 1: push-constant bytes
+// (modulo 129). Byte 2, bits 0-2: specialization constants; bits 3-4: their size (4, 8, 1 or 0
+// bytes). Byte 3: the workgroup count in x (0 included).
 //
 // Checked: no crash or sanitizer report; every error is one that bad input may cause (a module
 // that reaches the driver and fails there is a finding: invalid SPIR-V must never reach it);
 // Algorithm::Create succeeds only for a module that ValidateSpirv accepts; AddCancelChecks takes
-// every valid module without a crash, and its errors are INVALID_ARGUMENT. Every module reaches
+// every valid module without a crash, and its errors are INVALID_ARGUMENT; LoopOverWorkgroups
+// takes every valid module and returns a valid one or INVALID_ARGUMENT or UNIMPLEMENTED. Every
+// module reaches
 // Algorithm::Create: its intake (core/src/shader_intake.cc) is what keeps the driver safe.
 #include <cstdint>
 #include <cstring>
@@ -25,6 +28,7 @@
 #include "komputed/core/cancel_check.h"
 #include "komputed/core/shader.h"
 #include "komputed/core/tensor.h"
+#include "komputed/core/workgroup_loop.h"
 
 namespace komputed::fuzz {
 namespace {
@@ -74,6 +78,15 @@ void Run(const uint8_t* settings, const uint8_t* bytes, size_t size) {
     const absl::StatusOr<std::vector<uint32_t>> stoppable = core::AddCancelChecks(words);
     Check(stoppable.ok() || absl::IsInvalidArgument(stoppable.status()), "AddCancelChecks' error",
           stoppable.status());
+    const absl::StatusOr<std::vector<uint32_t>> looped =
+        core::LoopOverWorkgroups(words, {{5, 3, 2}, 4});
+    Check(looped.ok() || absl::IsInvalidArgument(looped.status()) ||
+              absl::IsUnimplemented(looped.status()),
+          "LoopOverWorkgroups' error", looped.status());
+    if (looped.ok()) {
+      const absl::Status valid = core::ValidateSpirv(*looped, api);
+      Check(valid.ok(), "LoopOverWorkgroups made an invalid module", valid);
+    }
   }
 
   core::AlgorithmSpec spec;
@@ -82,6 +95,7 @@ void Run(const uint8_t* settings, const uint8_t* bytes, size_t size) {
   spec.tensors.assign(tensors.begin(), tensors.begin() + (settings[0] & 7));
   spec.spirv = std::move(words);
   spec.workgroup = {settings[3], 1, 1};
+  if ((settings[0] & 32) != 0) spec.resident_workgroups = 1 + settings[3] / 3;
   spec.push_constants.resize(settings[1] % 129);
   for (size_t i = 0; i < spec.push_constants.size(); ++i) spec.push_constants[i] = uint8_t(i);
   static constexpr uint32_t kSpecSizes[] = {4, 8, 1, 0};
