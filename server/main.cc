@@ -152,6 +152,10 @@ ABSL_FLAG(double, dispatch_share, 0.75,
           "of more workgroups runs as a loop over fewer, so that a kernel that fills the GPU or "
           "never ends leaves room for other sessions' work (1: no bound; devices that report "
           "their compute units: NVIDIA, AMD)");
+ABSL_FLAG(uint64_t, invocation_slots, 0,
+          "the invocation slots (invocations resident at once when the GPU is full) to assume for "
+          "--dispatch_share instead of what the device reports: for GPUs that report none "
+          "(0: what the device reports; NVIDIA and AMD report theirs)");
 ABSL_FLAG(std::string, glsl_compiler, "",
           "the komputed_glslc program that compiles clients' GLSL in a child process; empty: the "
           "one beside this program");
@@ -259,6 +263,7 @@ int main(int argc, char** argv) {
   options.max_kernel_time = absl::GetFlag(FLAGS_max_kernel_time);
   options.kernel_stop_grace = absl::GetFlag(FLAGS_kernel_stop_grace);
   options.dispatch_share = absl::GetFlag(FLAGS_dispatch_share);
+  options.invocation_slots = absl::GetFlag(FLAGS_invocation_slots);
   options.build_threads = absl::GetFlag(FLAGS_build_threads);
 
   // Every thread started from here on inherits the blocked signals; main takes them with sigwait.

@@ -220,9 +220,12 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
     const std::array<uint64_t, 3> local =
         reflection.LocalSize(SpecConstants{spec.spec_constants, spec.spec_constant_size});
     const uint64_t invocations = local[0] * local[1] * local[2];
-    const uint32_t resident = spec.resident_workgroups != 0
-                                  ? spec.resident_workgroups
-                                  : device.ResidentWorkgroupLimit(invocations);
+    // Not on a CPU device by itself: it has one queue, which a bound cannot free for anyone,
+    // and lavapipe ends loops after 65535 iterations of an invocation, its loops inside the
+    // workgroup loop's counted together.
+    const bool cpu = device.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+    uint32_t resident = spec.resident_workgroups;
+    if (resident == 0 && !cpu) resident = device.ResidentWorkgroupLimit(invocations);
     const uint64_t total = uint64_t{spec.workgroup.x} * spec.workgroup.y * spec.workgroup.z;
     if (resident != 0 && total > resident) {
       absl::StatusOr<std::vector<uint32_t>> looped = LoopOverWorkgroups(

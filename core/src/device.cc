@@ -513,6 +513,7 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
   for (const std::string& e : device->enabled_extensions_) extension_names.push_back(e.c_str());
 
   device->dispatch_share_ = options.dispatch_share;
+  device->resident_invocations_ = options.invocation_slots;
   if (info.properties.apiVersion >= VK_API_VERSION_1_1) {
     VkPhysicalDeviceSubgroupProperties subgroup{
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
@@ -538,7 +539,9 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
       enabled.subgroup_operations = subgroup.supportedOperations & ~withheld.subgroup_operations;
     }
     device->subgroup_size_ = subgroup.subgroupSize;
-    if (has_nv) {
+    if (options.invocation_slots != 0) {
+      // As the options say.
+    } else if (has_nv) {
       device->resident_invocations_ =
           uint64_t{nv.shaderSMCount} * nv.shaderWarpsPerSM * subgroup.subgroupSize;
     } else if (has_amd) {

@@ -39,6 +39,7 @@ absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
   options.calls = server_options.vulkan_calls;
   options.map_device_memory = server_options.map_device_memory;
   options.dispatch_share = server_options.dispatch_share;
+  options.invocation_slots = server_options.invocation_slots;
   for (uint32_t f = 0; f < info.queue_families.size(); ++f) {
     if (!info.HasCompute(f)) continue;
     for (uint32_t q = 0; q < info.queue_families[f].queueCount; ++q) {

@@ -50,6 +50,9 @@ struct ServerOptions {
   // fills the GPU, or never ends, leaves room for other sessions' work on other queues. 1: no
   // bound. Applies to devices that report their compute units (NVIDIA, AMD).
   double dispatch_share = 0.75;
+  // The invocation slots of each device to assume instead of what it reports
+  // (core::DeviceOptions::invocation_slots): for devices that report none. 0: what they report.
+  uint64_t invocation_slots = 0;
   // Threads that compile GLSL and build pipelines for CreateAlgorithm and RebuildAlgorithm, and
   // create large tensors for CreateTensor, off gRPC's serving threads, and how many such requests
   // may wait for them.

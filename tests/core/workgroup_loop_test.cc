@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -228,6 +229,50 @@ TEST(WorkgroupLoop, BadOptionsAndModulesAreRefused) {
   std::vector<uint32_t> truncated(spirv.begin(), spirv.end() - 3);
   EXPECT_THAT(LoopOverWorkgroups(truncated, {{4, 1, 1}, 2}),
               StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(WorkgroupLoop, ADeviceOfGivenSlotsLoopsLargeDispatchesByItself) {
+  DeviceOptions options;
+  options.dispatch_share = 0.5;
+  options.invocation_slots = 4096;
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Device> device, Device::Create(options));
+  EXPECT_EQ(device->resident_invocations(), 4096u);
+  const uint64_t subgroup = std::max<uint32_t>(device->subgroup_size(), 1);
+  // 2048 slots at a time: whole subgroups per workgroup, and at least two.
+  EXPECT_EQ(device->ResidentWorkgroupLimit(256), 2048 / std::max<uint64_t>(256, 2 * subgroup));
+  EXPECT_EQ(device->ResidentWorkgroupLimit(1), 2048 / (2 * subgroup));
+  EXPECT_EQ(device->ResidentWorkgroupLimit(1 << 20), 1u);
+  EXPECT_EQ(device->ResidentWorkgroupLimit(256, 1.0), 0u);
+
+  // A dispatch of 40 workgroups of 64 (2560 invocations) is looped by the algorithm itself, on a
+  // GPU.
+  const uint32_t words = 40 * 64;
+  std::vector<uint32_t> zeros(words, 0);
+  ASSERT_OK_AND_ASSIGN(
+      std::shared_ptr<Tensor> t,
+      Tensor::Create(device, ElementType::kUInt32, words, 0, MemoryType::kDevice, zeros.data()));
+  const uint32_t local = 64;
+  AlgorithmSpec spec;
+  spec.tensors = {t};
+  spec.spirv = Compile(kSpecializedShader);
+  spec.spec_constants.resize(4);
+  std::memcpy(spec.spec_constants.data(), &local, 4);
+  spec.workgroup = {40, 1, 1};
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm, Algorithm::Create(device, spec));
+  if (device->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) {
+    EXPECT_EQ(algorithm->dispatched().x, 40u);  // a CPU device takes no bound by itself
+  } else {
+    EXPECT_EQ(algorithm->dispatched().x, device->ResidentWorkgroupLimit(64));
+    EXPECT_LT(algorithm->dispatched().x, 40u);
+  }
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(device, 0, 0));
+  for (Op op : {Op(op::SyncToDevice{{t}}), Op(op::Dispatch{algorithm}), Op(op::SyncToHost{{t}})}) {
+    ASSERT_OK(seq->Record(std::move(op)));
+  }
+  ASSERT_OK(seq->Eval(kTimeout));
+  std::vector<uint32_t> out(words);
+  std::memcpy(out.data(), t->host_data(), words * 4);
+  EXPECT_THAT(out, ElementsAreArray(std::vector<uint32_t>(words, 6)));
 }
 
 TEST(WorkgroupLoop, DevicesThatDoNotReportTheirComputeUnitsSetNoBound) {

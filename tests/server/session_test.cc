@@ -175,6 +175,19 @@ TEST(DefaultSessionFamilies, ComputeOnlyFamiliesServeSessionsWhereThereAreAny) {
   EXPECT_THAT(DefaultSessionFamilies(WithFamilies({kG | kT, kT})), ::testing::IsEmpty());
 }
 
+TEST(DevicePoolOptions, DevicesTakeTheDispatchShareAndTheGivenInvocationSlots) {
+  ServerOptions options;
+  options.dispatch_share = 0.25;
+  options.invocation_slots = 8192;
+  Metrics metrics;
+  auto pool = DevicePool::Create(options, &metrics);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const core::Device& device = *(*pool)->at(0).instance()->device;
+  EXPECT_EQ(device.resident_invocations(), 8192u);
+  EXPECT_DOUBLE_EQ(device.dispatch_share(), 0.25);
+  EXPECT_EQ(device.ResidentWorkgroupLimit(1024), 2u);  // 2048 slots
+}
+
 TEST_F(SessionTest, SaxpyEvalReturnsTheResult) {
   MakeSaxpy();
   EvalPlan plan;

@@ -45,7 +45,7 @@ struct AlgorithmSpec {
   bool clamp_buffer_accesses = true;
   // The most workgroups a dispatch keeps on the device at once: a dispatch of more runs as a loop
   // over this many (LoopOverWorkgroups). 0: the device's ResidentWorkgroupLimit for the shader's
-  // local size (no bound where the device sets none).
+  // local size (no bound where the device sets none, or on a CPU device).
   uint32_t resident_workgroups = 0;
   // Algorithms whose driver code, specialisation and layout are the same share one compute
   // pipeline (Device::Share) when they have the same scope: the daemon gives each tenant's

@@ -133,6 +133,9 @@ struct DeviceOptions {
   // to other queues' work. 1 or more: no bound. Applies where the device reports its compute
   // units (resident_invocations() > 0).
   double dispatch_share = 1.0;
+  // The invocation slots to assume instead of what the device reports (resident_invocations()):
+  // for a device that reports none, or tests. 0: what it reports.
+  uint64_t invocation_slots = 0;
 };
 
 // One queue of a device. Submissions to it are serialised by its mutex.
@@ -180,7 +183,7 @@ class Device {
   // How many invocations the device runs at once when every compute unit is full, from what it
   // reports of them (VK_NV_shader_sm_builtins: SMs x warps per SM x warp size;
   // VK_AMD_shader_core_properties: compute units x SIMDs x wavefronts x wavefront size); 0 where
-  // it does not report them (lavapipe).
+  // it does not report them (lavapipe). DeviceOptions::invocation_slots replaces it.
   uint64_t resident_invocations() const { return resident_invocations_; }
   uint32_t subgroup_size() const { return subgroup_size_; }
   double dispatch_share() const { return dispatch_share_; }
