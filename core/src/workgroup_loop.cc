@@ -206,6 +206,13 @@ absl::Status Looper::Run() {
                                                    uint64_t{x} * y * z));
   }
 
+  // The loop keeps v as (v mod x, v / x) in 32-bit values: v mod x + resident mod x and
+  // v / x + resident / x + 1 must not wrap.
+  if (x >= (1u << 31) || uint64_t{y} * z + r / x + 1 >= (uint64_t{1} << 32)) {
+    return absl::UnimplementedError(
+        absl::StrCat("a workgroup loop over a dispatch of ", x, " x ", y, " x ", z, " workgroups"));
+  }
+
   // What the module has.
   size_t entry_points = 0;
   Inst* entry_point = nullptr;

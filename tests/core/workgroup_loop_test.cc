@@ -226,6 +226,10 @@ TEST(WorkgroupLoop, BadOptionsAndModulesAreRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(LoopOverWorkgroups(std::vector<uint32_t>{0x07230203u, 0x10000}, {{4, 1, 1}, 2}),
               StatusIs(absl::StatusCode::kInvalidArgument));
+  // Dispatches whose loop counters could wrap are left as they are.
+  EXPECT_THAT(LoopOverWorkgroups(spirv, {{0x80000000u, 1, 1}, 64}),
+              StatusIs(absl::StatusCode::kUnimplemented));
+  ASSERT_OK(LoopOverWorkgroups(spirv, {{0x7fffffffu, 65535, 65535}, 64}).status());
   std::vector<uint32_t> truncated(spirv.begin(), spirv.end() - 3);
   EXPECT_THAT(LoopOverWorkgroups(truncated, {{4, 1, 1}, 2}),
               StatusIs(absl::StatusCode::kInvalidArgument));

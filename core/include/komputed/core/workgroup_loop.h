@@ -35,7 +35,8 @@ struct WorkgroupLoop {
 // INVALID_ARGUMENT for a malformed module or options (a zero count, `resident` not below the
 // dispatch's workgroups); UNIMPLEMENTED for a module of a form the rewrite does not handle (more
 // than one entry point, a built-in it replaces decorating a struct member or passed to a
-// function): such a module can only be dispatched as it is.
+// function) or a dispatch whose 32-bit loop counters could wrap (2^31 or more workgroups in x):
+// such a dispatch can only run as it is.
 absl::StatusOr<std::vector<uint32_t>> LoopOverWorkgroups(absl::Span<const uint32_t> spirv,
                                                          const WorkgroupLoop& loop);
 
