@@ -216,6 +216,7 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
   }
   // A dispatch of more workgroups than it may keep on the device at once loops over fewer.
   Workgroup dispatched = spec.workgroup;
+  uint32_t loop_main = 0, loop_body = 0;  // the workgroup loop's functions, when there is one
   {
     const std::array<uint64_t, 3> local =
         reflection.LocalSize(SpecConstants{spec.spec_constants, spec.spec_constant_size});
@@ -227,22 +228,20 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
     uint32_t resident = spec.resident_workgroups;
     if (resident == 0 && !cpu) resident = device.ResidentWorkgroupLimit(invocations);
     const uint64_t total = uint64_t{spec.workgroup.x} * spec.workgroup.y * spec.workgroup.z;
+    resident = std::min(resident, limits.maxComputeWorkGroupCount[0]);
     if (resident != 0 && total > resident) {
-      absl::StatusOr<std::vector<uint32_t>> looped = LoopOverWorkgroups(
+      absl::StatusOr<LoopedModule> looped = LoopOverWorkgroups(
           code, {{spec.workgroup.x, spec.workgroup.y, spec.workgroup.z}, resident});
-      if (looped.ok()) {
-        absl::Status valid = ValidateSpirv(*looped, api_version);
-        if (!valid.ok()) {
-          return absl::InternalError(absl::StrCat(
-              "the shader looped over its workgroups is not valid: ", valid.message()));
-        }
-        code = *std::move(looped);
+      if (!looped.ok() && !absl::IsUnimplemented(looped.status())) return looped.status();
+      // A module of a form the loop does not take (or, should it ever be, one that the loop
+      // makes invalid) is dispatched as it is: the watchdog still bounds how long it holds the
+      // device.
+      if (looped.ok() && ValidateSpirv(looped->spirv, api_version).ok()) {
+        code = std::move(looped->spirv);
         dispatched = {resident, 1, 1};
-      } else if (!absl::IsUnimplemented(looped.status())) {
-        return looped.status();
+        loop_main = looped->main;
+        loop_body = looped->body;
       }
-      // A module of a form the loop does not take is dispatched as it is: the watchdog still
-      // bounds how long it holds the device.
     }
   }
   if (spec.cancel != nullptr) {
@@ -252,6 +251,13 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
                                      spec.workgroup.x * spec.workgroup.y * spec.workgroup.z *
                                      limits.maxComputeWorkGroupInvocations;
       checks.check_entry = work > UncheckedWorkLimit(device);
+    }
+    if (loop_main != 0) {
+      // The loop's body is checked at its entry instead, once per virtual workgroup, and the
+      // loop itself, the same for the whole workgroup, ends once its calls return at once.
+      if (checks.check_entry) checks.entry_checked_functions = {loop_body};
+      checks.check_entry = false;
+      checks.unchecked_loop_functions = {loop_main};
     }
     KD_ASSIGN_OR_RETURN(code, AddCancelChecks(code, checks));
     absl::Status valid = ValidateSpirv(code, api_version);

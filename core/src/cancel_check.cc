@@ -397,9 +397,15 @@ absl::Status Rewriter::Rewrite(const CancelCheckOptions& options) {
         Make(kOpDecorate, {workgroup_id_, kDecorationBuiltIn, kBuiltInWorkgroupId}));
   }
 
-  for (Function& f : m_.functions) KD_RETURN_IF_ERROR(CheckLoops(f));
+  auto listed = [](const std::vector<uint32_t>& ids, uint32_t id) {
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
+  };
   for (Function& f : m_.functions) {
-    if (options.check_entry && f.head[0].size() >= 3 && compute_entries.contains(f.head[0][2])) {
+    if (!listed(options.unchecked_loop_functions, f.id())) KD_RETURN_IF_ERROR(CheckLoops(f));
+  }
+  for (Function& f : m_.functions) {
+    if ((options.check_entry && compute_entries.contains(f.id())) ||
+        listed(options.entry_checked_functions, f.id())) {
       CheckEntry(f);
     }
   }

@@ -17,6 +17,7 @@ namespace komputed::core::spirv {
 // Opcodes, enumerants and decorations of the SPIR-V specification.
 inline constexpr uint32_t kOpUndef = 1, kOpLine = 8, kOpExtension = 10, kOpMemoryModel = 14,
                           kOpEntryPoint = 15, kOpExecutionMode = 16, kOpCapability = 17,
+                          kOpExtInst = 12, kOpDecorationGroup = 73, kOpExecutionModeId = 331,
                           kOpTypeVoid = 19, kOpTypeBool = 20, kOpTypeInt = 21, kOpTypeVector = 23,
                           kOpTypeArray = 28, kOpTypeStruct = 30, kOpTypePointer = 32,
                           kOpTypeFunction = 33, kOpConstantTrue = 41, kOpConstant = 43,

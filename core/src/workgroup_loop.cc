@@ -31,6 +31,8 @@ class Looper {
  public:
   Looper(EditableModule& m, const WorkgroupLoop& loop) : m_(m), loop_(loop) {}
   absl::Status Run();
+  uint32_t main() const { return entry_; }
+  uint32_t body() const { return body_; }
 
  private:
   uint32_t Constant(uint32_t value);
@@ -47,7 +49,7 @@ class Looper {
   const WorkgroupLoop& loop_;
   std::vector<Inst> added_;        // new types, constants and variables, after the module's
   std::vector<Inst> decorations_;  // new decorations
-  uint32_t uint_ = 0, bool_ = 0, uvec3_ = 0, entry_ = 0;
+  uint32_t uint_ = 0, bool_ = 0, uvec3_ = 0, entry_ = 0, body_ = 0;
   absl::flat_hash_map<uint32_t, uint32_t> constants_;  // value → id
   absl::flat_hash_map<uint64_t, uint32_t> pointers_;   // storage << 32 | pointee → id
   absl::flat_hash_map<uint32_t, const Inst*> defs_;    // types, constants, variables by result id
@@ -232,8 +234,12 @@ absl::Status Looper::Run() {
     if (op == kOpTypeInt && inst.size() == 4 && inst[2] == 32 && inst[3] == 0) uint_ = inst[1];
     if (op == kOpTypeBool && inst.size() == 2) bool_ = inst[1];
     if (op == kOpTypeVoid && inst.size() == 2) void_types.insert(inst[1]);
-    if (op == kOpDecorate && inst.size() >= 4 && inst[2] == kDecorationBuiltIn) {
-      builtins_[inst[3]] = inst[1];
+    if (op == kOpDecorate && inst.size() >= 4 && inst[2] == kDecorationBuiltIn &&
+        !builtins_.emplace(inst[3], inst[1]).second) {
+      return absl::UnimplementedError(absl::StrCat("built-in ", inst[3], " decorates two ids"));
+    }
+    if (op == kOpDecorationGroup) {
+      return absl::UnimplementedError("a module with decoration groups");
     }
     if (op == kOpMemberDecorate && inst.size() >= 5 && inst[3] == kDecorationBuiltIn) {
       const uint32_t b = inst[4];
@@ -245,6 +251,12 @@ absl::Status Looper::Run() {
     }
     if (op == kOpVariable && inst.size() >= 4 && inst[3] == kStorageWorkgroup) {
       shared_memory = true;
+    }
+    if (op == kOpVariable && inst.size() >= 5 &&
+        (inst[3] == kStoragePrivate || inst[3] == kStorageWorkgroup)) {
+      return absl::UnimplementedError(
+          "a Private or Workgroup variable with an initializer (it would be initialized once for "
+          "every virtual workgroup of a real one)");
     }
     if (op == kOpTypePointer && inst.size() >= 4) {
       pointers_[uint64_t{inst[2]} << 32 | inst[3]] = inst[1];
@@ -262,7 +274,11 @@ absl::Status Looper::Run() {
     return absl::UnimplementedError("a module with more than one entry point");
   }
   for (const Inst& inst : m_.globals) {
-    if (Opcode(inst) != kOpExecutionMode || inst.size() < 6 || inst[1] != entry_) continue;
+    const uint32_t op = Opcode(inst);
+    if ((op != kOpExecutionMode && op != kOpExecutionModeId) || inst.size() < 6 ||
+        inst[1] != entry_) {
+      continue;
+    }
     if (inst[2] == kExecutionModeLocalSize) local_size_ = {inst[3], inst[4], inst[5]};
     if (inst[2] == kExecutionModeLocalSizeId) {
       local_size_ids_ = {inst[3], inst[4], inst[5]};
@@ -359,12 +375,19 @@ absl::Status Looper::Run() {
   // The original entry point becomes a function of a new id, called by the new main, which takes
   // the entry point's id (and with it its execution modes, name and interface).
   const uint32_t body_function = m_.NewId();
+  body_ = body_function;
   entry->head[0][2] = body_function;
   for (Function& f : m_.functions) {
     for (Block& b : f.blocks) {
       for (Inst& inst : b.body) {
         if (Opcode(inst) == kOpFunctionCall && inst.size() >= 4 && inst[3] == entry_) {
           inst[3] = body_function;
+        }
+        // Debug information inside a function (DebugFunctionDefinition) names the function.
+        if (Opcode(inst) == kOpExtInst) {
+          for (size_t w = 5; w < inst.size(); ++w) {
+            if (inst[w] == entry_) inst[w] = body_function;
+          }
         }
       }
     }
@@ -473,13 +496,13 @@ absl::Status Looper::Run() {
 
 }  // namespace
 
-absl::StatusOr<std::vector<uint32_t>> LoopOverWorkgroups(absl::Span<const uint32_t> spirv,
-                                                         const WorkgroupLoop& loop) {
+absl::StatusOr<LoopedModule> LoopOverWorkgroups(absl::Span<const uint32_t> spirv,
+                                                const WorkgroupLoop& loop) {
   EditableModule m;
   KD_RETURN_IF_ERROR(m.Parse(spirv));
   Looper looper(m, loop);
   KD_RETURN_IF_ERROR(looper.Run());
-  return m.Serialize();
+  return LoopedModule{m.Serialize(), looper.main(), looper.body()};
 }
 
 }  // namespace komputed::core

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <shaderc/shaderc.hpp>
 #include <string>
 #include <vector>
 
@@ -171,6 +172,30 @@ TEST(WorkgroupLoop, ASpecializedLocalSizeAndIdsReadByOtherFunctions) {
   EXPECT_THAT(ran.out, ElementsAreArray(std::vector<uint32_t>(10 * local, 6)));
 }
 
+// A module for Vulkan 1.3, where a specialised local size is an OpExecutionModeId LocalSizeId
+// (and no WorkgroupSize constant).
+std::vector<uint32_t> CompileForVulkan13(const char* source) {
+  shaderc::Compiler compiler;
+  shaderc::CompileOptions options;
+  options.SetTargetEnvironment(shaderc_target_env_vulkan, shaderc_env_version_vulkan_1_3);
+  shaderc::SpvCompilationResult result =
+      compiler.CompileGlslToSpv(source, shaderc_compute_shader, "shader.comp", options);
+  EXPECT_EQ(result.GetCompilationStatus(), shaderc_compilation_status_success)
+      << result.GetErrorMessage();
+  return {result.cbegin(), result.cend()};
+}
+
+TEST(WorkgroupLoop, ALocalSizeGivenByIdInAVulkan13Module) {
+  if (TestDevice()->properties().apiVersion < VK_API_VERSION_1_3) GTEST_SKIP() << "Vulkan 1.2";
+  const std::vector<uint32_t> spirv = CompileForVulkan13(kSpecializedShader);
+  const uint32_t local = 16;
+  std::vector<uint8_t> spec(4);
+  std::memcpy(spec.data(), &local, 4);
+  ASSERT_OK_AND_ASSIGN(Ran ran, RunLooped(spirv, 10 * local, {10, 1, 1}, 3, spec));
+  EXPECT_EQ(ran.dispatched.x, 3u);
+  EXPECT_THAT(ran.out, ElementsAreArray(std::vector<uint32_t>(10 * local, 6)));
+}
+
 TEST(WorkgroupLoop, LoopedModulesAreValidWithAndWithoutCancelChecksAndOptimization) {
   const uint32_t api = TestDevice()->properties().apiVersion;
   for (const char* source : {kIdsShader, kSharedShader, kSpecializedShader}) {
@@ -180,13 +205,20 @@ TEST(WorkgroupLoop, LoopedModulesAreValidWithAndWithoutCancelChecksAndOptimizati
     optimizer.RegisterPerformancePasses();
     ASSERT_TRUE(optimizer.Run(spirv.data(), spirv.size(), &optimized));
     for (const std::vector<uint32_t>* module : {&spirv, &optimized}) {
-      ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> looped,
-                           LoopOverWorkgroups(*module, {{9, 2, 3}, 4}));
-      absl::Status valid = ValidateSpirv(looped, api);
+      ASSERT_OK_AND_ASSIGN(LoopedModule looped, LoopOverWorkgroups(*module, {{9, 2, 3}, 4}));
+      absl::Status valid = ValidateSpirv(looped.spirv, api);
       EXPECT_TRUE(valid.ok()) << valid;
-      ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> stoppable, AddCancelChecks(looped));
-      valid = ValidateSpirv(stoppable, api);
-      EXPECT_TRUE(valid.ok()) << valid;
+      // As Algorithm::Create adds the checks to a looped module, and as another might.
+      CancelCheckOptions as_algorithms;
+      as_algorithms.check_entry = false;
+      as_algorithms.entry_checked_functions = {looped.body};
+      as_algorithms.unchecked_loop_functions = {looped.main};
+      for (const CancelCheckOptions& options : {CancelCheckOptions{}, as_algorithms}) {
+        ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> stoppable,
+                             AddCancelChecks(looped.spirv, options));
+        valid = ValidateSpirv(stoppable, api);
+        EXPECT_TRUE(valid.ok()) << valid;
+      }
     }
   }
   // And the optimized, looped, stoppable module computes what the plain one does.

@@ -78,13 +78,13 @@ void Run(const uint8_t* settings, const uint8_t* bytes, size_t size) {
     const absl::StatusOr<std::vector<uint32_t>> stoppable = core::AddCancelChecks(words);
     Check(stoppable.ok() || absl::IsInvalidArgument(stoppable.status()), "AddCancelChecks' error",
           stoppable.status());
-    const absl::StatusOr<std::vector<uint32_t>> looped =
+    const absl::StatusOr<core::LoopedModule> looped =
         core::LoopOverWorkgroups(words, {{5, 3, 2}, 4});
     Check(looped.ok() || absl::IsInvalidArgument(looped.status()) ||
               absl::IsUnimplemented(looped.status()),
           "LoopOverWorkgroups' error", looped.status());
     if (looped.ok()) {
-      const absl::Status valid = core::ValidateSpirv(*looped, api);
+      const absl::Status valid = core::ValidateSpirv(looped->spirv, api);
       Check(valid.ok(), "LoopOverWorkgroups made an invalid module", valid);
     }
   }

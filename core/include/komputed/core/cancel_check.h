@@ -36,6 +36,13 @@ struct CancelCheckOptions {
   // stopped dispatch that have not begun return at once. It costs every invocation that round
   // trip at its start, which a short memory-bound kernel notices (1.4 times, saxpy on the H200).
   bool check_entry = true;
+  // Functions that also read the word first, as entry points do with `check_entry` (the body
+  // that a workgroup loop calls once per virtual workgroup: workgroup_loop.h).
+  std::vector<uint32_t> entry_checked_functions;
+  // Functions whose loops are not counted (a workgroup loop's main, whose loop is the same for a
+  // whole workgroup and ends once every call of its body returns at its entry check: left
+  // alone, the workgroup leaves it together).
+  std::vector<uint32_t> unchecked_loop_functions;
 };
 
 // Rewrites a compute module so that a running dispatch of it can be stopped: every loop back-edge

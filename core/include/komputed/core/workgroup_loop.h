@@ -34,10 +34,17 @@ struct WorkgroupLoop {
 // Takes a module that passed ValidateSpirv; the result is what the caller should validate again.
 // INVALID_ARGUMENT for a malformed module or options (a zero count, `resident` not below the
 // dispatch's workgroups); UNIMPLEMENTED for a module of a form the rewrite does not handle (more
-// than one entry point, a built-in it replaces decorating a struct member or passed to a
-// function) or a dispatch whose 32-bit loop counters could wrap (2^31 or more workgroups in x):
-// such a dispatch can only run as it is.
-absl::StatusOr<std::vector<uint32_t>> LoopOverWorkgroups(absl::Span<const uint32_t> spirv,
-                                                         const WorkgroupLoop& loop);
+// than one entry point, a built-in it replaces decorating a struct member, decorated twice or
+// through a decoration group, or passed to a function, a Private or Workgroup variable with an
+// initializer, which would be initialized once for all the virtual workgroups of a real one) or a
+// dispatch whose 32-bit loop counters could wrap (2^31 or more workgroups in x): such a dispatch
+// can only run as it is.
+struct LoopedModule {
+  std::vector<uint32_t> spirv;
+  uint32_t main = 0;  // the new entry point's function, which loops
+  uint32_t body = 0;  // the original entry point's, called once per virtual workgroup
+};
+absl::StatusOr<LoopedModule> LoopOverWorkgroups(absl::Span<const uint32_t> spirv,
+                                                const WorkgroupLoop& loop);
 
 }  // namespace komputed::core
