@@ -180,6 +180,14 @@ struct EnabledFeatures {
 
 uint64_t ValidationErrorCount() { return g_validation_errors.load(); }
 
+std::vector<uint32_t> PhysicalDeviceInfo::EveryComputeQueue() const {
+  std::vector<uint32_t> queues;
+  for (uint32_t f = 0; f < queue_families.size(); ++f) {
+    if (HasCompute(f)) queues.insert(queues.end(), queue_families[f].queueCount, f);
+  }
+  return queues;
+}
+
 uint64_t PhysicalDeviceInfo::DeviceLocalBytes() const {
   uint64_t total = 0;
   for (uint32_t i = 0; i < memory.memoryHeapCount; ++i) {

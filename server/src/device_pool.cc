@@ -40,12 +40,7 @@ absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
   options.map_device_memory = server_options.map_device_memory;
   options.dispatch_share = server_options.dispatch_share;
   options.invocation_slots = server_options.invocation_slots;
-  for (uint32_t f = 0; f < info.queue_families.size(); ++f) {
-    if (!info.HasCompute(f)) continue;
-    for (uint32_t q = 0; q < info.queue_families[f].queueCount; ++q) {
-      options.queue_families.push_back(f);
-    }
-  }
+  options.queue_families = info.EveryComputeQueue();
   if (options.queue_families.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "device ", physical_index, " (", info.properties.deviceName, ") has no compute queue"));

@@ -143,12 +143,7 @@ absl::Status RunCore() {
   core::DeviceOptions options;
   options.physical_device_index = index;
   options.dispatch_share = absl::GetFlag(FLAGS_dispatch_share);
-  for (uint32_t f = 0; f < all[index].queue_families.size(); ++f) {
-    if (!all[index].HasCompute(f)) continue;
-    for (uint32_t q = 0; q < all[index].queue_families[f].queueCount; ++q) {
-      options.queue_families.push_back(f);
-    }
-  }
+  options.queue_families = all[index].EveryComputeQueue();
   KD_ASSIGN_OR_RETURN(std::shared_ptr<core::Device> device, core::Device::Create(options));
   const uint32_t rq = absl::GetFlag(FLAGS_runaway_queue);
   const uint32_t nq = absl::GetFlag(FLAGS_neighbour_queue);
@@ -162,10 +157,12 @@ absl::Status RunCore() {
                       core::CompileGlsl(komputed::test_support::kRunawayShader, "runaway.comp"));
   KD_ASSIGN_OR_RETURN(std::shared_ptr<core::CancelWord> word, core::CancelWord::Create(device));
 
-  std::vector<float> values(1024, 1.0f);
-  KD_ASSIGN_OR_RETURN(std::shared_ptr<core::Tensor> data,
-                      core::Tensor::Create(device, core::ElementType::kFloat32, values.size(), 0,
-                                           core::MemoryType::kDevice, values.data()));
+  auto floats = [&](float value) {
+    const std::vector<float> values(1024, value);
+    return core::Tensor::Create(device, core::ElementType::kFloat32, values.size(), 0,
+                                core::MemoryType::kDevice, values.data());
+  };
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<core::Tensor> data, floats(1.0f));
   core::AlgorithmSpec tiny;
   tiny.tensors = {data};
   tiny.spirv = tiny_spirv;
@@ -179,10 +176,7 @@ absl::Status RunCore() {
   KD_RETURN_IF_ERROR(neighbour->Record(core::op::Dispatch{tiny_algorithm, std::nullopt}));
   KD_RETURN_IF_ERROR(neighbour->Record(core::op::SyncToHost{{data}}));
 
-  std::vector<float> zeros(1024, 0.0f);
-  KD_ASSIGN_OR_RETURN(std::shared_ptr<core::Tensor> out,
-                      core::Tensor::Create(device, core::ElementType::kFloat32, zeros.size(), 0,
-                                           core::MemoryType::kDevice, zeros.data()));
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<core::Tensor> out, floats(0.0f));
   core::AlgorithmSpec runaway;
   runaway.tensors = {out};
   runaway.spirv = runaway_spirv;

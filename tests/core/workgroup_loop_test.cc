@@ -82,6 +82,13 @@ void main() {
 }
 )";
 
+// kSpecializedShader's local size, as its specialization constant 0.
+std::vector<uint8_t> LocalSizeConstant(uint32_t local) {
+  std::vector<uint8_t> bytes(sizeof(local));
+  std::memcpy(bytes.data(), &local, sizeof(local));
+  return bytes;
+}
+
 std::vector<uint32_t> Compile(const char* source) {
   absl::StatusOr<std::vector<uint32_t>> spirv = CompileGlsl(source);
   EXPECT_TRUE(spirv.ok()) << spirv.status();
@@ -162,16 +169,6 @@ TEST(WorkgroupLoop, SharedMemoryAndEarlyReturnsKeepTheirResults) {
   }
 }
 
-TEST(WorkgroupLoop, ASpecializedLocalSizeAndIdsReadByOtherFunctions) {
-  const std::vector<uint32_t> spirv = Compile(kSpecializedShader);
-  const uint32_t local = 16;
-  std::vector<uint8_t> spec(4);
-  std::memcpy(spec.data(), &local, 4);
-  ASSERT_OK_AND_ASSIGN(Ran ran, RunLooped(spirv, 10 * local, {10, 1, 1}, 3, spec));
-  EXPECT_EQ(ran.dispatched.x, 3u);
-  EXPECT_THAT(ran.out, ElementsAreArray(std::vector<uint32_t>(10 * local, 6)));
-}
-
 // A module for Vulkan 1.3, where a specialised local size is an OpExecutionModeId LocalSizeId
 // (and no WorkgroupSize constant).
 std::vector<uint32_t> CompileForVulkan13(const char* source) {
@@ -185,15 +182,20 @@ std::vector<uint32_t> CompileForVulkan13(const char* source) {
   return {result.cbegin(), result.cend()};
 }
 
-TEST(WorkgroupLoop, ALocalSizeGivenByIdInAVulkan13Module) {
-  if (TestDevice()->properties().apiVersion < VK_API_VERSION_1_3) GTEST_SKIP() << "Vulkan 1.2";
-  const std::vector<uint32_t> spirv = CompileForVulkan13(kSpecializedShader);
+// The local size from a specialization constant, both as Vulkan 1.0 modules give it (a
+// WorkgroupSize constant) and as Vulkan 1.3 ones do (LocalSizeId; where the device runs them).
+TEST(WorkgroupLoop, ASpecializedLocalSizeAndIdsReadByOtherFunctions) {
+  std::vector<std::vector<uint32_t>> modules = {Compile(kSpecializedShader)};
+  if (TestDevice()->properties().apiVersion >= VK_API_VERSION_1_3) {
+    modules.push_back(CompileForVulkan13(kSpecializedShader));
+  }
   const uint32_t local = 16;
-  std::vector<uint8_t> spec(4);
-  std::memcpy(spec.data(), &local, 4);
-  ASSERT_OK_AND_ASSIGN(Ran ran, RunLooped(spirv, 10 * local, {10, 1, 1}, 3, spec));
-  EXPECT_EQ(ran.dispatched.x, 3u);
-  EXPECT_THAT(ran.out, ElementsAreArray(std::vector<uint32_t>(10 * local, 6)));
+  for (const std::vector<uint32_t>& spirv : modules) {
+    ASSERT_OK_AND_ASSIGN(Ran ran,
+                         RunLooped(spirv, 10 * local, {10, 1, 1}, 3, LocalSizeConstant(local)));
+    EXPECT_EQ(ran.dispatched.x, 3u);
+    EXPECT_THAT(ran.out, ElementsAreArray(std::vector<uint32_t>(10 * local, 6)));
+  }
 }
 
 TEST(WorkgroupLoop, LoopedModulesAreValidWithAndWithoutCancelChecksAndOptimization) {
@@ -239,11 +241,9 @@ TEST(WorkgroupLoop, ASetCancelWordStopsALoopedDispatch) {
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<CancelWord> word, CancelWord::Create(TestDevice()));
   word->Set();
   const uint32_t local = 16;
-  std::vector<uint8_t> spec(4);
-  std::memcpy(spec.data(), &local, 4);
-  // A module with a loop: its new main checks the word first.
-  ASSERT_OK_AND_ASSIGN(
-      Ran looped, RunLooped(Compile(kSpecializedShader), 10 * local, {10, 1, 1}, 3, spec, word));
+  // A module with a loop: the body that the new main calls checks the word first.
+  ASSERT_OK_AND_ASSIGN(Ran looped, RunLooped(Compile(kSpecializedShader), 10 * local, {10, 1, 1}, 3,
+                                             LocalSizeConstant(local), word));
   EXPECT_EQ(looped.dispatched.x, 3u);
   EXPECT_THAT(looped.out, ElementsAreArray(std::vector<uint32_t>(10 * local, 0)));
 }
@@ -291,8 +291,7 @@ TEST(WorkgroupLoop, ADeviceOfGivenSlotsLoopsLargeDispatchesByItself) {
   AlgorithmSpec spec;
   spec.tensors = {t};
   spec.spirv = Compile(kSpecializedShader);
-  spec.spec_constants.resize(4);
-  std::memcpy(spec.spec_constants.data(), &local, 4);
+  spec.spec_constants = LocalSizeConstant(local);
   spec.workgroup = {40, 1, 1};
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> algorithm, Algorithm::Create(device, spec));
   if (device->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) {

@@ -44,6 +44,9 @@ struct PhysicalDeviceInfo {
   }
   // Total size of the device-local heaps.
   uint64_t DeviceLocalBytes() const;
+  // Every queue of every compute-capable family, as DeviceOptions::queue_families lists them (a
+  // family's index once per queue, families in order).
+  std::vector<uint32_t> EveryComputeQueue() const;
 };
 
 // A Vulkan instance, shared by every Device made from it. Thread-safe.
