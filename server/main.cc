@@ -37,6 +37,11 @@ ABSL_FLAG(std::string, advertise_address, "",
           "Kubernetes: $(POD_IP):50051 from the downward API); each session is told it, and its "
           "client opens the session's further connections (parallel transfers) there. Empty: "
           "clients keep every connection on the address they opened the session with");
+ABSL_FLAG(bool, shared_memory, true,
+          "offer clients on this host shared memory for their tensors' host data (sealed memfds "
+          "passed over an abstract Unix socket), where the device can import host memory: their "
+          "syncs then move no byte through a socket. Clients elsewhere, or in another network "
+          "namespace, keep to the gRPC path");
 ABSL_FLAG(std::string, listen_socket_mode, "",
           "with --listen=unix:PATH: the socket file's permission bits, in octal (e.g. 0660); "
           "empty: what the umask gives");
@@ -215,6 +220,7 @@ int main(int argc, char** argv) {
   }
   options.listen_socket_group = absl::GetFlag(FLAGS_listen_socket_group);
   options.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   for (const std::string& d : absl::GetFlag(FLAGS_devices)) {
     uint32_t index = 0;
     if (!absl::SimpleAtoi(d, &index)) {

@@ -517,6 +517,24 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
       device->enabled_extensions_.push_back(e);
     }
   }
+  // Host memory import (VK_EXT_external_memory_host; VK_KHR_external_memory is core in 1.1):
+  // tensors whose host data is memory that another process shares with this one.
+  if (info.properties.apiVersion >= VK_API_VERSION_1_1 &&
+      HasExtension(available, VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME)) {
+    VkPhysicalDeviceExternalMemoryHostPropertiesEXT host{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_EXTERNAL_MEMORY_HOST_PROPERTIES_EXT};
+    VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+    p2.pNext = &host;
+    vkGetPhysicalDeviceProperties2(device->physical_device_, &p2);
+    if (host.minImportedHostPointerAlignment != 0) {
+      device->host_import_alignment_ = host.minImportedHostPointerAlignment;
+      if (std::find(device->enabled_extensions_.begin(), device->enabled_extensions_.end(),
+                    VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME) ==
+          device->enabled_extensions_.end()) {
+        device->enabled_extensions_.push_back(VK_EXT_EXTERNAL_MEMORY_HOST_EXTENSION_NAME);
+      }
+    }
+  }
   std::vector<const char*> extension_names;
   for (const std::string& e : device->enabled_extensions_) extension_names.push_back(e.c_str());
 
@@ -569,6 +587,12 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
   KD_VK_RETURN_IF_ERROR(
       vkCreateDevice(device->physical_device_, &create, nullptr, &device->device_),
       absl::StrCat("vkCreateDevice on ", device_name));
+  if (device->host_import_alignment_ != 0) {
+    device->get_host_pointer_properties_ =
+        reinterpret_cast<PFN_vkGetMemoryHostPointerPropertiesEXT>(
+            vkGetDeviceProcAddr(device->device_, "vkGetMemoryHostPointerPropertiesEXT"));
+    if (device->get_host_pointer_properties_ == nullptr) device->host_import_alignment_ = 0;
+  }
 
   std::map<uint32_t, uint32_t> next_in_family;
   for (uint32_t f : families) {

@@ -68,6 +68,78 @@ absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsa
   return b;
 }
 
+absl::StatusOr<Buffer> Buffer::Import(Device& device, const HostMemory& memory, uint64_t size,
+                                      VkBufferUsageFlags usage, absl::string_view what) {
+  const uint64_t alignment = device.host_import_alignment();
+  if (alignment == 0) {
+    return absl::UnimplementedError(absl::StrCat("device ", device.info().index, " (",
+                                                 device.properties().deviceName,
+                                                 ") cannot import host memory"));
+  }
+  if (memory.data == nullptr || reinterpret_cast<uintptr_t>(memory.data) % alignment != 0 ||
+      memory.size % alignment != 0 || memory.size < size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host memory for ", what, " of ", memory.size,
+                     " bytes is not aligned to the device's ", alignment,
+                     " bytes or smaller than the ", size, " bytes that it needs"));
+  }
+  VkMemoryHostPointerPropertiesEXT pointer{VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT};
+  KD_RETURN_IF_ERROR(device.Check(
+      device.host_pointer_properties()(device.handle(),
+                                       VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT,
+                                       memory.data, &pointer),
+      absl::StrCat("vkGetMemoryHostPointerPropertiesEXT for ", what)));
+
+  Buffer b;
+  b.keep_ = memory.keep;
+  b.size_ = size;
+  VkExternalMemoryBufferCreateInfo external{VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO};
+  external.handleTypes = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
+  VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  bi.pNext = &external;
+  bi.size = size;
+  bi.usage = usage;
+  bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  VkBuffer buffer = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(device.Check(vkCreateBuffer(device.handle(), &bi, nullptr, &buffer),
+                                  absl::StrCat("vkCreateBuffer for ", what)));
+  b.buffer_ = BufferHandle(device.handle(), buffer);
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(device.handle(), buffer, &req);
+  if (req.size > memory.size) {
+    return absl::InvalidArgumentError(absl::StrCat("host memory for ", what, " of ", memory.size,
+                                                   " bytes is smaller than the ", req.size,
+                                                   " bytes that the device needs"));
+  }
+  constexpr VkMemoryPropertyFlags kCoherent =
+      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  absl::StatusOr<uint32_t> type = device.FindMemoryType(
+      req.memoryTypeBits & pointer.memoryTypeBits, kCoherent, VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
+  if (!type.ok()) {
+    return absl::UnimplementedError(
+        absl::StrCat("device ", device.info().index, " (", device.properties().deviceName,
+                     ") has no host-coherent memory type for imported host memory"));
+  }
+  VkImportMemoryHostPointerInfoEXT import{VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT};
+  import.handleType = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
+  import.pHostPointer = memory.data;
+  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  ai.pNext = &import;
+  ai.allocationSize = memory.size;
+  ai.memoryTypeIndex = *type;
+  VkDeviceMemory allocated = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(device.Check(
+      device.calls().AllocateMemory(device.handle(), &ai, &allocated),
+      absl::StrCat("vkAllocateMemory importing ", memory.size, " bytes of host memory for ",
+                   what)));
+  b.memory_ = MemoryHandle(device.handle(), allocated);
+  KD_RETURN_IF_ERROR(device.Check(vkBindBufferMemory(device.handle(), buffer, allocated, 0),
+                                  "vkBindBufferMemory"));
+  b.properties_ = device.info().memory.memoryTypes[*type].propertyFlags;
+  b.mapped_ = memory.data;
+  return b;
+}
+
 VkFormat ImageFormat(ElementType type, uint32_t channels) {
   if (channels < 1 || channels > 4) return VK_FORMAT_UNDEFINED;
   static constexpr VkFormat kFormats[][4] = {
@@ -158,8 +230,13 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::CreateImage(std::shared_ptr<Devi
                                                             ElementType type,
                                                             const ImageShape& shape,
                                                             MemoryType memory, const void* initial,
-                                                            TensorInit init) {
+                                                            TensorInit init,
+                                                            const HostMemory* host_memory) {
   KD_RETURN_IF_ERROR(CheckImageShape(type, memory, shape));
+  if (host_memory != nullptr && memory != MemoryType::kDevice) {
+    return absl::UnimplementedError(absl::StrCat("a ", MemoryTypeName(memory),
+                                                 " image cannot take shared host memory"));
+  }
   const VkPhysicalDeviceLimits& limits = device->limits();
   if (shape.width > limits.maxImageDimension2D || shape.height > limits.maxImageDimension2D) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -179,7 +256,14 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::CreateImage(std::shared_ptr<Devi
                    shape.channels, " ", ElementTypeName(type));
   KD_ASSIGN_OR_RETURN(t->image_,
                       DeviceImage::Create(*device, shape, ImageFormat(type, shape.channels), what));
-  if (memory == MemoryType::kDevice) {
+  if (host_memory != nullptr) {
+    KD_ASSIGN_OR_RETURN(
+        t->staging_,
+        Buffer::Import(*device, *host_memory, (bytes + 3) & ~uint64_t{3},
+                       VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                       absl::StrCat("the staging buffer of ", what)));
+    t->host_imported_ = true;
+  } else if (memory == MemoryType::kDevice) {
     KD_ASSIGN_OR_RETURN(
         t->staging_,
         Buffer::Create(*device, (bytes + 3) & ~uint64_t{3},
@@ -221,8 +305,13 @@ void ImageBarrier(VkCommandBuffer cb, VkImage image, VkImageLayout from, VkAcces
 absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> device,
                                                        ElementType type, uint64_t count,
                                                        uint32_t element_size, MemoryType memory,
-                                                       const void* initial, TensorInit init) {
+                                                       const void* initial, TensorInit init,
+                                                       const HostMemory* host_memory) {
   KD_ASSIGN_OR_RETURN(element_size, CheckTensorShape(type, memory, count, element_size));
+  if (host_memory != nullptr && memory != MemoryType::kDevice && memory != MemoryType::kHost) {
+    return absl::UnimplementedError(absl::StrCat("a ", MemoryTypeName(memory),
+                                                 " tensor cannot take shared host memory"));
+  }
   const uint64_t bytes = count * element_size;
   const PhysicalDeviceInfo& info = device->info();
   if (info.max_buffer_size != 0 && bytes > info.max_buffer_size) {
@@ -247,22 +336,33 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
       VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
   const std::string what =
       absl::StrCat("a ", MemoryTypeName(memory), " tensor of ", bytes, " bytes");
+  t->host_imported_ = host_memory != nullptr;
   switch (memory) {
     case MemoryType::kDevice: {
       KD_ASSIGN_OR_RETURN(
           t->primary_,
           Buffer::Create(*device, alloc, kUsage, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0, what));
-      KD_ASSIGN_OR_RETURN(
-          t->staging_,
-          Buffer::Create(*device, alloc,
-                         VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT,
-                         kHostVisible, VK_MEMORY_PROPERTY_HOST_CACHED_BIT,
-                         absl::StrCat("the staging buffer of ", what)));
+      constexpr VkBufferUsageFlags kStaging =
+          VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+      const std::string staging = absl::StrCat("the staging buffer of ", what);
+      if (host_memory != nullptr) {
+        KD_ASSIGN_OR_RETURN(t->staging_,
+                            Buffer::Import(*device, *host_memory, alloc, kStaging, staging));
+      } else {
+        KD_ASSIGN_OR_RETURN(t->staging_,
+                            Buffer::Create(*device, alloc, kStaging, kHostVisible,
+                                           VK_MEMORY_PROPERTY_HOST_CACHED_BIT, staging));
+      }
       break;
     }
     case MemoryType::kHost: {
-      KD_ASSIGN_OR_RETURN(t->primary_, Buffer::Create(*device, alloc, kUsage, kHostVisible,
-                                                      VK_MEMORY_PROPERTY_HOST_CACHED_BIT, what));
+      if (host_memory != nullptr) {
+        KD_ASSIGN_OR_RETURN(t->primary_,
+                            Buffer::Import(*device, *host_memory, alloc, kUsage, what));
+      } else {
+        KD_ASSIGN_OR_RETURN(t->primary_, Buffer::Create(*device, alloc, kUsage, kHostVisible,
+                                                        VK_MEMORY_PROPERTY_HOST_CACHED_BIT, what));
+      }
       break;
     }
     case MemoryType::kStorage: {
@@ -298,12 +398,16 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Finish(std::shared_ptr<Tensor> t
     std::memset(static_cast<uint8_t*>(to) + (initial != nullptr ? bytes : 0), 0,
                 initial != nullptr ? alloc - bytes : alloc);
   };
-  if (void* host = t->host_data()) fill(host);
+  // Imported host memory keeps what its owner put there, and is the initial data.
+  if (t->host_imported_) initial = t->host_data();
+  if (void* host = t->host_data(); host != nullptr && !t->host_imported_) fill(host);
   if (t->primary_.mapped() != nullptr) {
     if (t->primary_.mapped() != t->host_data()) fill(t->primary_.mapped());
     return t;
   }
-  if (memory == MemoryType::kStorage && initial != nullptr) {
+  // A storage tensor's initial data, and imported host memory's contents as they are now (their
+  // owner may change them before the init runs), go up from an upload buffer of their own.
+  if ((memory == MemoryType::kStorage && initial != nullptr) || t->host_imported_) {
     KD_ASSIGN_OR_RETURN(Buffer upload,
                         Buffer::Create(*device, alloc, VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
                                        kHostVisible, 0, "an upload buffer"));

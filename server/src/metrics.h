@@ -49,6 +49,9 @@ inline const prometheus::Histogram::BucketBoundaries kRpcDurationBuckets = {
           "Sessions that the daemon closed itself, by reason: idle (no call and no stream for "   \
           "the idle timeout), drain (still open when the daemon stopped).",                       \
           "reason")                                                                               \
+  COUNTER(shared_memory_tensors_total, "komputed_shared_memory_tensors_total",                    \
+          "Tensors made over shared memory that a same-host client passed: their host data "      \
+          "never crosses a socket.")                                                              \
   GAUGE(device_memory_used_bytes, "komputed_device_memory_used_bytes",                            \
         "Tensor memory that sessions hold on the device, in bytes (a device tensor counts its "   \
         "buffer and its staging buffer).",                                                        \

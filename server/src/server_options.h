@@ -26,6 +26,9 @@ struct ServerOptions {
   // host:port where clients reach this daemon directly, past any balancer (in Kubernetes, the
   // pod's IP): told to each session at OpenSession for its further connections. Empty: none.
   std::string advertise_address;
+  // Offer same-host clients shared memory for their tensors' host data (an abstract Unix socket
+  // that takes sealed memfds), where the device can import host memory.
+  bool shared_memory = true;
   // host:port to serve Prometheus metrics on (/metrics); port 0 picks a free port. Empty: the
   // metrics are kept (Server::metrics()) but not served. (komputed's flag defaults to
   // 127.0.0.1:9464; the library's default is empty so that in-process servers do not collide.)

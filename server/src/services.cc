@@ -545,6 +545,10 @@ grpc::ServerUnaryReactor* SessionsService::OpenSession(grpc::CallbackServerConte
       static_cast<uint64_t>(absl::ToInt64Milliseconds(ctx_.options->session_idle_timeout)));
   response->set_max_message_bytes(static_cast<uint64_t>(ctx_.options->max_message_bytes));
   response->set_direct_address(ctx_.options->advertise_address);
+  if (!(*session)->shared_memory_ticket().empty()) {
+    response->set_shared_memory_socket(ctx_.sessions->shared_memory_socket());
+    response->set_shared_memory_ticket((*session)->shared_memory_ticket());
+  }
   return Reply(context, "OpenSession", (*session)->id(), absl::OkStatus());
 }
 

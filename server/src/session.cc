@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -122,6 +123,7 @@ void Session::Close() {
     tensors = tensors_.TakeAll();
     algorithms = algorithms_.TakeAll();
     sequences = sequences_.TakeAll();
+    shared_memory_.clear();
   }
   // Every tensor was counted under the lock before closed_ was set.
   const uint64_t held = memory_bytes_.exchange(0, std::memory_order_relaxed);
@@ -259,23 +261,84 @@ absl::Status Session::CreateTensorLocked(const TensorRequest& request) {
     charged->host_memory = *std::move(host_memory);
   }
   const void* initial = request.data.empty() ? nullptr : request.data.data();
+  std::optional<core::HostMemory> host_memory;
+  if (request.shared_memory != 0) {
+    auto it = shared_memory_.find(request.shared_memory);
+    if (it == shared_memory_.end()) {
+      return absl::NotFoundError(absl::StrCat(what, "shared-memory region ", request.shared_memory,
+                                              " was not passed to this session (or is taken)"));
+    }
+    if (!request.data.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "initial data given with shared memory, whose data it is"));
+    }
+    if (request.memory != core::MemoryType::kDevice &&
+        (request.memory != core::MemoryType::kHost || request.image.is_image())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "a ", core::MemoryTypeName(request.memory),
+                       request.image.is_image() ? " image" : " tensor",
+                       " cannot take shared memory (device tensors and images, host tensors can)"));
+    }
+    if (it->second->size() < ((bytes + 3) & ~uint64_t{3})) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, bytes, " bytes do not fit in shared-memory region ",
+                       request.shared_memory, " of ", it->second->size(), " bytes"));
+    }
+    host_memory = core::SharedMemory::AsHostMemory(it->second);
+    shared_memory_.erase(it);  // the tensor holds it from here on, or it goes
+  }
+  const core::HostMemory* shared = host_memory ? &*host_memory : nullptr;
   auto tensor =
       request.image.is_image()
           ? core::Tensor::CreateImage(facts_.instance->device, request.type, request.image,
-                                      request.memory, initial, core::TensorInit::kDeferred)
+                                      request.memory, initial, core::TensorInit::kDeferred, shared)
           : core::Tensor::Create(facts_.instance->device, request.type, request.count,
                                  *element_size, request.memory, initial,
-                                 core::TensorInit::kDeferred);
+                                 core::TensorInit::kDeferred, shared);
   if (!tensor.ok()) {
     facts_.device->CheckLost(*facts_.instance);
     return Annotate(tensor.status(), what);
   }
+  if (shared != nullptr) metrics_->shared_memory_tensors_total().Increment();
   CountUpload(request.data.size());
   AddMemory(MemoryCost(**tensor));
   if ((*tensor)->init_pending()) pending_init_.push_back(*tensor);
   charged->tensor = *std::move(tensor);
   core::Tensor* const raw = charged->tensor.get();
   tensors_.Insert(request.handle, std::shared_ptr<core::Tensor>(std::move(charged), raw));
+  return absl::OkStatus();
+}
+
+absl::Status Session::AttachSharedMemory(uint64_t region,
+                                         std::shared_ptr<core::SharedMemory> memory) {
+  if (region == 0) return absl::InvalidArgumentError("shared-memory region 0 (regions start at 1)");
+  // That the device takes this memory, before any tensor is made over it.
+  const core::Device& device = *facts_.instance->device;
+  VkMemoryHostPointerPropertiesEXT pointer{VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT};
+  const VkResult result = device.host_pointer_properties()(
+      device.handle(), VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT, memory->data(),
+      &pointer);
+  if (result != VK_SUCCESS || pointer.memoryTypeBits == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device ", device.info().index, " (", device.properties().deviceName,
+                     ") cannot import this shared memory (vkGetMemoryHostPointerPropertiesEXT: ",
+                     core::VkResultName(result), ", memory types 0x",
+                     absl::Hex(pointer.memoryTypeBits), ")"));
+  }
+  Touch();
+  absl::MutexLock lock(&mu_);
+  KD_RETURN_IF_ERROR(CheckUsableLocked());
+  if (shared_memory_.contains(region)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("shared-memory region ", region, " was passed already"));
+  }
+  if (shared_memory_.size() >= kMaxSharedMemoryWaiting) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the session holds ", shared_memory_.size(),
+                     " shared-memory regions that no tensor has taken yet (the most is ",
+                     kMaxSharedMemoryWaiting, ")"));
+  }
+  shared_memory_.emplace(region, std::move(memory));
   return absl::OkStatus();
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -19,6 +20,7 @@
 #include "host_writes.h"
 #include "komputed/core/algorithm.h"
 #include "komputed/core/sequence.h"
+#include "komputed/core/shared_memory.h"
 #include "komputed/core/tensor.h"
 #include "metrics.h"
 #include "quota.h"
@@ -43,6 +45,8 @@ struct SessionFacts {
   std::shared_ptr<TenantAccount> account;
   // The kernel watchdog that follows the session's submissions; null: none.
   std::shared_ptr<Watchdog> watchdog;
+  // The ticket with which its client passes shared memory (SessionManager); empty: not offered.
+  std::string shared_memory_ticket;
 };
 
 // One client's session on one device: its handle tables (tensors, algorithms, sequences, named
@@ -78,6 +82,16 @@ class Session {
   // Session queue i → device queue queues()[i].
   const std::vector<uint32_t>& queues() const { return facts_.queues; }
   absl::Time created() const { return created_; }
+  const std::shared_ptr<DeviceInstance>& instance() const { return facts_.instance; }
+  const std::string& shared_memory_ticket() const { return facts_.shared_memory_ticket; }
+
+  // Keeps `memory`, passed by the client on the shared-memory socket, as region `region` until a
+  // tensor is made over it (TensorRequest::shared_memory) or the session closes. Checks that the
+  // device can make a buffer over it. INVALID_ARGUMENT for region 0 or memory the device cannot
+  // import; ALREADY_EXISTS for a region held already; RESOURCE_EXHAUSTED past
+  // kMaxSharedMemoryWaiting regions not yet taken; NOT_FOUND once closed.
+  static constexpr size_t kMaxSharedMemoryWaiting = 64;
+  absl::Status AttachSharedMemory(uint64_t region, std::shared_ptr<core::SharedMemory> memory);
 
   // Liveness: every call touches the session; BeginUse/EndUse bracket a call, stream or eval in
   // progress (SessionManager::Get does both), which keeps it alive however long it takes.
@@ -235,6 +249,9 @@ class Session {
   // Tensors whose device memory has not had its first contents yet (core::TensorInit::kDeferred):
   // the next submission carries their inits ahead of its commands.
   std::vector<std::weak_ptr<core::Tensor>> pending_init_ ABSL_GUARDED_BY(mu_);
+  // Shared memory passed for tensors not made yet, by region.
+  absl::flat_hash_map<uint64_t, std::shared_ptr<core::SharedMemory>> shared_memory_
+      ABSL_GUARDED_BY(mu_);
   mutable std::shared_ptr<core::CancelWord> cancel_ ABSL_GUARDED_BY(mu_);  // made on first use
 };
 

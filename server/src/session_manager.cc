@@ -10,6 +10,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "komputed/core/shared_memory.h"
 #include "absl/strings/str_format.h"
 #include "komputed/core/status.h"
 #include "status.h"
@@ -78,6 +79,43 @@ SessionManager::SessionManager(DevicePool* pool, const ServerOptions& options, M
         });
   }
   reaper_ = std::thread([this] { Reap(); });
+  if (options_.shared_memory) {
+    absl::StatusOr<std::unique_ptr<SharedMemoryListener>> listener = SharedMemoryListener::Start(
+        [this](v1::wire::SharedMemoryAttach request) {
+          return TakeSharedMemory(std::move(request));
+        });
+    if (listener.ok()) {
+      shared_memory_ = *std::move(listener);
+      spdlog::info("same-host clients pass shared memory on the abstract socket @{}",
+                   shared_memory_->name());
+    } else {
+      spdlog::warn("no shared memory for same-host clients (they use the socket path): {}",
+                   listener.status().ToString());
+    }
+  }
+}
+
+absl::Status SessionManager::TakeSharedMemory(v1::wire::SharedMemoryAttach request) {
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tickets_.find(request.ticket);
+    if (it != tickets_.end()) session = it->second.lock();
+  }
+  if (session == nullptr) {
+    close(request.fd);
+    return absl::NotFoundError(
+        "no session of this daemon has that shared-memory ticket (closed, or another daemon's)");
+  }
+  const core::Device& device = *session->instance()->device;
+  // Regions as large as the device's largest buffer, in whole pages.
+  const uint64_t page = core::SharedMemory::PageSize();
+  const uint64_t max_buffer = device.info().max_buffer_size != 0 ? device.info().max_buffer_size
+                                                                   : uint64_t{1} << 40;
+  absl::StatusOr<std::shared_ptr<core::SharedMemory>> memory =
+      core::SharedMemory::Adopt(request.fd, request.size, (max_buffer + page - 1) / page * page);
+  if (!memory.ok()) return memory.status();
+  return session->AttachSharedMemory(request.region, *std::move(memory));
 }
 
 void SessionManager::Unresponsive(const void* instance, const std::string& id,
@@ -130,6 +168,10 @@ absl::Status SessionManager::Missing(absl::string_view id, const Caller& caller)
 }
 
 void SessionManager::Free(Session& session, const char* reason) {
+  if (!session.shared_memory_ticket().empty()) {
+    absl::MutexLock lock(&mu_);
+    tickets_.erase(session.shared_memory_ticket());
+  }
   session.Close();
   session.device().AddSessions(-1);
   session.device().ReleaseQueues(session.queues());
@@ -182,6 +224,12 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(OpenRequest reques
   facts.peer = request.peer;
   facts.account = request.caller.account;
   facts.watchdog = watchdog_;
+  // Shared memory where the daemon takes it and the device can make buffers over whole pages.
+  const uint64_t alignment = facts.instance->device->host_import_alignment();
+  if (shared_memory_ != nullptr && alignment != 0 &&
+      core::SharedMemory::PageSize() % alignment == 0) {
+    facts.shared_memory_ticket = NewSharedMemoryTicket();
+  }
   auto session =
       std::make_shared<Session>(std::move(facts), options_, metrics_, gate_, std::move(charge));
   {
@@ -191,6 +239,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::Open(OpenRequest reques
       return absl::UnavailableError("the daemon is shutting down");
     }
     sessions_.emplace(session->id(), session);
+    if (!session->shared_memory_ticket().empty()) {
+      tickets_.emplace(session->shared_memory_ticket(), session);
+    }
   }
   device->AddSessions(1);
   metrics_->sessions_open().Increment();

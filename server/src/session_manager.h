@@ -18,6 +18,7 @@
 #include "metrics.h"
 #include "server_options.h"
 #include "session.h"
+#include "shared_memory_listener.h"
 #include "watchdog.h"
 #include "work_gate.h"
 
@@ -61,9 +62,16 @@ class SessionManager {
   std::vector<std::shared_ptr<Session>> List(const Caller& caller) const;
   // Closes every session (counted as reaped for "drain") and stops the reaper (idempotent).
   void Shutdown();
+  // The abstract socket where same-host clients pass shared memory (empty: none, as with
+  // options.shared_memory off or where it could not listen).
+  std::string shared_memory_socket() const {
+    return shared_memory_ != nullptr ? shared_memory_->name() : std::string();
+  }
 
  private:
   void Reap();
+  // A region passed on the shared-memory socket: mapped and handed to the session of its ticket.
+  absl::Status TakeSharedMemory(v1::wire::SharedMemoryAttach request) ABSL_LOCKS_EXCLUDED(mu_);
   // Closes the sessions idle past the timeout; returns when to look next.
   absl::Time ReapOnce() ABSL_LOCKS_EXCLUDED(mu_);
   // Frees a session taken out of the table; `reason` is a reaped_total label, or null when its
@@ -96,7 +104,11 @@ class SessionManager {
   };
   absl::flat_hash_map<std::string, Closed> closed_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> closed_order_ ABSL_GUARDED_BY(mu_);
+  // Sessions offered shared memory, by ticket (an entry goes with its session, in Free).
+  absl::flat_hash_map<std::string, std::weak_ptr<Session>> tickets_ ABSL_GUARDED_BY(mu_);
   std::thread reaper_;
+  // Declared after the tables that its thread's calls use: stopped before they go.
+  std::unique_ptr<SharedMemoryListener> shared_memory_;
   // Null without --max_kernel_time. Stopped by Shutdown; its tickets may outlive the manager.
   std::shared_ptr<Watchdog> watchdog_;
 };

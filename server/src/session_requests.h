@@ -32,6 +32,9 @@ struct TensorRequest {
   uint32_t element_size = 0;
   absl::string_view data;
   core::ImageShape image;  // set: an image (count is then its element count)
+  // Not 0: the host data is this shared-memory region (Session::AttachSharedMemory), which the
+  // tensor takes; `data` is then empty.
+  uint64_t shared_memory = 0;
 };
 
 // An algorithm to create or rebuild: its tensors by handle and its shader, SPIR-V (bytes, a whole

@@ -118,6 +118,7 @@ absl::StatusOr<TensorRequest> FromWire(const v1::CreateTensorRequest& request) {
   tensor.count = request.count();
   tensor.element_size = request.element_size();
   tensor.data = request.data();
+  tensor.shared_memory = request.shared_memory();
   if (request.has_image()) {
     tensor.image = {request.image().width(), request.image().height(), request.image().channels()};
     KD_RETURN_IF_ERROR(

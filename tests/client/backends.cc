@@ -10,11 +10,24 @@
 namespace kptest {
 namespace {
 
-// The daemon of the remote backend: started on first use, killed at exit. Throws when it did
-// not start.
-const std::string& DaemonAddress() {
+// The daemon of a remote backend: started on first use, killed at exit. Throws when it did not
+// start.
+const std::string& DaemonAddress(BackendKind kind) {
+  if (kind == BackendKind::kSameHost) {
+    static const std::string socket_dir = [] {
+      char dir[] = "/tmp/kp-test-XXXXXX";
+      if (mkdtemp(dir) == nullptr) throw std::runtime_error("mkdtemp failed");
+      return std::string(dir);
+    }();
+    static std::unique_ptr<komputed::test_support::DaemonProcess> daemon =
+        std::make_unique<komputed::test_support::DaemonProcess>(
+            std::vector<std::string>{"--listen=unix:" + socket_dir + "/komputed.sock"});
+    if (!daemon->started()) throw std::runtime_error("komputed did not start");
+    return daemon->address();
+  }
   static std::unique_ptr<komputed::test_support::DaemonProcess> daemon =
-      std::make_unique<komputed::test_support::DaemonProcess>();
+      std::make_unique<komputed::test_support::DaemonProcess>(
+          std::vector<std::string>{"--shared_memory=false"});
   if (!daemon->started()) throw std::runtime_error("komputed did not start");
   return daemon->address();
 }
@@ -31,6 +44,8 @@ std::string Name(BackendKind kind) {
       return "InProcess";
     case BackendKind::kRemote:
       return "Remote";
+    case BackendKind::kSameHost:
+      return "SameHost";
   }
   return "Unknown";
 }
@@ -42,7 +57,8 @@ std::unique_ptr<kp::Manager> MakeManager(BackendKind kind) {
       unsetenv("KOMPUTED_ADDRESS");  // which would make kp::Manager remote
       return std::make_unique<kp::Manager>();
     case BackendKind::kRemote:
-      return std::make_unique<kp::Manager>(kp::Remote{DaemonAddress(), 0, {}});
+    case BackendKind::kSameHost:
+      return std::make_unique<kp::Manager>(kp::Remote{DaemonAddress(kind), 0, {}});
   }
   throw std::logic_error("unknown backend " + Name(kind));
 }
@@ -53,8 +69,9 @@ std::unique_ptr<kp::Manager> MakeDefaultManager(BackendKind kind) {
     case BackendKind::kInProcess:
       unsetenv("KOMPUTED_ADDRESS");
       return std::make_unique<kp::Manager>();
-    case BackendKind::kRemote: {
-      komputed::test_support::ScopedEnv address("KOMPUTED_ADDRESS", DaemonAddress());
+    case BackendKind::kRemote:
+    case BackendKind::kSameHost: {
+      komputed::test_support::ScopedEnv address("KOMPUTED_ADDRESS", DaemonAddress(kind));
       return std::make_unique<kp::Manager>();
     }
   }
@@ -70,15 +87,17 @@ std::unique_ptr<kp::Manager> MakeManager(BackendKind kind, uint32_t device_index
       unsetenv("KOMPUTED_ADDRESS");  // which would make kp::Manager remote
       return std::make_unique<kp::Manager>(device_index, family_queue_indices, extensions);
     case BackendKind::kRemote:
+    case BackendKind::kSameHost:
       // Device extensions are the daemon's to choose.
       return std::make_unique<kp::Manager>(
-          kp::Remote{DaemonAddress(), device_index, family_queue_indices});
+          kp::Remote{DaemonAddress(kind), device_index, family_queue_indices});
   }
   throw std::logic_error("unknown backend " + Name(kind));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, KpTest,
-                         ::testing::Values(BackendKind::kInProcess, BackendKind::kRemote),
+                         ::testing::Values(BackendKind::kInProcess, BackendKind::kRemote,
+                                           BackendKind::kSameHost),
                          [](const ::testing::TestParamInfo<BackendKind>& info) {
                            return Name(info.param);
                          });

@@ -13,7 +13,10 @@ namespace kptest {
 
 enum class BackendKind {
   kInProcess,  // kp over core on the local Vulkan device
-  kRemote,     // kp on a komputed daemon (the real binary, started once for the test program)
+  kRemote,     // kp on a komputed daemon (the real binary, started once for the test program),
+               // over TCP, all tensor data through gRPC (the daemon offers no shared memory)
+  kSameHost,   // kp on another komputed daemon, over a Unix socket, with the tensors' host data
+               // in memory shared with the daemon
 };
 
 // A name usable in a test name ("InProcess").

@@ -160,7 +160,8 @@ TEST_P(KpSizeTest, CopyBetweenEveryPairOfMemoryTypes) {
 
 INSTANTIATE_TEST_SUITE_P(BackendsAndSizes, KpSizeTest,
                          ::testing::Combine(::testing::Values(BackendKind::kInProcess,
-                                                              BackendKind::kRemote),
+                                                              BackendKind::kRemote,
+                                                              BackendKind::kSameHost),
                                             ::testing::Values(kSmall, kLarge)),
                          [](const ::testing::TestParamInfo<std::tuple<BackendKind, size_t>>& info) {
                            return Name(std::get<0>(info.param)) +

@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "komputed/core/malloc_tuning.h"
+#include "komputed/v1/shared_memory_wire.h"
+#include "spdlog/spdlog.h"
 #include "komputed/core/status.h"
 #include "remote/credentials.h"
 #include "remote/rpc.h"
@@ -15,6 +17,7 @@ namespace kp::internal::remote {
 namespace {
 
 namespace v1 = komputed::v1;
+namespace core = komputed::core;
 
 // Deferred commands beyond this many are sent by the next explicit call (FlushIfMany).
 constexpr size_t kMaxDeferredCommands = 256;
@@ -86,10 +89,52 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Open(const RemoteOptions
   if (response.idle_timeout_ms() > 0) {
     c->idle_timeout_ = absl::Milliseconds(response.idle_timeout_ms());
   }
+  c->shared_memory_socket_ = response.shared_memory_socket();
+  c->shared_memory_ticket_ = response.shared_memory_ticket();
+  if (!c->shared_memory_socket_.empty()) {
+    const char* env = std::getenv("KOMPUTED_SHARED_MEMORY");
+    if (env != nullptr && absl::string_view(env) == "0") {
+      spdlog::info("komputed: KOMPUTED_SHARED_MEMORY=0: tensor data goes over gRPC");
+    } else {
+      c->shared_memory_usable_ = true;
+    }
+  }
   c->bulk_ = std::make_unique<BulkTransfer>(c->address_, options.tls_name, std::move(credentials),
                                             c->channel_, c->session_id_, response.direct_address());
   c->StartKeepAlive();
   return c;
+}
+
+std::shared_ptr<core::SharedMemory> Connection::ShareMemory(uint64_t region, uint64_t bytes) {
+  if (!shared_memory_usable_.load()) return nullptr;
+  absl::StatusOr<std::shared_ptr<core::SharedMemory>> memory =
+      core::SharedMemory::Create(bytes, "komputed-tensor");
+  if (!memory.ok()) {
+    spdlog::warn("komputed: no shared memory for a tensor of {} bytes ({}); its data goes over "
+                 "gRPC",
+                 bytes, memory.status().ToString());
+    return nullptr;
+  }
+  const absl::Status passed =
+      v1::wire::PassSharedMemory(shared_memory_socket_, shared_memory_ticket_, region,
+                                 (*memory)->fd(), (*memory)->size(), RpcTimeout());
+  (*memory)->CloseDescriptor();
+  if (absl::IsUnavailable(passed) || absl::IsNotFound(passed)) {
+    // Another host, another network namespace, or another daemon behind the address.
+    if (shared_memory_usable_.exchange(false)) {
+      spdlog::info("komputed: the daemon's shared memory cannot be used from here ({}); tensor "
+                   "data goes over gRPC",
+                   passed.ToString());
+    }
+    return nullptr;
+  }
+  if (!passed.ok()) {
+    spdlog::warn("komputed: the daemon refused shared memory for a tensor of {} bytes ({}); its "
+                 "data goes over gRPC",
+                 bytes, passed.ToString());
+    return nullptr;
+  }
+  return *std::move(memory);
 }
 
 Connection::~Connection() {

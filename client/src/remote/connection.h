@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "backend.h"
 #include "komputed/v1/komputed.grpc.pb.h"
+#include "komputed/core/shared_memory.h"
 #include "remote/bulk_transfer.h"
 #include "remote/remote_backend.h"
 
@@ -58,6 +59,15 @@ class Connection {
   komputed::v1::Sequences::Stub& sequences() { return *sequences_; }
   BulkTransfer& bulk() { return *bulk_; }
 
+  // Shared memory of at least `bytes` for a tensor's host data, passed to the daemon as region
+  // `region` (OpenSessionResponse.shared_memory_socket). Null where the session has none: the
+  // daemon offers none, $KOMPUTED_SHARED_MEMORY is 0, or its socket cannot be reached from here
+  // (logged once; the session keeps to the gRPC path from then on), or the daemon refused this
+  // memory (logged).
+  std::shared_ptr<komputed::core::SharedMemory> ShareMemory(uint64_t region, uint64_t bytes);
+  // Whether the daemon offered shared memory and the session still uses it.
+  bool shares_memory() const { return shared_memory_usable_.load(); }
+
   // A fresh object handle (the client chooses them).
   uint64_t NewHandle() { return next_handle_.fetch_add(1); }
 
@@ -89,6 +99,9 @@ class Connection {
   std::unique_ptr<komputed::v1::Algorithms::Stub> algorithms_;
   std::unique_ptr<komputed::v1::Sequences::Stub> sequences_;
   std::string session_id_;
+  std::string shared_memory_socket_;  // empty: none offered
+  std::string shared_memory_ticket_;
+  std::atomic<bool> shared_memory_usable_{false};
   VkPhysicalDeviceProperties properties_{};
   absl::Duration idle_timeout_ = absl::Seconds(60);
   std::unique_ptr<BulkTransfer> bulk_;

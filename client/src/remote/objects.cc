@@ -8,9 +8,19 @@ namespace core = komputed::core;
 namespace v1 = komputed::v1;
 
 RemoteTensor::RemoteTensor(const void* owner, std::shared_ptr<Connection> connection,
-                           uint64_t handle, const TensorSpec& spec)
-    : BackendTensor(owner), connection_(std::move(connection)), handle_(handle), spec_(spec) {
-  if (core::HasHostData(spec.memory)) host_.reset(new uint8_t[bytes()]);
+                           uint64_t handle, const TensorSpec& spec,
+                           std::shared_ptr<core::SharedMemory> shared)
+    : BackendTensor(owner),
+      connection_(std::move(connection)),
+      handle_(handle),
+      spec_(spec),
+      shared_(std::move(shared)) {
+  if (shared_ != nullptr) {
+    host_ = static_cast<uint8_t*>(shared_->data());
+  } else if (core::HasHostData(spec.memory)) {
+    owned_.reset(new uint8_t[bytes()]);
+    host_ = owned_.get();
+  }
 }
 
 RemoteTensor::~RemoteTensor() {

@@ -20,11 +20,15 @@ namespace kp::internal::remote {
 class RemoteTensor final : public BackendTensor {
  public:
   // `spec.element_size` is resolved (not 0).
+  // With `shared`, the host data is that memory, which the daemon holds too (the tensor was made
+  // over it): it never crosses the socket.
   RemoteTensor(const void* owner, std::shared_ptr<Connection> connection, uint64_t handle,
-               const TensorSpec& spec);
+               const TensorSpec& spec,
+               std::shared_ptr<komputed::core::SharedMemory> shared = nullptr);
   ~RemoteTensor() override;
-  void* host_data() override { return host_.get(); }
-  uint8_t* host() const { return host_.get(); }
+  void* host_data() override { return host_; }
+  uint8_t* host() const { return host_; }
+  bool shared() const { return shared_ != nullptr; }
   uint64_t handle() const { return handle_; }
   uint64_t bytes() const { return spec_.count * spec_.element_size; }
   const TensorSpec& spec() const { return spec_; }
@@ -35,7 +39,9 @@ class RemoteTensor final : public BackendTensor {
   std::shared_ptr<Connection> connection_;
   const uint64_t handle_;
   const TensorSpec spec_;
-  std::unique_ptr<uint8_t[]> host_;
+  std::unique_ptr<uint8_t[]> owned_;
+  const std::shared_ptr<komputed::core::SharedMemory> shared_;
+  uint8_t* host_ = nullptr;  // owned_, shared_'s memory, or none
 };
 
 // An algorithm of the session: its tensors and its push constants as the client knows them (the

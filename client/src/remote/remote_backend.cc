@@ -62,6 +62,18 @@ class RemoteBackend final : public Backend {
       request.mutable_image()->set_height(spec.image.height);
       request.mutable_image()->set_channels(spec.image.channels);
     }
+    // Host data in memory shared with the daemon where it can be (same host), named by the
+    // tensor's handle; else it goes over gRPC, inline when small.
+    std::shared_ptr<core::SharedMemory> shared;
+    if (spec.memory == core::MemoryType::kDevice ||
+        (spec.memory == core::MemoryType::kHost && !spec.image.is_image())) {
+      shared = connection_->ShareMemory(handle, (bytes + 3) & ~uint64_t{3});
+    }
+    if (shared != nullptr) {
+      if (data != nullptr) std::memcpy(shared->data(), data, bytes);
+      request.set_shared_memory(handle);
+      data = nullptr;  // in place already
+    }
     const bool inline_data = data != nullptr && bytes <= remote::kInlineLimit;
     if (inline_data) request.mutable_data()->assign(reinterpret_cast<const char*>(data), bytes);
     {
@@ -71,8 +83,8 @@ class RemoteBackend final : public Backend {
       KD_RETURN_IF_ERROR(remote::FromGrpcStatusWithHint(
           connection_->tensors().CreateTensor(&context, request, &response), "creating a tensor"));
     }
-    auto tensor = std::make_shared<RemoteTensor>(this, connection_, handle, resolved);
-    if (tensor->host() != nullptr) {
+    auto tensor = std::make_shared<RemoteTensor>(this, connection_, handle, resolved, shared);
+    if (tensor->host() != nullptr && shared == nullptr) {
       if (data != nullptr) {
         std::memcpy(tensor->host(), data, bytes);
       } else {

@@ -217,6 +217,7 @@ absl::StatusOr<v1::EvalRequest> RemoteSequence::PrepareLocked() {
       for (auto& t : r.op.algorithm->tensors()) touched.push_back(t);
     }
     for (const auto& t : touched) {
+      if (t->shared()) continue;  // the daemon's host data is this very memory
       if (core::HostDataGoesUp(r.op.kind, t->spec().memory)) add(up, up_seen, t);
       if (core::HostDataComesBack(r.op.kind, t->spec().memory)) add(down, down_seen, t);
     }

@@ -183,6 +183,13 @@ class Device {
   // Timeline semaphores (Vulkan 1.2) are enabled: submissions can be awaited several at a time.
   bool timeline_supported() const { return timeline_; }
   VulkanCalls& calls() const { return *calls_; }
+  // The alignment of host memory that buffers can be made over (Buffer::Import), from
+  // VK_EXT_external_memory_host's minImportedHostPointerAlignment; 0 where the device cannot.
+  uint64_t host_import_alignment() const { return host_import_alignment_; }
+  // vkGetMemoryHostPointerPropertiesEXT (set where host_import_alignment() is not 0).
+  PFN_vkGetMemoryHostPointerPropertiesEXT host_pointer_properties() const {
+    return get_host_pointer_properties_;
+  }
   // How many invocations the device runs at once when every compute unit is full, from what it
   // reports of them (VK_NV_shader_sm_builtins: SMs x warps per SM x warp size;
   // VK_AMD_shader_core_properties: compute units x SIMDs x wavefronts x wavefront size); 0 where
@@ -259,6 +266,8 @@ class Device {
   bool timeline_ = false;
   uint64_t resident_invocations_ = 0;
   uint32_t subgroup_size_ = 0;
+  uint64_t host_import_alignment_ = 0;
+  PFN_vkGetMemoryHostPointerPropertiesEXT get_host_pointer_properties_ = nullptr;
   double dispatch_share_ = 1.0;
   std::atomic<bool> lost_{false};
   std::atomic<bool> unresponsive_{false};  // MarkLost: never wait for idle

@@ -16,9 +16,24 @@
 
 namespace komputed::core {
 
+// Host memory that a tensor takes for its host data instead of allocating its own: memory that
+// this process shares with another (the daemon's same-host clients). `data` is aligned to the
+// device's host_import_alignment() and `size` is a multiple of it, at least the tensor's bytes
+// rounded up to 4; `keep` owns the memory and is held until the device no longer uses it.
+struct HostMemory {
+  void* data = nullptr;
+  uint64_t size = 0;
+  std::shared_ptr<void> keep;
+};
+
 // One buffer and the memory bound to it, mapped when host-visible. Move-only.
 class Buffer {
  public:
+  // A host-coherent buffer over `memory` (VK_EXT_external_memory_host). UNIMPLEMENTED where the
+  // device cannot import host memory, or has no host-coherent memory type for it;
+  // INVALID_ARGUMENT when `memory` is misaligned or smaller than `size`.
+  static absl::StatusOr<Buffer> Import(Device& device, const HostMemory& memory, uint64_t size,
+                                       VkBufferUsageFlags usage, absl::string_view what);
   // required: memory properties the buffer must have; preferred: ones to pick when offered.
   static absl::StatusOr<Buffer> Create(Device& device, uint64_t size, VkBufferUsageFlags usage,
                                        VkMemoryPropertyFlags required,
@@ -33,6 +48,7 @@ class Buffer {
   VkMemoryPropertyFlags properties() const { return properties_; }
 
  private:
+  std::shared_ptr<void> keep_;  // imported host memory: released after the memory made over it
   BufferHandle buffer_;
   MemoryHandle memory_;  // declared after buffer_: destroyed before it... order does not matter
   void* mapped_ = nullptr;
@@ -88,21 +104,25 @@ class Tensor {
   // must be 0 or the type's size). `initial` (nullable) holds count * element size bytes; without
   // it the tensor is zero-filled. Errors: INVALID_ARGUMENT for a zero size, RESOURCE_EXHAUSTED
   // for a size beyond the memory heap or the device's buffer limit.
+  // With `host_memory`, the tensor's host data is that memory (kDevice: its staging buffer; kHost:
+  // the buffer itself) and its initial contents are the memory's, not `initial`: UNIMPLEMENTED for
+  // other memory types or where Buffer::Import is.
   static absl::StatusOr<std::shared_ptr<Tensor>> Create(std::shared_ptr<Device> device,
                                                         ElementType type, uint64_t count,
                                                         uint32_t element_size, MemoryType memory,
                                                         const void* initial,
-                                                        TensorInit init = TensorInit::kWait);
+                                                        TensorInit init = TensorInit::kWait,
+                                                        const HostMemory* host_memory = nullptr);
 
   // A 2-D image (shape.is_image(); CheckImageShape in types.h): its device memory is a
   // DeviceImage, which shaders bind as a storage image; its host data (kDevice) is the texels,
   // row-major and tightly packed. Errors as Create's, and INVALID_ARGUMENT for a shape that
   // CheckImageShape refuses or a format that the device lacks.
-  static absl::StatusOr<std::shared_ptr<Tensor>> CreateImage(std::shared_ptr<Device> device,
-                                                             ElementType type,
-                                                             const ImageShape& shape,
-                                                             MemoryType memory, const void* initial,
-                                                             TensorInit init = TensorInit::kWait);
+  // `host_memory` as Create's (kDevice only).
+  static absl::StatusOr<std::shared_ptr<Tensor>> CreateImage(
+      std::shared_ptr<Device> device, ElementType type, const ImageShape& shape, MemoryType memory,
+      const void* initial, TensorInit init = TensorInit::kWait,
+      const HostMemory* host_memory = nullptr);
 
   ElementType element_type() const { return type_; }
   MemoryType memory_type() const { return memory_; }
@@ -141,6 +161,8 @@ class Tensor {
                      VkPipelineStageFlags src_stage, VkPipelineStageFlags dst_stage,
                      bool primary) const;
 
+  // The host data is HostMemory given at creation.
+  bool host_memory_imported() const { return host_imported_; }
   // Created with TensorInit::kDeferred and its device memory not yet given its first contents.
   bool init_pending() const { return init_pending_.load(std::memory_order_acquire); }
 
@@ -166,6 +188,7 @@ class Tensor {
   // A storage tensor's initial data until its deferred init has run (then the batch holds it).
   std::shared_ptr<Buffer> upload_;
   std::atomic<bool> init_pending_{false};
+  bool host_imported_ = false;
 };
 
 // The deferred inits of some tensors (TensorInit::kDeferred) recorded into one command buffer,

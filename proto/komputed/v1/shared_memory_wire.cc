@@ -1,0 +1,193 @@
+#include "komputed/v1/shared_memory_wire.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace komputed::v1::wire {
+
+namespace {
+
+constexpr uint32_t kMagic = 0x4d53444b;  // "KDSM"
+constexpr uint32_t kVersion = 1;
+
+struct Request {
+  uint32_t magic;
+  uint32_t version;
+  char ticket[kSharedMemoryTicketSize];
+  uint64_t region;
+  uint64_t size;
+};
+
+struct Reply {
+  uint32_t magic;
+  int32_t code;  // absl::StatusCode
+  uint64_t region;
+  char message[240];  // NUL-terminated
+};
+
+// The abstract address of `name`: a NUL, then the name (no terminator).
+absl::StatusOr<std::pair<sockaddr_un, socklen_t>> Address(const std::string& name) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (name.empty() || name.size() + 1 > sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory socket name of ", name.size(), " bytes"));
+  }
+  std::memcpy(address.sun_path + 1, name.data(), name.size());
+  return std::make_pair(
+      address, static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size()));
+}
+
+std::string Errno(absl::string_view what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
+
+}  // namespace
+
+absl::Status PassSharedMemory(const std::string& socket_name, absl::string_view ticket,
+                              uint64_t region, int fd, uint64_t size, absl::Duration timeout) {
+  if (ticket.size() != kSharedMemoryTicketSize) {
+    return absl::InvalidArgumentError("shared-memory ticket of the wrong size");
+  }
+  auto address = Address(socket_name);
+  if (!address.ok()) return address.status();
+  const int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s < 0) return absl::UnavailableError(Errno("socket"));
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{s};
+  if (connect(s, reinterpret_cast<const sockaddr*>(&address->first), address->second) != 0) {
+    return absl::UnavailableError(Errno(absl::StrCat("connecting to @", socket_name)));
+  }
+  Request request{};
+  request.magic = kMagic;
+  request.version = kVersion;
+  std::memcpy(request.ticket, ticket.data(), kSharedMemoryTicketSize);
+  request.region = region;
+  request.size = size;
+  iovec iov{&request, sizeof(request)};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  if (sendmsg(s, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(request))) {
+    return absl::UnavailableError(Errno("passing shared memory"));
+  }
+  pollfd p{s, POLLIN, 0};
+  const int64_t ms = std::max<int64_t>(absl::ToInt64Milliseconds(timeout), 1);
+  int ready;
+  do {
+    ready = poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1 << 30)));
+  } while (ready < 0 && errno == EINTR);
+  if (ready <= 0) {
+    return absl::UnavailableError(absl::StrCat("the daemon did not answer on @", socket_name,
+                                               " within ", absl::FormatDuration(timeout)));
+  }
+  Reply reply{};
+  const ssize_t n = recv(s, &reply, sizeof(reply), 0);
+  if (n != static_cast<ssize_t>(sizeof(reply)) || reply.magic != kMagic ||
+      reply.region != region) {
+    return absl::UnavailableError(
+        absl::StrCat("no valid answer on @", socket_name, " to passing shared memory"));
+  }
+  reply.message[sizeof(reply.message) - 1] = '\0';
+  const auto code = static_cast<absl::StatusCode>(reply.code);
+  if (code == absl::StatusCode::kOk) return absl::OkStatus();
+  return absl::Status(code, reply.message);
+}
+
+absl::StatusOr<int> ListenSharedMemory(const std::string& socket_name) {
+  auto address = Address(socket_name);
+  if (!address.ok()) return address.status();
+  const int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (s < 0) return absl::UnavailableError(Errno("socket"));
+  if (bind(s, reinterpret_cast<const sockaddr*>(&address->first), address->second) != 0 ||
+      listen(s, 128) != 0) {
+    absl::Status error =
+        absl::UnavailableError(Errno(absl::StrCat("listening on @", socket_name)));
+    close(s);
+    return error;
+  }
+  return s;
+}
+
+absl::StatusOr<SharedMemoryAttach> ReceiveSharedMemory(int connection) {
+  Request request{};
+  iovec iov{&request, sizeof(request)};
+  // Room for more descriptors than one, so that extra ones arrive (and are closed) rather than
+  // being cut off.
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  const ssize_t n = recvmsg(connection, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    return absl::UnavailableError("again");
+  }
+  std::vector<int> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds.push_back(fd);
+    }
+  }
+  auto refuse = [&](absl::Status status) {
+    for (int fd : fds) close(fd);
+    return status;
+  };
+  if (n <= 0) return refuse(absl::UnavailableError("the client closed the connection"));
+  if (n != static_cast<ssize_t>(sizeof(request)) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "a shared-memory request of ", n, " bytes; the daemon takes ", sizeof(request))));
+  }
+  if (request.magic != kMagic || request.version != kVersion) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("a shared-memory request of version ", request.version, "; the daemon takes ",
+                     kVersion)));
+  }
+  if (fds.size() != 1) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "a shared-memory request with ", fds.size(), " descriptors; it takes exactly one")));
+  }
+  SharedMemoryAttach attach;
+  attach.ticket.assign(request.ticket, kSharedMemoryTicketSize);
+  attach.region = request.region;
+  attach.size = request.size;
+  attach.fd = fds[0];
+  return attach;
+}
+
+void AnswerSharedMemory(int connection, uint64_t region, const absl::Status& status) {
+  Reply reply{};
+  reply.magic = kMagic;
+  reply.code = static_cast<int32_t>(status.code());
+  reply.region = region;
+  const absl::string_view message = status.message();
+  std::memcpy(reply.message, message.data(),
+              std::min(message.size(), sizeof(reply.message) - 1));
+  // A reply that does not fit the socket's buffer now is dropped: the client then times out.
+  (void)send(connection, &reply, sizeof(reply), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+}  // namespace komputed::v1::wire
