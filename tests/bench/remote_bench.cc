@@ -135,6 +135,11 @@ struct RemoteBench::State {
   KpTiny tiny_remote;
   std::vector<KpTiny> async_inprocess;
   std::vector<KpTiny> async_remote;
+  // The same-host daemon (a Unix socket, shared memory) and its client.
+  std::unique_ptr<komputed::server::Server> same_host_server;
+  std::unique_ptr<kp::Manager> same_host;
+  KpTiny tiny_same_host;
+  std::vector<KpTiny> async_same_host;
 };
 
 RemoteBench::RemoteBench(std::unique_ptr<State> state) : s_(std::move(state)) {}
@@ -142,6 +147,11 @@ RemoteBench::RemoteBench(std::unique_ptr<State> state) : s_(std::move(state)) {}
 RemoteBench::~RemoteBench() {
   if (s_ == nullptr) return;
   s_->async_remote.clear();
+  s_->async_same_host.clear();
+  s_->tiny_same_host = KpTiny{};
+  s_->same_host.reset();
+  if (s_->same_host_server != nullptr) s_->same_host_server->Shutdown();
+  s_->same_host_server.reset();
   s_->tiny_remote = KpTiny{};
   s_->tiny_token = KpTiny{};
   s_->tiny_tls = KpTiny{};
@@ -161,6 +171,13 @@ RemoteBench::~RemoteBench() {
 }
 
 const std::string& RemoteBench::address() const { return s_->address; }
+std::string RemoteBench::same_host_address() const {
+  return s_->same_host_server->address();
+}
+uint64_t RemoteBench::same_host_shared_tensors() const {
+  return static_cast<uint64_t>(
+      s_->same_host_server->metrics().shared_memory_tensors_total().Value());
+}
 
 absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig config,
                                                                 kp::Manager* inprocess) {
@@ -175,6 +192,7 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
   komputed::server::ServerOptions options;
   options.listen = "127.0.0.1:0";
   options.devices = {s->config.physical_device};
+  options.shared_memory = false;  // every byte through gRPC: the remote path's figures
   auto server = komputed::server::Server::Start(options);
   if (!server.ok()) return server.status();
   s->server = *std::move(server);
@@ -197,6 +215,13 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
   auto tls_server = komputed::server::Server::Start(tls_options);
   if (!tls_server.ok()) return tls_server.status();
   s->tls_server = *std::move(tls_server);
+
+  komputed::server::ServerOptions same_host_options = options;
+  same_host_options.listen = "unix:" + s->certs.dir() + "/komputed.sock";
+  same_host_options.shared_memory = true;
+  auto same_host_server = komputed::server::Server::Start(same_host_options);
+  if (!same_host_server.ok()) return same_host_server.status();
+  s->same_host_server = *std::move(same_host_server);
 
   s->ping_channel = grpc::CreateChannel(s->address, grpc::InsecureChannelCredentials());
   s->ping_stub = v1::Sessions::NewStub(s->ping_channel);
@@ -235,10 +260,15 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
     s->tiny_tls = MakeKpTiny(*s->tls_remote, s->config.tiny_spirv);
     s->tiny_token.sequence->eval();
     s->tiny_tls.sequence->eval();
+    s->same_host = std::make_unique<kp::Manager>(s->same_host_server->address());
+    s->tiny_same_host = MakeKpTiny(*s->same_host, s->config.tiny_spirv);
+    s->tiny_same_host.sequence->eval();
     for (uint32_t i = 0; i < s->config.async_depth; ++i) {
       s->async_inprocess.push_back(MakeKpTiny(*inprocess, s->config.tiny_spirv));
       s->async_remote.push_back(MakeKpTiny(*s->remote, s->config.tiny_spirv));
+      s->async_same_host.push_back(MakeKpTiny(*s->same_host, s->config.tiny_spirv));
     }
+    for (KpTiny& t : s->async_same_host) t.sequence->eval();
     // Warm up: every remote sequence sent once (its recording travels with its first eval).
     s->tiny_remote.sequence->eval();
     for (KpTiny& t : s->async_remote) t.sequence->eval();
@@ -327,6 +357,13 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->Unit(benchmark::kMicrosecond);
 
   benchmark::RegisterBenchmark(
+      kTinyEvalSameHost,
+      [s](benchmark::State& state) { RunKpTiny(state, s->tiny_same_host, kTinyEvalSameHost); })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+
+  benchmark::RegisterBenchmark(
       kTinyEvalToken,
       [s](benchmark::State& state) { RunKpTiny(state, s->tiny_token, kTinyEvalToken); })
       ->UseRealTime()
@@ -350,6 +387,12 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(
+      kAsyncSameHost,
+      [s](benchmark::State& state) { RunKpAsync(state, s->async_same_host, kAsyncSameHost); })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
 }
 
 void RemoteBench::RegisterUpload() {
@@ -360,6 +403,12 @@ void RemoteBench::RegisterUpload() {
       ->UseRealTime()
       ->Iterations(s->config.bulk_iterations)
       ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark(
+      kUploadSameHost,
+      [s](benchmark::State& state) { RunKpUpload(state, *s->same_host, kUploadSameHost); })
+      ->UseRealTime()
+      ->Iterations(s->config.same_host_bulk_iterations)
+      ->Unit(benchmark::kMillisecond);
 }
 
 void RemoteBench::RegisterDownload() {
@@ -369,6 +418,12 @@ void RemoteBench::RegisterDownload() {
       [s](benchmark::State& state) { RunKpDownload(state, *s->remote, kDownloadRemote); })
       ->UseRealTime()
       ->Iterations(s->config.bulk_iterations)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark(
+      kDownloadSameHost,
+      [s](benchmark::State& state) { RunKpDownload(state, *s->same_host, kDownloadSameHost); })
+      ->UseRealTime()
+      ->Iterations(s->config.same_host_bulk_iterations)
       ->Unit(benchmark::kMillisecond);
 }
 

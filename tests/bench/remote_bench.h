@@ -28,6 +28,11 @@ inline constexpr char kAsyncInprocess[] = "async_evals/inprocess";
 inline constexpr char kAsyncRemote[] = "async_evals/remote";
 inline constexpr char kUploadRemote[] = "upload_256MiB/remote";
 inline constexpr char kDownloadRemote[] = "download_256MiB/remote";
+// The same on a daemon reached over a Unix socket, the tensors' host data in shared memory.
+inline constexpr char kTinyEvalSameHost[] = "tiny_eval/same_host";
+inline constexpr char kAsyncSameHost[] = "async_evals/same_host";
+inline constexpr char kUploadSameHost[] = "upload_256MiB/same_host";
+inline constexpr char kDownloadSameHost[] = "download_256MiB/same_host";
 
 struct RemoteConfig {
   uint32_t physical_device = 0;      // the one device the daemon serves
@@ -35,6 +40,7 @@ struct RemoteConfig {
   double min_time_s = 1.5;           // ping, tiny_eval, async_evals
   int64_t tcp_iterations = 5;        // 256 MiB each
   int64_t bulk_iterations = 3;       // remote 256 MiB transfers
+  int64_t same_host_bulk_iterations = 10;  // same-host 256 MiB transfers (as the in-process ones)
   uint32_t async_depth = 4;          // evals kept in flight by async_evals
 };
 
@@ -54,11 +60,15 @@ class RemoteBench {
   RemoteBench& operator=(const RemoteBench&) = delete;
 
   const std::string& address() const;
+  // The same-host daemon's address, and how many tensors it has made over shared memory.
+  std::string same_host_address() const;
+  uint64_t same_host_shared_tensors() const;
 
-  // ping, tcp_loopback, tiny_eval/{inprocess,remote,remote_token,remote_tls},
-  // async_evals/{inprocess,remote}.
+  // ping, tcp_loopback, tiny_eval/{inprocess,remote,remote_token,remote_tls,same_host},
+  // async_evals/{inprocess,remote,same_host}.
   void RegisterLatencyBenchmarks();
-  // upload_256MiB/remote, download_256MiB/remote (each registered where the caller wants it).
+  // upload_256MiB/{remote,same_host}, download_256MiB/{remote,same_host} (each registered where
+  // the caller wants it).
   void RegisterUpload();
   void RegisterDownload();
 
