@@ -88,8 +88,8 @@ absl::StatusOr<std::shared_ptr<SharedMemory>> SharedMemory::Adopt(int fd, uint64
     return absl::InvalidArgumentError("the memfd passed as shared memory is sealed against writes");
   }
   if (static_cast<uint64_t>(st.st_size) != size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the memfd passed as shared memory holds ", st.st_size, " bytes, not ", size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the memfd passed as shared memory holds ", st.st_size, " bytes, not ", size));
   }
   void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (data == MAP_FAILED) {

@@ -78,10 +78,9 @@ absl::StatusOr<Buffer> Buffer::Import(Device& device, const HostMemory& memory, 
   }
   if (memory.data == nullptr || reinterpret_cast<uintptr_t>(memory.data) % alignment != 0 ||
       memory.size % alignment != 0 || memory.size < size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("host memory for ", what, " of ", memory.size,
-                     " bytes is not aligned to the device's ", alignment,
-                     " bytes or smaller than the ", size, " bytes that it needs"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host memory for ", what, " of ", memory.size, " bytes is not aligned to the device's ",
+        alignment, " bytes or smaller than the ", size, " bytes that it needs"));
   }
   VkMemoryHostPointerPropertiesEXT pointer{VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT};
   KD_RETURN_IF_ERROR(device.Check(
@@ -128,10 +127,9 @@ absl::StatusOr<Buffer> Buffer::Import(Device& device, const HostMemory& memory, 
   ai.allocationSize = memory.size;
   ai.memoryTypeIndex = *type;
   VkDeviceMemory allocated = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(device.Check(
-      device.calls().AllocateMemory(device.handle(), &ai, &allocated),
-      absl::StrCat("vkAllocateMemory importing ", memory.size, " bytes of host memory for ",
-                   what)));
+  KD_RETURN_IF_ERROR(device.Check(device.calls().AllocateMemory(device.handle(), &ai, &allocated),
+                                  absl::StrCat("vkAllocateMemory importing ", memory.size,
+                                               " bytes of host memory for ", what)));
   b.memory_ = MemoryHandle(device.handle(), allocated);
   KD_RETURN_IF_ERROR(device.Check(vkBindBufferMemory(device.handle(), buffer, allocated, 0),
                                   "vkBindBufferMemory"));
@@ -226,16 +224,13 @@ absl::StatusOr<DeviceImage> DeviceImage::Create(Device& device, const ImageShape
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<Tensor>> Tensor::CreateImage(std::shared_ptr<Device> device,
-                                                            ElementType type,
-                                                            const ImageShape& shape,
-                                                            MemoryType memory, const void* initial,
-                                                            TensorInit init,
-                                                            const HostMemory* host_memory) {
+absl::StatusOr<std::shared_ptr<Tensor>> Tensor::CreateImage(
+    std::shared_ptr<Device> device, ElementType type, const ImageShape& shape, MemoryType memory,
+    const void* initial, TensorInit init, const HostMemory* host_memory) {
   KD_RETURN_IF_ERROR(CheckImageShape(type, memory, shape));
   if (host_memory != nullptr && memory != MemoryType::kDevice) {
-    return absl::UnimplementedError(absl::StrCat("a ", MemoryTypeName(memory),
-                                                 " image cannot take shared host memory"));
+    return absl::UnimplementedError(
+        absl::StrCat("a ", MemoryTypeName(memory), " image cannot take shared host memory"));
   }
   const VkPhysicalDeviceLimits& limits = device->limits();
   if (shape.width > limits.maxImageDimension2D || shape.height > limits.maxImageDimension2D) {
@@ -309,8 +304,8 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
                                                        const HostMemory* host_memory) {
   KD_ASSIGN_OR_RETURN(element_size, CheckTensorShape(type, memory, count, element_size));
   if (host_memory != nullptr && memory != MemoryType::kDevice && memory != MemoryType::kHost) {
-    return absl::UnimplementedError(absl::StrCat("a ", MemoryTypeName(memory),
-                                                 " tensor cannot take shared host memory"));
+    return absl::UnimplementedError(
+        absl::StrCat("a ", MemoryTypeName(memory), " tensor cannot take shared host memory"));
   }
   const uint64_t bytes = count * element_size;
   const PhysicalDeviceInfo& info = device->info();

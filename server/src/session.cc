@@ -319,11 +319,10 @@ absl::Status Session::AttachSharedMemory(uint64_t region,
       device.handle(), VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT, memory->data(),
       &pointer);
   if (result != VK_SUCCESS || pointer.memoryTypeBits == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device ", device.info().index, " (", device.properties().deviceName,
-                     ") cannot import this shared memory (vkGetMemoryHostPointerPropertiesEXT: ",
-                     core::VkResultName(result), ", memory types 0x",
-                     absl::Hex(pointer.memoryTypeBits), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device ", device.info().index, " (", device.properties().deviceName,
+        ") cannot import this shared memory (vkGetMemoryHostPointerPropertiesEXT: ",
+        core::VkResultName(result), ", memory types 0x", absl::Hex(pointer.memoryTypeBits), ")"));
   }
   Touch();
   absl::MutexLock lock(&mu_);

@@ -10,8 +10,8 @@
 #include "absl/random/random.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "komputed/core/shared_memory.h"
 #include "absl/strings/str_format.h"
+#include "komputed/core/shared_memory.h"
 #include "komputed/core/status.h"
 #include "status.h"
 
@@ -80,8 +80,8 @@ SessionManager::SessionManager(DevicePool* pool, const ServerOptions& options, M
   }
   reaper_ = std::thread([this] { Reap(); });
   if (options_.shared_memory) {
-    absl::StatusOr<std::unique_ptr<SharedMemoryListener>> listener = SharedMemoryListener::Start(
-        [this](v1::wire::SharedMemoryAttach request) {
+    absl::StatusOr<std::unique_ptr<SharedMemoryListener>> listener =
+        SharedMemoryListener::Start([this](v1::wire::SharedMemoryAttach request) {
           return TakeSharedMemory(std::move(request));
         });
     if (listener.ok()) {
@@ -110,8 +110,8 @@ absl::Status SessionManager::TakeSharedMemory(v1::wire::SharedMemoryAttach reque
   const core::Device& device = *session->instance()->device;
   // Regions as large as the device's largest buffer, in whole pages.
   const uint64_t page = core::SharedMemory::PageSize();
-  const uint64_t max_buffer = device.info().max_buffer_size != 0 ? device.info().max_buffer_size
-                                                                   : uint64_t{1} << 40;
+  const uint64_t max_buffer =
+      device.info().max_buffer_size != 0 ? device.info().max_buffer_size : uint64_t{1} << 40;
   absl::StatusOr<std::shared_ptr<core::SharedMemory>> memory =
       core::SharedMemory::Adopt(request.fd, request.size, (max_buffer + page - 1) / page * page);
   if (!memory.ok()) return memory.status();

@@ -103,8 +103,7 @@ void SharedMemoryListener::Run() {
       const short events = polled[i + 2].revents;
       bool done = false;
       if (events != 0) {
-        absl::StatusOr<v1::wire::SharedMemoryAttach> request =
-            v1::wire::ReceiveSharedMemory(c.fd);
+        absl::StatusOr<v1::wire::SharedMemoryAttach> request = v1::wire::ReceiveSharedMemory(c.fd);
         if (request.ok()) {
           const uint64_t region = request->region;
           v1::wire::AnswerSharedMemory(c.fd, region, take_(*std::move(request)));

@@ -1305,8 +1305,7 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
             << GBps(r.MeanBytesPerSecond(kUploadKp)) << "\n";
   std::cout << "download 256 MiB: same host " << GBps(down_same) << ", kp in-process "
             << GBps(r.MeanBytesPerSecond(kDownloadKp)) << "\n";
-  const bool cpu =
-      g_env->core_device->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+  const bool cpu = g_env->core_device->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
   const double sync_target = cpu ? 0.5 : 0.8;
   if (shared == 0) {
     std::cout << "same host: no tensor was made over shared memory (the fast path was not "
@@ -1317,8 +1316,7 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
     return shared > 0 ? ratio : std::nullopt;  // not the fast path: its figures do not count
   };
   met &= PrintRatio("same-host/in-process (upload 256 MiB throughput)",
-                    if_shared(Ratio(up_same, r.MeanBytesPerSecond(kUploadKp))), false,
-                    sync_target);
+                    if_shared(Ratio(up_same, r.MeanBytesPerSecond(kUploadKp))), false, sync_target);
   met &= PrintRatio("same-host/in-process (download 256 MiB throughput)",
                     if_shared(Ratio(down_same, r.MeanBytesPerSecond(kDownloadKp))), false,
                     sync_target);

@@ -171,9 +171,7 @@ RemoteBench::~RemoteBench() {
 }
 
 const std::string& RemoteBench::address() const { return s_->address; }
-std::string RemoteBench::same_host_address() const {
-  return s_->same_host_server->address();
-}
+std::string RemoteBench::same_host_address() const { return s_->same_host_server->address(); }
 uint64_t RemoteBench::same_host_shared_tensors() const {
   return static_cast<uint64_t>(
       s_->same_host_server->metrics().shared_memory_tensors_total().Value());

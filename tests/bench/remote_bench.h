@@ -35,13 +35,13 @@ inline constexpr char kUploadSameHost[] = "upload_256MiB/same_host";
 inline constexpr char kDownloadSameHost[] = "download_256MiB/same_host";
 
 struct RemoteConfig {
-  uint32_t physical_device = 0;      // the one device the daemon serves
-  std::vector<uint32_t> tiny_spirv;  // the tiny sequence's shader
-  double min_time_s = 1.5;           // ping, tiny_eval, async_evals
-  int64_t tcp_iterations = 5;        // 256 MiB each
-  int64_t bulk_iterations = 3;       // remote 256 MiB transfers
+  uint32_t physical_device = 0;            // the one device the daemon serves
+  std::vector<uint32_t> tiny_spirv;        // the tiny sequence's shader
+  double min_time_s = 1.5;                 // ping, tiny_eval, async_evals
+  int64_t tcp_iterations = 5;              // 256 MiB each
+  int64_t bulk_iterations = 3;             // remote 256 MiB transfers
   int64_t same_host_bulk_iterations = 10;  // same-host 256 MiB transfers (as the in-process ones)
-  uint32_t async_depth = 4;          // evals kept in flight by async_evals
+  uint32_t async_depth = 4;                // evals kept in flight by async_evals
 };
 
 // Owns the daemon, the remote Manager and the objects of the remote and the in-process

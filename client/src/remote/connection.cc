@@ -7,11 +7,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "komputed/core/malloc_tuning.h"
-#include "komputed/v1/shared_memory_wire.h"
-#include "spdlog/spdlog.h"
 #include "komputed/core/status.h"
+#include "komputed/v1/shared_memory_wire.h"
 #include "remote/credentials.h"
 #include "remote/rpc.h"
+#include "spdlog/spdlog.h"
 
 namespace kp::internal::remote {
 namespace {
@@ -110,9 +110,10 @@ std::shared_ptr<core::SharedMemory> Connection::ShareMemory(uint64_t region, uin
   absl::StatusOr<std::shared_ptr<core::SharedMemory>> memory =
       core::SharedMemory::Create(bytes, "komputed-tensor");
   if (!memory.ok()) {
-    spdlog::warn("komputed: no shared memory for a tensor of {} bytes ({}); its data goes over "
-                 "gRPC",
-                 bytes, memory.status().ToString());
+    spdlog::warn(
+        "komputed: no shared memory for a tensor of {} bytes ({}); its data goes over "
+        "gRPC",
+        bytes, memory.status().ToString());
     return nullptr;
   }
   const absl::Status passed =
@@ -122,16 +123,18 @@ std::shared_ptr<core::SharedMemory> Connection::ShareMemory(uint64_t region, uin
   if (absl::IsUnavailable(passed) || absl::IsNotFound(passed)) {
     // Another host, another network namespace, or another daemon behind the address.
     if (shared_memory_usable_.exchange(false)) {
-      spdlog::info("komputed: the daemon's shared memory cannot be used from here ({}); tensor "
-                   "data goes over gRPC",
-                   passed.ToString());
+      spdlog::info(
+          "komputed: the daemon's shared memory cannot be used from here ({}); tensor "
+          "data goes over gRPC",
+          passed.ToString());
     }
     return nullptr;
   }
   if (!passed.ok()) {
-    spdlog::warn("komputed: the daemon refused shared memory for a tensor of {} bytes ({}); its "
-                 "data goes over gRPC",
-                 bytes, passed.ToString());
+    spdlog::warn(
+        "komputed: the daemon refused shared memory for a tensor of {} bytes ({}); its "
+        "data goes over gRPC",
+        bytes, passed.ToString());
     return nullptr;
   }
   return *std::move(memory);

@@ -16,8 +16,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "backend.h"
-#include "komputed/v1/komputed.grpc.pb.h"
 #include "komputed/core/shared_memory.h"
+#include "komputed/v1/komputed.grpc.pb.h"
 #include "remote/bulk_transfer.h"
 #include "remote/remote_backend.h"
 

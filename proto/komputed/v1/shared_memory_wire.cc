@@ -44,8 +44,8 @@ absl::StatusOr<std::pair<sockaddr_un, socklen_t>> Address(const std::string& nam
         absl::StrCat("shared-memory socket name of ", name.size(), " bytes"));
   }
   std::memcpy(address.sun_path + 1, name.data(), name.size());
-  return std::make_pair(
-      address, static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size()));
+  return std::make_pair(address,
+                        static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size()));
 }
 
 std::string Errno(absl::string_view what) { return absl::StrCat(what, ": ", std::strerror(errno)); }
@@ -101,8 +101,7 @@ absl::Status PassSharedMemory(const std::string& socket_name, absl::string_view 
   }
   Reply reply{};
   const ssize_t n = recv(s, &reply, sizeof(reply), 0);
-  if (n != static_cast<ssize_t>(sizeof(reply)) || reply.magic != kMagic ||
-      reply.region != region) {
+  if (n != static_cast<ssize_t>(sizeof(reply)) || reply.magic != kMagic || reply.region != region) {
     return absl::UnavailableError(
         absl::StrCat("no valid answer on @", socket_name, " to passing shared memory"));
   }
@@ -119,8 +118,7 @@ absl::StatusOr<int> ListenSharedMemory(const std::string& socket_name) {
   if (s < 0) return absl::UnavailableError(Errno("socket"));
   if (bind(s, reinterpret_cast<const sockaddr*>(&address->first), address->second) != 0 ||
       listen(s, 128) != 0) {
-    absl::Status error =
-        absl::UnavailableError(Errno(absl::StrCat("listening on @", socket_name)));
+    absl::Status error = absl::UnavailableError(Errno(absl::StrCat("listening on @", socket_name)));
     close(s);
     return error;
   }
@@ -162,9 +160,8 @@ absl::StatusOr<SharedMemoryAttach> ReceiveSharedMemory(int connection) {
         "a shared-memory request of ", n, " bytes; the daemon takes ", sizeof(request))));
   }
   if (request.magic != kMagic || request.version != kVersion) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("a shared-memory request of version ", request.version, "; the daemon takes ",
-                     kVersion)));
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "a shared-memory request of version ", request.version, "; the daemon takes ", kVersion)));
   }
   if (fds.size() != 1) {
     return refuse(absl::InvalidArgumentError(absl::StrCat(
@@ -184,8 +181,7 @@ void AnswerSharedMemory(int connection, uint64_t region, const absl::Status& sta
   reply.code = static_cast<int32_t>(status.code());
   reply.region = region;
   const absl::string_view message = status.message();
-  std::memcpy(reply.message, message.data(),
-              std::min(message.size(), sizeof(reply.message) - 1));
+  std::memcpy(reply.message, message.data(), std::min(message.size(), sizeof(reply.message) - 1));
   // A reply that does not fit the socket's buffer now is dropped: the client then times out.
   (void)send(connection, &reply, sizeof(reply), MSG_DONTWAIT | MSG_NOSIGNAL);
 }

@@ -1,0 +1,386 @@
+// The same-host path: a client on the daemon's host keeps its tensors' host data in memory that
+// it shares with the daemon (sealed memfds passed over the daemon's abstract socket), and the
+// daemon makes the tensors' host-data buffers over it. The real daemon binary, the kp client.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <kompute/Kompute.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "komputed/v1/komputed.grpc.pb.h"
+#include "komputed/v1/shared_memory_wire.h"
+#include "support/daemon_process.h"
+#include "support/metrics.h"
+#include "support/process.h"
+#include "support/scoped_env.h"
+#include "support/stubs.h"
+
+namespace {
+
+namespace v1 = komputed::v1;
+using komputed::test_support::DaemonProcess;
+using komputed::test_support::Samples;
+using komputed::test_support::ScopedEnv;
+using komputed::test_support::Spawn;
+using komputed::test_support::Stubs;
+using ::testing::HasSubstr;
+
+constexpr char kScaleShader[] = R"(
+  #version 450
+  layout(local_size_x = 64) in;
+  layout(set = 0, binding = 0) buffer In { float in_v[]; };
+  layout(set = 0, binding = 1) buffer Out { float out_v[]; };
+  void main() {
+    uint i = gl_GlobalInvocationID.x;
+    if (i < in_v.length()) out_v[i] = in_v[i] * 2.0;
+  }
+)";
+
+// A daemon on a Unix socket in a folder of its own.
+class SocketDaemon {
+ public:
+  explicit SocketDaemon(std::vector<std::string> flags = {}) {
+    char dir[] = "/tmp/komputed-same-host-XXXXXX";
+    if (mkdtemp(dir) != nullptr) dir_ = dir;
+    flags.push_back("--listen=unix:" + dir_ + "/komputed.sock");
+    daemon_ = std::make_unique<DaemonProcess>(flags);
+  }
+  ~SocketDaemon() {
+    daemon_.reset();
+    rmdir(dir_.c_str());
+  }
+  DaemonProcess& daemon() { return *daemon_; }
+  const std::string& address() const { return daemon_->address(); }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<DaemonProcess> daemon_;
+};
+
+// How many mappings of tensors' shared memory the process `pid` has.
+int SharedMappings(pid_t pid) {
+  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("memfd:komputed-tensor") != std::string::npos) ++n;
+  }
+  return n;
+}
+
+// b = 2 * a through the daemon, with a's data changed between two evals; returns whether every
+// value came back right.
+bool ScaleTwice(kp::Manager& mgr, size_t count) {
+  std::vector<float> values(count);
+  for (size_t i = 0; i < count; ++i) values[i] = static_cast<float>(i % 1000);
+  auto a = mgr.tensor(values);
+  auto b = mgr.tensor(std::vector<float>(count, 0.0f));
+  const std::vector<std::shared_ptr<kp::Tensor>> params = {a, b};
+  auto algo = mgr.algorithm(params, kp::compileSource(kScaleShader),
+                            kp::Workgroup{static_cast<uint32_t>((count + 63) / 64), 1, 1});
+  auto seq = mgr.sequence();
+  seq->record<kp::OpTensorSyncDevice>({a})
+      ->record<kp::OpAlgoDispatch>(algo)
+      ->record<kp::OpTensorSyncLocal>({b});
+  seq->eval();
+  bool ok = true;
+  for (size_t i = 0; i < count; ++i) ok &= b->vector()[i] == 2.0f * values[i];
+  for (float& v : values) v += 1.0f;
+  a->setData(values);
+  seq->eval();
+  const std::vector<float> out = b->vector();
+  for (size_t i = 0; i < count; ++i) ok &= out[i] == 2.0f * values[i];
+  return ok;
+}
+
+TEST(SameHost, TensorsLiveInSharedMemoryAndNoByteCrossesTheSocket) {
+  SocketDaemon d;
+  ASSERT_TRUE(d.daemon().started());
+  {
+    kp::Manager mgr{d.address()};
+    EXPECT_TRUE(ScaleTwice(mgr, 1 << 16));
+    // The daemon maps both tensors' memory while they live.
+    EXPECT_GE(SharedMappings(d.daemon().pid()), 2);
+    const Samples samples = Samples::From(d.daemon());
+    EXPECT_GE(samples.Get("komputed_shared_memory_tensors_total"), 2);
+    EXPECT_EQ(samples.Get("komputed_bytes_transferred_total", {{"direction", "upload"}}), 0);
+    EXPECT_EQ(samples.Get("komputed_bytes_transferred_total", {{"direction", "download"}}), 0);
+  }
+  // The client closed its session: the daemon unmapped everything.
+  EXPECT_EQ(SharedMappings(d.daemon().pid()), 0);
+}
+
+TEST(SameHost, TurnedOffByTheClientTheDataGoesOverGrpc) {
+  SocketDaemon d;
+  ASSERT_TRUE(d.daemon().started());
+  ScopedEnv off("KOMPUTED_SHARED_MEMORY", std::string("0"));
+  kp::Manager mgr{d.address()};
+  EXPECT_TRUE(ScaleTwice(mgr, 1 << 16));
+  const Samples samples = Samples::From(d.daemon());
+  EXPECT_EQ(samples.Get("komputed_shared_memory_tensors_total"), 0);
+  EXPECT_GE(samples.Get("komputed_bytes_transferred_total", {{"direction", "upload"}}),
+            2 * (1 << 16) * sizeof(float));
+  EXPECT_EQ(SharedMappings(d.daemon().pid()), 0);
+}
+
+TEST(SameHost, TurnedOffByTheDaemonNoneIsOffered) {
+  SocketDaemon d({"--shared_memory=false"});
+  ASSERT_TRUE(d.daemon().started());
+  Stubs stubs(d.address());
+  grpc::ClientContext context;
+  v1::OpenSessionRequest request;
+  v1::OpenSessionResponse response;
+  ASSERT_TRUE(stubs.sessions->OpenSession(&context, request, &response).ok());
+  EXPECT_EQ(response.shared_memory_socket(), "");
+  EXPECT_EQ(response.shared_memory_ticket(), "");
+  kp::Manager mgr{d.address()};
+  EXPECT_TRUE(ScaleTwice(mgr, 1024));
+  EXPECT_EQ(Samples::From(d.daemon()).Get("komputed_shared_memory_tensors_total"), 0);
+}
+
+TEST(SameHost, KilledClientLeavesNoMappingBehind) {
+  SocketDaemon d({"--session_idle_timeout=1s"});
+  ASSERT_TRUE(d.daemon().started());
+  const char* env = std::getenv("VANISHING_CLIENT");
+  const std::string client = env != nullptr && env[0] != '\0' ? env : VANISHING_CLIENT;
+  int out = -1;
+  const pid_t child = Spawn({client, d.address()}, &out);
+  pollfd p{out, POLLIN, 0};
+  ASSERT_GT(poll(&p, 1, 60000), 0) << "the client did not get ready";
+  char buf[16] = {};
+  ASSERT_GT(read(out, buf, sizeof(buf) - 1), 0);
+  ASSERT_STREQ(buf, "ready\n");
+  close(out);
+  // Its 16 MiB tensor lives in shared memory: the daemon maps it.
+  EXPECT_EQ(SharedMappings(d.daemon().pid()), 1);
+  EXPECT_EQ(Samples::From(d.daemon()).Get("komputed_shared_memory_tensors_total"), 1);
+
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  // Reaped: no mapping stays (the memfd had only the client's and the mapping's references).
+  int mappings = 1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    mappings = SharedMappings(d.daemon().pid());
+    if (mappings == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(mappings, 0);
+  // No descriptor of a memfd stays open in the daemon either.
+  int memfds = 0;
+  const std::string fd_dir = "/proc/" + std::to_string(d.daemon().pid()) + "/fd/";
+  for (int fd = 0; fd < 4096; ++fd) {
+    char target[256] = {};
+    if (readlink((fd_dir + std::to_string(fd)).c_str(), target, sizeof(target) - 1) > 0 &&
+        std::string(target).find("memfd:") != std::string::npos) {
+      ++memfds;
+    }
+  }
+  EXPECT_EQ(memfds, 0);
+}
+
+// A memfd of `size` bytes with `seals`.
+int Memfd(uint64_t size, int seals) {
+  const int fd = memfd_create("komputed-tensor", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return -1;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) return -1;
+  if (seals != 0 && fcntl(fd, F_ADD_SEALS, seals) != 0) return -1;
+  return fd;
+}
+
+constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+
+class SameHostWire : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(d_.daemon().started());
+    grpc::ClientContext context;
+    v1::OpenSessionRequest request;
+    ASSERT_TRUE(stubs_.sessions->OpenSession(&context, request, &session_).ok());
+    ASSERT_FALSE(session_.shared_memory_socket().empty()) << "lavapipe imports host memory";
+    ASSERT_EQ(session_.shared_memory_ticket().size(), v1::wire::kSharedMemoryTicketSize);
+  }
+
+  absl::Status Pass(uint64_t region, int fd, uint64_t size, std::string ticket = "") {
+    return v1::wire::PassSharedMemory(session_.shared_memory_socket(),
+                                      ticket.empty() ? session_.shared_memory_ticket() : ticket,
+                                      region, fd, size, absl::Seconds(10));
+  }
+
+  grpc::Status Create(uint64_t handle, uint64_t count, uint64_t region,
+                      v1::MemoryType memory = v1::MEMORY_TYPE_DEVICE, std::string data = "") {
+    grpc::ClientContext context;
+    v1::CreateTensorRequest request;
+    request.set_session_id(session_.session_id());
+    request.set_handle(handle);
+    request.set_element_type(v1::ELEMENT_TYPE_FLOAT32);
+    request.set_count(count);
+    request.set_memory_type(memory);
+    request.set_shared_memory(region);
+    request.set_data(data);
+    v1::CreateTensorResponse response;
+    return stubs_.tensors->CreateTensor(&context, request, &response);
+  }
+
+  SocketDaemon d_;
+  Stubs stubs_{d_.address()};
+  v1::OpenSessionResponse session_;
+};
+
+TEST_F(SameHostWire, HostileMemoryIsRefusedWithItsReason) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  // Not sealed: the client could shrink it under the daemon.
+  int fd = Memfd(page, 0);
+  absl::Status s = Pass(1, fd, page);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("not sealed against shrinking"));
+  close(fd);
+  // Sealed against shrinking only.
+  fd = Memfd(page, F_SEAL_SHRINK);
+  EXPECT_EQ(Pass(1, fd, page).code(), absl::StatusCode::kInvalidArgument);
+  close(fd);
+  // Sealed against writes.
+  fd = Memfd(page, kSizeSeals | F_SEAL_WRITE);
+  s = Pass(1, fd, page);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("sealed against writes"));
+  close(fd);
+  // Another size than the one declared, and sizes that are not whole pages.
+  fd = Memfd(page, kSizeSeals);
+  s = Pass(1, fd, 2 * page);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("not " + std::to_string(2 * page)));
+  EXPECT_THAT(std::string(Pass(1, fd, page / 2).message()), HasSubstr("whole number"));
+  EXPECT_EQ(Pass(1, fd, 0).code(), absl::StatusCode::kInvalidArgument);
+  // Region 0, and a ticket that is no session's.
+  EXPECT_EQ(Pass(0, fd, page).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Pass(1, fd, page, std::string(v1::wire::kSharedMemoryTicketSize, 'a')).code(),
+            absl::StatusCode::kNotFound);
+  close(fd);
+  // A file that is not a memfd.
+  char path[] = "/tmp/komputed-not-memfd-XXXXXX";
+  fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  unlink(path);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(page)), 0);
+  s = Pass(1, fd, page);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("not a memfd"));
+  close(fd);
+  // A pipe.
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  EXPECT_THAT(std::string(Pass(1, pipe_fds[0], page).message()), HasSubstr("not a memfd"));
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
+
+  // Records of another shape, without a descriptor: refused, and the daemon goes on.
+  for (size_t bytes : {size_t{0}, size_t{3}, size_t{56}, size_t{4000}}) {
+    const int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    const std::string& name = session_.shared_memory_socket();
+    std::memcpy(address.sun_path + 1, name.data(), name.size());
+    ASSERT_EQ(connect(sock, reinterpret_cast<const sockaddr*>(&address),
+                      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size())),
+              0);
+    std::vector<char> junk(bytes, 'x');
+    if (bytes > 0) {
+      EXPECT_EQ(send(sock, junk.data(), junk.size(), 0), ssize_t(bytes));
+    } else {
+      shutdown(sock, SHUT_WR);
+    }
+    pollfd p{sock, POLLIN, 0};
+    EXPECT_GT(poll(&p, 1, 10000), 0) << "the daemon answered, or closed, the connection";
+    close(sock);
+  }
+
+  // None of it left a region behind: a tensor over region 1 does not exist.
+  EXPECT_EQ(Create(1, 4, 1).error_code(), grpc::NOT_FOUND);
+  grpc::ClientContext context;
+  v1::PingRequest ping;
+  v1::PingResponse pong;
+  EXPECT_TRUE(stubs_.sessions->Ping(&context, ping, &pong).ok());
+}
+
+TEST_F(SameHostWire, TensorsTakeOnlyTheirOwnRegionsAsTheyFit) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const int fd = Memfd(page, kSizeSeals);
+  ASSERT_GE(fd, 0);
+  float* values = static_cast<float*>(
+      mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  ASSERT_NE(values, MAP_FAILED);
+  for (int i = 0; i < 16; ++i) values[i] = static_cast<float>(i) + 0.5f;
+  ASSERT_TRUE(Pass(5, fd, page).ok());
+  // Twice the same region.
+  EXPECT_EQ(Pass(5, fd, page).code(), absl::StatusCode::kAlreadyExists);
+  close(fd);
+
+  // Not a region of this session; data as well as shared memory; more than the region holds;
+  // a memory type that cannot take it. None of them takes the region.
+  EXPECT_EQ(Create(1, 16, 6).error_code(), grpc::NOT_FOUND);
+  EXPECT_EQ(Create(1, 4, 5, v1::MEMORY_TYPE_DEVICE, std::string(16, '\0')).error_code(),
+            grpc::INVALID_ARGUMENT);
+  grpc::Status st = Create(1, page, 5);
+  EXPECT_EQ(st.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("do not fit in shared-memory region 5"));
+  EXPECT_EQ(Create(1, 16, 5, v1::MEMORY_TYPE_DEVICE_AND_HOST).error_code(),
+            grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(Create(1, 16, 5, v1::MEMORY_TYPE_STORAGE).error_code(), grpc::INVALID_ARGUMENT);
+
+  // Another session cannot take it, even knowing the region's number.
+  grpc::ClientContext context;
+  v1::OpenSessionRequest open;
+  v1::OpenSessionResponse other;
+  ASSERT_TRUE(stubs_.sessions->OpenSession(&context, open, &other).ok());
+  {
+    grpc::ClientContext c;
+    v1::CreateTensorRequest request;
+    request.set_session_id(other.session_id());
+    request.set_handle(1);
+    request.set_element_type(v1::ELEMENT_TYPE_FLOAT32);
+    request.set_count(16);
+    request.set_shared_memory(5);
+    v1::CreateTensorResponse response;
+    EXPECT_EQ(stubs_.tensors->CreateTensor(&c, request, &response).error_code(), grpc::NOT_FOUND);
+  }
+
+  // The tensor takes it; its host data is the memory as the client wrote it.
+  ASSERT_TRUE(Create(1, 16, 5).ok());
+  EXPECT_EQ(Create(2, 16, 5).error_code(), grpc::NOT_FOUND);  // taken
+  {
+    grpc::ClientContext c;
+    v1::ReadTensorRequest request;
+    request.set_session_id(session_.session_id());
+    request.set_handle(1);
+    auto reader = stubs_.tensors->ReadTensor(&c, request);
+    std::string data;
+    v1::TensorChunk chunk;
+    while (reader->Read(&chunk)) data += chunk.data();
+    ASSERT_TRUE(reader->Finish().ok());
+    ASSERT_EQ(data.size(), 16 * sizeof(float));
+    EXPECT_EQ(std::memcmp(data.data(), values, data.size()), 0);
+  }
+  munmap(values, page);
+  EXPECT_EQ(SharedMappings(d_.daemon().pid()), 1);
+  {
+    grpc::ClientContext c;
+    v1::CloseSessionRequest request;
+    request.set_session_id(session_.session_id());
+    v1::CloseSessionResponse response;
+    ASSERT_TRUE(stubs_.sessions->CloseSession(&c, request, &response).ok());
+  }
+  EXPECT_EQ(SharedMappings(d_.daemon().pid()), 0);
+}
+
+}  // namespace
