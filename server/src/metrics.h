@@ -52,6 +52,9 @@ inline const prometheus::Histogram::BucketBoundaries kRpcDurationBuckets = {
   COUNTER(shared_memory_tensors_total, "komputed_shared_memory_tensors_total",                    \
           "Tensors made over shared memory that a same-host client passed: their host data "      \
           "never crosses a socket.")                                                              \
+  COUNTER(same_host_evals_total, "komputed_same_host_evals_total",                                \
+          "Evals that same-host clients sent on the shared-memory socket's channel instead of "   \
+          "gRPC.")                                                                                \
   GAUGE(device_memory_used_bytes, "komputed_device_memory_used_bytes",                            \
         "Tensor memory that sessions hold on the device, in bytes (a device tensor counts its "   \
         "buffer and its staging buffer).",                                                        \

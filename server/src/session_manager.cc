@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "komputed/core/shared_memory.h"
+#include "session_wire.h"
 #include "komputed/core/status.h"
 #include "status.h"
 
@@ -80,10 +81,18 @@ SessionManager::SessionManager(DevicePool* pool, const ServerOptions& options, M
   }
   reaper_ = std::thread([this] { Reap(); });
   if (options_.shared_memory) {
+    SharedMemoryListener::Handlers handlers;
+    handlers.take = [this](v1::wire::SharedMemoryAttach request) {
+      return TakeSharedMemory(std::move(request));
+    };
+    handlers.bind = [this](absl::string_view ticket) { return UseByTicket(ticket).status(); };
+    handlers.eval = [this](const std::string& ticket, std::string request,
+                           std::function<void(std::string)> answer) {
+      SameHostEval(ticket, std::move(request), std::move(answer));
+    };
     absl::StatusOr<std::unique_ptr<SharedMemoryListener>> listener =
-        SharedMemoryListener::Start([this](v1::wire::SharedMemoryAttach request) {
-          return TakeSharedMemory(std::move(request));
-        });
+        SharedMemoryListener::Start(std::move(handlers),
+                                    static_cast<size_t>(std::max(options_.eval_inline_waiters, 0)) + 1);
     if (listener.ok()) {
       shared_memory_ = *std::move(listener);
       spdlog::info("same-host clients pass shared memory on the abstract socket @{}",
@@ -93,6 +102,72 @@ SessionManager::SessionManager(DevicePool* pool, const ServerOptions& options, M
                    listener.status().ToString());
     }
   }
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::UseByTicket(absl::string_view ticket) {
+  std::shared_ptr<Session> session;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tickets_.find(ticket);
+    if (it != tickets_.end()) session = it->second.lock();
+    if (session == nullptr) {
+      return absl::NotFoundError(
+          "no session of this daemon has that ticket (closed, or another daemon's)");
+    }
+    session->BeginUse();  // under mu_, as Get: the reaper cannot take it from here on
+  }
+  session->Touch();
+  Session* raw = session.get();
+  return std::shared_ptr<Session>(raw, [keep = std::move(session)](Session* s) { s->EndUse(); });
+}
+
+void SessionManager::SameHostEval(const std::string& ticket, std::string bytes,
+                                  std::function<void(std::string)> answer) {
+  auto fail = [&answer](const absl::Status& status) {
+    answer(v1::wire::EncodeChannelReply(status, {}));
+  };
+  absl::StatusOr<std::shared_ptr<Session>> session = UseByTicket(ticket);
+  if (!session.ok()) return fail(session.status());
+  auto request = std::make_shared<v1::EvalRequest>();
+  if (!request->ParseFromString(bytes)) {
+    return fail(absl::InvalidArgumentError("a channel eval that is not an EvalRequest"));
+  }
+  // What the channel's thread can do at once: no object to build, no answer to outgrow a record.
+  for (const v1::Command& command : request->commands()) {
+    if (command.has_create_tensor() || command.has_create_algorithm() ||
+        command.has_rebuild_algorithm()) {
+      return fail(absl::InvalidArgumentError(
+          "a channel eval that creates objects (send those over gRPC)"));
+    }
+  }
+  if (request->downloads_size() > 0) {
+    return fail(absl::InvalidArgumentError(
+        "a channel eval with downloads (shared tensors need none; send others over gRPC)"));
+  }
+  metrics_->same_host_evals_total().Increment();
+  std::shared_ptr<Session> s = *std::move(session);
+  const std::string id = s->id();
+  s->Eval(wire::FromWire(*request, id), absl::InfiniteFuture(), /*may_wait_inline=*/true,
+          [request, s, answer = std::move(answer)](absl::StatusOr<EvalResult> result) mutable {
+            if (!result.ok()) {
+              answer(v1::wire::EncodeChannelReply(result.status(), {}));
+            } else {
+              v1::EvalResponse response;
+              wire::ToWire(*std::move(result), &response);
+              std::string out;
+              response.SerializeToString(&out);
+              if (out.size() + 64 > v1::wire::kMaxChannelRecord) {
+                answer(v1::wire::EncodeChannelReply(
+                    absl::ResourceExhaustedError(absl::StrCat(
+                        "the eval's answer of ", out.size(),
+                        " bytes does not fit a channel record; its results are on the daemon")),
+                    {}));
+              } else {
+                answer(v1::wire::EncodeChannelReply(absl::OkStatus(), out));
+              }
+            }
+            s.reset();
+          });
 }
 
 absl::Status SessionManager::TakeSharedMemory(v1::wire::SharedMemoryAttach request) {

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -70,6 +71,12 @@ class SessionManager {
 
  private:
   void Reap();
+  // The session of a shared-memory ticket, in use as Get's.
+  absl::StatusOr<std::shared_ptr<Session>> UseByTicket(absl::string_view ticket)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // An eval on the same-host channel (SharedMemoryListener::Handlers::eval).
+  void SameHostEval(const std::string& ticket, std::string request,
+                    std::function<void(std::string)> answer);
   // A region passed on the shared-memory socket: mapped and handed to the session of its ticket.
   absl::Status TakeSharedMemory(v1::wire::SharedMemoryAttach request) ABSL_LOCKS_EXCLUDED(mu_);
   // Closes the sessions idle past the timeout; returns when to look next.

@@ -6,11 +6,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <vector>
 
 #include "absl/random/random.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -20,8 +22,10 @@ namespace komputed::server {
 
 namespace {
 
-// Connections open at once, and how long each may take to send its request.
-constexpr size_t kMaxConnections = 256;
+// Connections open at once (bound channels and others), those not bound to a session, and how
+// long one of those may take to send its request or bind.
+constexpr size_t kMaxConnections = 8192;
+constexpr size_t kMaxUnbound = 256;
 constexpr absl::Duration kRequestTime = absl::Seconds(2);
 
 std::string RandomHex(size_t bytes_wanted) {
@@ -44,10 +48,43 @@ std::string RandomHex(size_t bytes_wanted) {
 
 std::string NewSharedMemoryTicket() { return RandomHex(v1::wire::kSharedMemoryTicketSize / 2); }
 
-absl::StatusOr<std::unique_ptr<SharedMemoryListener>> SharedMemoryListener::Start(Take take) {
+// One connection. The listener's thread owns it; an answer sent from another thread takes the
+// lock, and finds the descriptor closed (and sends nothing) once the listener has closed it.
+struct SharedMemoryListener::Connection {
+  explicit Connection(int fd, absl::Time deadline) : fd(fd), deadline(deadline) {}
+  // Closes the descriptor (once).
+  void Close() {
+    absl::MutexLock lock(&mu);
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+  // Sends `record` unless closed; a client that does not take it is cut off.
+  void Send(const std::string& record) {
+    absl::MutexLock lock(&mu);
+    if (fd < 0) return;
+    if (send(fd, record.data(), record.size(), MSG_DONTWAIT | MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(record.size())) {
+      shutdown(fd, SHUT_RDWR);  // the listener sees the hang-up and closes it
+    }
+  }
+
+  // Only the listener's thread changes fd (Close): it reads it without the lock.
+  int fd_for_listener() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return fd; }
+
+  absl::Mutex mu;
+  int fd ABSL_GUARDED_BY(mu);
+  // Listener thread only:
+  absl::Time deadline;  // unbound connections: closed past it
+  std::string ticket;   // set once bound
+  // Set while an eval of the channel runs (cleared by its answer, from any thread).
+  std::atomic<bool> in_flight{false};
+};
+
+absl::StatusOr<std::unique_ptr<SharedMemoryListener>> SharedMemoryListener::Start(
+    Handlers handlers, size_t eval_workers) {
   auto listener = std::unique_ptr<SharedMemoryListener>(new SharedMemoryListener());
   listener->name_ = absl::StrCat("komputed-", getpid(), "-", RandomHex(8));
-  listener->take_ = std::move(take);
+  listener->handlers_ = std::move(handlers);
   absl::StatusOr<int> fd = v1::wire::ListenSharedMemory(listener->name_);
   if (!fd.ok()) return fd.status();
   listener->listen_fd_ = *fd;
@@ -56,7 +93,28 @@ absl::StatusOr<std::unique_ptr<SharedMemoryListener>> SharedMemoryListener::Star
     return absl::UnavailableError(absl::StrCat("eventfd: ", std::strerror(errno)));
   }
   listener->thread_ = std::thread([l = listener.get()] { l->Run(); });
+  for (size_t i = 0; i < std::max<size_t>(eval_workers, 1); ++i) {
+    listener->workers_.emplace_back([l = listener.get()] { l->Work(); });
+  }
   return listener;
+}
+
+void SharedMemoryListener::Work() {
+  for (;;) {
+    std::function<void()> job;
+    {
+      absl::MutexLock lock(&jobs_mu_);
+      jobs_mu_.Await(absl::Condition(
+          +[](SharedMemoryListener* l) ABSL_EXCLUSIVE_LOCKS_REQUIRED(l->jobs_mu_) {
+            return l->stopping_ || !l->jobs_.empty();
+          },
+          this));
+      if (jobs_.empty()) return;  // stopping
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();
+  }
 }
 
 SharedMemoryListener::~SharedMemoryListener() {
@@ -65,25 +123,86 @@ SharedMemoryListener::~SharedMemoryListener() {
     (void)!write(wake_fd_, &one, sizeof(one));
     thread_.join();
   }
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    stopping_ = true;
+    jobs_.clear();  // their connections are closed: no answer could be sent
+  }
+  for (std::thread& w : workers_) w.join();
   if (listen_fd_ >= 0) close(listen_fd_);
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
-void SharedMemoryListener::Run() {
-  struct Connection {
-    int fd;
-    absl::Time deadline;
+bool SharedMemoryListener::Handle(const std::shared_ptr<Connection>& c,
+                                  v1::wire::ReceivedRecord received) {
+  if (!v1::wire::IsChannelRecord(received.record)) {
+    if (!c->ticket.empty()) return false;  // a bound channel carries channel records only
+    absl::StatusOr<v1::wire::SharedMemoryAttach> request =
+        v1::wire::ParseSharedMemory(std::move(received));
+    if (!request.ok()) {
+      v1::wire::AnswerSharedMemory(c->fd_for_listener(), 0, request.status());
+      return false;
+    }
+    const uint64_t region = request->region;
+    v1::wire::AnswerSharedMemory(c->fd_for_listener(), region,
+                                 handlers_.take(*std::move(request)));
+    return false;  // one region per connection
+  }
+  for (int fd : received.fds) close(fd);
+  const bool had_fds = !received.fds.empty();
+  v1::wire::ChannelOp op;
+  absl::string_view payload;
+  absl::Status status = v1::wire::DecodeChannelRequest(received.record, &op, &payload);
+  if (status.ok() && had_fds) {
+    status = absl::InvalidArgumentError("a channel record with descriptors");
+  }
+  if (!status.ok()) {
+    c->Send(v1::wire::EncodeChannelReply(status, {}));
+    return false;
+  }
+  if (op == v1::wire::ChannelOp::kBind) {
+    if (!c->ticket.empty()) {
+      c->Send(v1::wire::EncodeChannelReply(
+          absl::FailedPreconditionError("the channel is bound already"), {}));
+      return false;
+    }
+    status = handlers_.bind(payload);
+    c->Send(v1::wire::EncodeChannelReply(status, {}));
+    if (!status.ok()) return false;
+    c->ticket = std::string(payload);
+    return true;
+  }
+  // kEval: on a bound channel, one at a time.
+  if (c->ticket.empty() || c->in_flight.exchange(true)) {
+    c->Send(v1::wire::EncodeChannelReply(
+        absl::FailedPreconditionError(c->ticket.empty()
+                                          ? "an eval on a channel bound to no session"
+                                          : "an eval while the channel's last one still runs"),
+        {}));
+    return false;
+  }
+  auto job = [this, c, request = std::string(payload)]() mutable {
+    handlers_.eval(c->ticket, std::move(request), [c](std::string record) {
+      c->in_flight.store(false);
+      c->Send(record);
+    });
   };
-  std::vector<Connection> connections;
+  absl::MutexLock lock(&jobs_mu_);
+  jobs_.push_back(std::move(job));
+  return true;
+}
+
+void SharedMemoryListener::Run() {
+  std::vector<std::shared_ptr<Connection>> connections;
   std::vector<pollfd> polled;
   for (;;) {
     polled.clear();
     polled.push_back({wake_fd_, POLLIN, 0});
     polled.push_back({listen_fd_, POLLIN, 0});
     absl::Time next = absl::InfiniteFuture();
-    for (const Connection& c : connections) {
-      polled.push_back({c.fd, POLLIN, 0});
-      next = std::min(next, c.deadline);
+    for (const auto& c : connections) {
+      polled.push_back({c->fd_for_listener(), POLLIN, 0});
+      if (c->ticket.empty()) next = std::min(next, c->deadline);
     }
     const absl::Duration wait = next - absl::Now();
     const int timeout =
@@ -95,31 +214,31 @@ void SharedMemoryListener::Run() {
       break;
     }
     if (polled[0].revents != 0) break;
-    // Requests first, then deadlines, then new connections.
+    // Records first, then deadlines, then new connections.
     const absl::Time now = absl::Now();
-    std::vector<Connection> kept;
+    std::vector<std::shared_ptr<Connection>> kept;
+    size_t unbound = 0;
     for (size_t i = 0; i < connections.size(); ++i) {
-      Connection& c = connections[i];
-      const short events = polled[i + 2].revents;
-      bool done = false;
-      if (events != 0) {
-        absl::StatusOr<v1::wire::SharedMemoryAttach> request = v1::wire::ReceiveSharedMemory(c.fd);
-        if (request.ok()) {
-          const uint64_t region = request->region;
-          v1::wire::AnswerSharedMemory(c.fd, region, take_(*std::move(request)));
-          done = true;
-        } else if (request.status().message() != "again") {
-          if (absl::IsInvalidArgument(request.status())) {
-            v1::wire::AnswerSharedMemory(c.fd, 0, request.status());
+      const std::shared_ptr<Connection>& c = connections[i];
+      bool keep = true;
+      if (polled[i + 2].revents != 0) {
+        absl::StatusOr<v1::wire::ReceivedRecord> received =
+            v1::wire::ReceiveRecord(c->fd_for_listener());
+        if (received.ok()) {
+          keep = Handle(c, *std::move(received));
+        } else if (received.status().message() != "again") {
+          if (absl::IsInvalidArgument(received.status())) {
+            c->Send(v1::wire::EncodeChannelReply(received.status(), {}));
           }
-          done = true;
+          keep = false;
         }
       }
-      if (!done && now >= c.deadline) done = true;
-      if (done) {
-        close(c.fd);
-      } else {
+      if (keep && c->ticket.empty() && now >= c->deadline) keep = false;
+      if (keep) {
+        if (c->ticket.empty()) ++unbound;
         kept.push_back(c);
+      } else {
+        c->Close();
       }
     }
     connections.swap(kept);
@@ -127,15 +246,16 @@ void SharedMemoryListener::Run() {
       for (;;) {
         const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
-        if (connections.size() >= kMaxConnections) {
+        if (unbound >= kMaxUnbound || connections.size() >= kMaxConnections) {
           close(fd);
           continue;
         }
-        connections.push_back({fd, now + kRequestTime});
+        ++unbound;
+        connections.push_back(std::make_shared<Connection>(fd, now + kRequestTime));
       }
     }
   }
-  for (const Connection& c : connections) close(c.fd);
+  for (const auto& c : connections) c->Close();
 }
 
 }  // namespace komputed::server

@@ -140,6 +140,30 @@ std::shared_ptr<core::SharedMemory> Connection::ShareMemory(uint64_t region, uin
   return *std::move(memory);
 }
 
+std::optional<absl::StatusOr<v1::EvalResponse>> Connection::EvalSameHost(
+    const v1::EvalRequest& request, absl::Duration timeout) {
+  if (!shared_memory_usable_.load() || !SameHostChannel::Takes(request)) return std::nullopt;
+  std::unique_lock<std::mutex> lock(channel_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return std::nullopt;  // another thread's eval is on it: gRPC
+  if (same_host_ == nullptr) {
+    if (channel_failed_) return std::nullopt;
+    absl::StatusOr<std::unique_ptr<SameHostChannel>> opened =
+        SameHostChannel::Open(shared_memory_socket_, shared_memory_ticket_, RpcTimeout());
+    if (!opened.ok()) {
+      channel_failed_ = true;
+      spdlog::info("komputed: no same-host eval channel ({}); evals go over gRPC",
+                   opened.status().ToString());
+      return std::nullopt;
+    }
+    same_host_ = *std::move(opened);
+  }
+  bool sent = false;
+  absl::StatusOr<v1::EvalResponse> response = same_host_->Eval(request, timeout, &sent);
+  if (same_host_->broken()) same_host_.reset();  // opened again for the next eval
+  if (!sent) return std::nullopt;            // it never reached the daemon
+  return response;
+}
+
 Connection::~Connection() {
   StopKeepAlive();
   std::lock_guard<std::mutex> lock(stream_mu_);

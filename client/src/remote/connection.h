@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "komputed/core/shared_memory.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "remote/bulk_transfer.h"
+#include "remote/same_host_channel.h"
 #include "remote/remote_backend.h"
 
 namespace kp::internal::remote {
@@ -65,6 +67,11 @@ class Connection {
   // (logged once; the session keeps to the gRPC path from then on), or the daemon refused this
   // memory (logged).
   std::shared_ptr<komputed::core::SharedMemory> ShareMemory(uint64_t region, uint64_t bytes);
+  // Runs `request` on the same-host channel (same_host_channel.h) when the session uses shared
+  // memory, the request suits the channel and no other thread is using it: the daemon's answer.
+  // Nothing (the caller sends it over gRPC) otherwise, or when it could not be sent.
+  std::optional<absl::StatusOr<komputed::v1::EvalResponse>> EvalSameHost(
+      const komputed::v1::EvalRequest& request, absl::Duration timeout);
   // Whether the daemon offered shared memory and the session still uses it.
   bool shares_memory() const { return shared_memory_usable_.load(); }
 
@@ -102,6 +109,9 @@ class Connection {
   std::string shared_memory_socket_;  // empty: none offered
   std::string shared_memory_ticket_;
   std::atomic<bool> shared_memory_usable_{false};
+  std::mutex channel_mu_;                    // one eval at a time on the channel
+  std::unique_ptr<SameHostChannel> same_host_;  // guarded by channel_mu_; opened on first use
+  bool channel_failed_ = false;               // guarded by channel_mu_: it could not be opened
   VkPhysicalDeviceProperties properties_{};
   absl::Duration idle_timeout_ = absl::Seconds(60);
   std::unique_ptr<BulkTransfer> bulk_;

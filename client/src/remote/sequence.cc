@@ -115,6 +115,11 @@ absl::Status RemoteSequence::Eval(absl::Duration timeout) {
   }
   KD_ASSIGN_OR_RETURN(v1::EvalRequest request, PrepareLocked());
   request.set_timeout_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(timeout)));
+  if (auto same_host = connection_->EvalSameHost(request, timeout + RpcTimeout());
+      same_host.has_value()) {
+    KD_RETURN_IF_ERROR(same_host->status());
+    return FinishLocked(**same_host);
+  }
   grpc::ClientContext context;
   SetDeadline(context, timeout + RpcTimeout());
   v1::EvalResponse response;

@@ -125,9 +125,10 @@ absl::StatusOr<int> ListenSharedMemory(const std::string& socket_name) {
   return s;
 }
 
-absl::StatusOr<SharedMemoryAttach> ReceiveSharedMemory(int connection) {
-  Request request{};
-  iovec iov{&request, sizeof(request)};
+absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection) {
+  ReceivedRecord received;
+  received.record.resize(kMaxChannelRecord + 1);
+  iovec iov{received.record.data(), received.record.size()};
   // Room for more descriptors than one, so that extra ones arrive (and are closed) rather than
   // being cut off.
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
@@ -140,38 +141,55 @@ absl::StatusOr<SharedMemoryAttach> ReceiveSharedMemory(int connection) {
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
     return absl::UnavailableError("again");
   }
-  std::vector<int> fds;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
     for (size_t i = 0; i < count; ++i) {
       int fd;
       std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      fds.push_back(fd);
+      received.fds.push_back(fd);
     }
   }
   auto refuse = [&](absl::Status status) {
-    for (int fd : fds) close(fd);
+    for (int fd : received.fds) close(fd);
     return status;
   };
   if (n <= 0) return refuse(absl::UnavailableError("the client closed the connection"));
-  if (n != static_cast<ssize_t>(sizeof(request)) || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-        "a shared-memory request of ", n, " bytes; the daemon takes ", sizeof(request))));
+  if (static_cast<size_t>(n) > kMaxChannelRecord || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("a record over the daemon's ", kMaxChannelRecord, " bytes")));
   }
+  received.record.resize(static_cast<size_t>(n));
+  return received;
+}
+
+absl::StatusOr<SharedMemoryAttach> ParseSharedMemory(ReceivedRecord received) {
+  auto refuse = [&](absl::Status status) {
+    for (int fd : received.fds) close(fd);
+    return status;
+  };
+  Request request{};
+  if (received.record.size() != sizeof(request)) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("a shared-memory request of ", received.record.size(),
+                     " bytes; the daemon takes ", sizeof(request))));
+  }
+  std::memcpy(&request, received.record.data(), sizeof(request));
   if (request.magic != kMagic || request.version != kVersion) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-        "a shared-memory request of version ", request.version, "; the daemon takes ", kVersion)));
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("a shared-memory request of version ", request.version, "; the daemon takes ",
+                     kVersion)));
   }
-  if (fds.size() != 1) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-        "a shared-memory request with ", fds.size(), " descriptors; it takes exactly one")));
+  if (received.fds.size() != 1) {
+    return refuse(absl::InvalidArgumentError(
+        absl::StrCat("a shared-memory request with ", received.fds.size(),
+                      " descriptors; it takes exactly one")));
   }
   SharedMemoryAttach attach;
   attach.ticket.assign(request.ticket, kSharedMemoryTicketSize);
   attach.region = request.region;
   attach.size = request.size;
-  attach.fd = fds[0];
+  attach.fd = received.fds[0];
   return attach;
 }
 
@@ -184,6 +202,93 @@ void AnswerSharedMemory(int connection, uint64_t region, const absl::Status& sta
   std::memcpy(reply.message, message.data(), std::min(message.size(), sizeof(reply.message) - 1));
   // A reply that does not fit the socket's buffer now is dropped: the client then times out.
   (void)send(connection, &reply, sizeof(reply), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+namespace {
+
+constexpr uint32_t kChannelMagic = 0x4553444b;  // "KDSE"
+
+struct ChannelRequestHeader {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t op;
+  uint32_t payload_size;
+};
+
+struct ChannelReplyHeader {
+  uint32_t magic;
+  int32_t code;
+  uint32_t message_size;
+  uint32_t payload_size;
+};
+
+}  // namespace
+
+std::string EncodeChannelRequest(ChannelOp op, absl::string_view payload) {
+  ChannelRequestHeader h{kChannelMagic, kVersion, static_cast<uint32_t>(op),
+                         static_cast<uint32_t>(payload.size())};
+  std::string record(reinterpret_cast<const char*>(&h), sizeof(h));
+  record.append(payload.data(), payload.size());
+  return record;
+}
+
+bool IsChannelRecord(absl::string_view record) {
+  uint32_t magic = 0;
+  if (record.size() < sizeof(magic)) return false;
+  std::memcpy(&magic, record.data(), sizeof(magic));
+  return magic == kChannelMagic;
+}
+
+absl::Status DecodeChannelRequest(absl::string_view record, ChannelOp* op,
+                                  absl::string_view* payload) {
+  ChannelRequestHeader h{};
+  if (record.size() < sizeof(h)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a channel record of ", record.size(), " bytes, shorter than its header"));
+  }
+  std::memcpy(&h, record.data(), sizeof(h));
+  if (h.magic != kChannelMagic || h.version != kVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("a channel record of version ", h.version,
+                                                   "; the daemon takes ", kVersion));
+  }
+  if (h.payload_size != record.size() - sizeof(h)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a channel record whose payload of ", record.size() - sizeof(h),
+                     " bytes is not the ", h.payload_size, " bytes that its header says"));
+  }
+  if (h.op != static_cast<uint32_t>(ChannelOp::kBind) &&
+      h.op != static_cast<uint32_t>(ChannelOp::kEval)) {
+    return absl::InvalidArgumentError(absl::StrCat("a channel record of unknown op ", h.op));
+  }
+  *op = static_cast<ChannelOp>(h.op);
+  *payload = record.substr(sizeof(h));
+  return absl::OkStatus();
+}
+
+std::string EncodeChannelReply(const absl::Status& status, absl::string_view payload) {
+  const absl::string_view message = status.message().substr(0, 4096);
+  if (!status.ok()) payload = {};
+  ChannelReplyHeader h{kChannelMagic, static_cast<int32_t>(status.code()),
+                       static_cast<uint32_t>(message.size()),
+                       static_cast<uint32_t>(payload.size())};
+  std::string record(reinterpret_cast<const char*>(&h), sizeof(h));
+  record.append(message.data(), message.size());
+  record.append(payload.data(), payload.size());
+  return record;
+}
+
+absl::StatusOr<std::string> DecodeChannelReply(absl::string_view record) {
+  ChannelReplyHeader h{};
+  if (record.size() < sizeof(h)) return absl::DataLossError("a short answer on the channel");
+  std::memcpy(&h, record.data(), sizeof(h));
+  if (h.magic != kChannelMagic ||
+      uint64_t{h.message_size} + h.payload_size != record.size() - sizeof(h)) {
+    return absl::DataLossError("a malformed answer on the channel");
+  }
+  const absl::string_view message = record.substr(sizeof(h), h.message_size);
+  const auto code = static_cast<absl::StatusCode>(h.code);
+  if (code != absl::StatusCode::kOk) return absl::Status(code, message);
+  return std::string(record.substr(sizeof(h) + h.message_size));
 }
 
 }  // namespace komputed::v1::wire

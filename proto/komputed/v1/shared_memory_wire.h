@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -36,12 +37,39 @@ absl::Status PassSharedMemory(const std::string& socket_name, absl::string_view 
 // Daemon: a listening SOCK_SEQPACKET socket at the abstract name `socket_name` (non-blocking,
 // close-on-exec), or the error.
 absl::StatusOr<int> ListenSharedMemory(const std::string& socket_name);
-// Daemon: reads the request waiting on `connection` (non-blocking). INVALID_ARGUMENT for a
-// record of another size or version, or one without exactly one descriptor (every descriptor
-// that came is closed); UNAVAILABLE when nothing came (the peer closed), UNAVAILABLE with
-// "again" when nothing is there yet.
-absl::StatusOr<SharedMemoryAttach> ReceiveSharedMemory(int connection);
+// Daemon: a record received with the descriptors that came with it (the receiver's to close).
+struct ReceivedRecord {
+  std::string record;
+  std::vector<int> fds;
+};
+// Daemon: reads the record waiting on `connection` (non-blocking). UNAVAILABLE when the peer
+// closed the connection, UNAVAILABLE with "again" when nothing is there yet; INVALID_ARGUMENT for
+// a record over kMaxChannelRecord bytes (its descriptors closed).
+absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection);
+// Daemon: the shared-memory request in `received`. INVALID_ARGUMENT for a record of another size
+// or version, or one without exactly one descriptor (every descriptor that came is then closed).
+absl::StatusOr<SharedMemoryAttach> ParseSharedMemory(ReceivedRecord received);
 // Daemon: answers the request of `region` with `status` (its message cut to fit the record).
 void AnswerSharedMemory(int connection, uint64_t region, const absl::Status& status);
+
+// The same-host eval channel: a connection to the same socket that first binds itself to a
+// session (its ticket), then carries one EvalRequest at a time and its answer, as records of at
+// most kMaxChannelRecord bytes. Evals that create objects or bring data back in the answer, or
+// that do not fit, go over gRPC instead.
+inline constexpr size_t kMaxChannelRecord = 64 << 10;
+
+enum class ChannelOp : uint32_t { kBind = 1, kEval = 2 };
+
+// A channel record: `op`, then `payload` (kBind: the ticket; kEval: a serialized EvalRequest).
+std::string EncodeChannelRequest(ChannelOp op, absl::string_view payload);
+// INVALID_ARGUMENT unless `record` is a channel request of this version.
+absl::Status DecodeChannelRequest(absl::string_view record, ChannelOp* op,
+                                  absl::string_view* payload);
+// Whether `record` is a channel request rather than a shared-memory request.
+bool IsChannelRecord(absl::string_view record);
+// An answer: `status`, and with OK, `payload` (a serialized EvalResponse; empty for kBind).
+std::string EncodeChannelReply(const absl::Status& status, absl::string_view payload);
+// The answer's status, or the payload of an OK answer; DATA_LOSS for a malformed record.
+absl::StatusOr<std::string> DecodeChannelReply(absl::string_view record);
 
 }  // namespace komputed::v1::wire

@@ -1,0 +1,114 @@
+#include "remote/same_host_channel.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "komputed/v1/shared_memory_wire.h"
+
+namespace kp::internal::remote {
+
+namespace v1 = komputed::v1;
+
+absl::StatusOr<std::unique_ptr<SameHostChannel>> SameHostChannel::Open(
+    const std::string& socket_name, absl::string_view ticket, absl::Duration timeout) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (socket_name.empty() || socket_name.size() + 1 > sizeof(address.sun_path)) {
+    return absl::UnavailableError("no usable shared-memory socket name");
+  }
+  std::memcpy(address.sun_path + 1, socket_name.data(), socket_name.size());
+  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
+  auto channel = std::unique_ptr<SameHostChannel>(new SameHostChannel(fd));
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&address),
+              static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + socket_name.size())) !=
+      0) {
+    return absl::UnavailableError(
+        absl::StrCat("connecting to @", socket_name, ": ", std::strerror(errno)));
+  }
+  bool sent = false;
+  absl::StatusOr<std::string> answer = channel->RoundTrip(
+      v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kBind, ticket), timeout, &sent);
+  if (!answer.ok()) return answer.status();
+  absl::StatusOr<std::string> bound = v1::wire::DecodeChannelReply(*answer);
+  if (!bound.ok()) return bound.status();
+  return channel;
+}
+
+SameHostChannel::~SameHostChannel() { Break(); }
+
+void SameHostChannel::Break() {
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+}
+
+bool SameHostChannel::Takes(const v1::EvalRequest& request) {
+  if (request.downloads_size() > 0) return false;
+  for (const v1::Command& command : request.commands()) {
+    if (command.has_create_tensor() || command.has_create_algorithm() ||
+        command.has_rebuild_algorithm()) {
+      return false;
+    }
+  }
+  return request.ByteSizeLong() + 64 <= v1::wire::kMaxChannelRecord;
+}
+
+absl::StatusOr<std::string> SameHostChannel::RoundTrip(const std::string& record,
+                                                       absl::Duration timeout, bool* sent) {
+  *sent = false;
+  if (fd_ < 0) return absl::UnavailableError("the same-host channel is closed");
+  if (send(fd_, record.data(), record.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(record.size())) {
+    const int error = errno;
+    Break();
+    return absl::UnavailableError(absl::StrCat("sending on the same-host channel: ",
+                                               std::strerror(error)));
+  }
+  *sent = true;
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string answer(v1::wire::kMaxChannelRecord + 1, '\0');
+  for (;;) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    pollfd p{fd_, POLLIN, 0};
+    const int ready = poll(&p, 1, static_cast<int>(std::clamp<int64_t>(ms, 0, 1 << 30)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) {
+      Break();
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no answer on the same-host channel within ", absl::FormatDuration(timeout)));
+    }
+    const ssize_t n = recv(fd_, answer.data(), answer.size(), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || static_cast<size_t>(n) > v1::wire::kMaxChannelRecord) {
+      Break();
+      return absl::UnavailableError("the daemon closed the same-host channel");
+    }
+    answer.resize(static_cast<size_t>(n));
+    return answer;
+  }
+}
+
+absl::StatusOr<v1::EvalResponse> SameHostChannel::Eval(const v1::EvalRequest& request,
+                                                       absl::Duration timeout, bool* sent) {
+  absl::StatusOr<std::string> answer = RoundTrip(
+      v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kEval, request.SerializeAsString()),
+      timeout, sent);
+  if (!answer.ok()) return answer.status();
+  absl::StatusOr<std::string> payload = v1::wire::DecodeChannelReply(*answer);
+  if (!payload.ok()) return payload.status();
+  v1::EvalResponse response;
+  if (!response.ParseFromString(*payload)) {
+    return absl::DataLossError("an answer on the same-host channel that is not an EvalResponse");
+  }
+  return response;
+}
+
+}  // namespace kp::internal::remote

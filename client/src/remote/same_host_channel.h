@@ -1,0 +1,47 @@
+#pragma once
+// The client's end of the same-host eval channel (komputed/v1/shared_memory_wire.h): one
+// connection to the daemon's shared-memory socket, bound to the session, that carries one eval at
+// a time without gRPC's framing and threads.
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "komputed/v1/komputed.pb.h"
+
+namespace kp::internal::remote {
+
+class SameHostChannel {
+ public:
+  // Connects to the abstract socket `socket_name` and binds to the session of `ticket`, within
+  // `timeout`. UNAVAILABLE when the socket cannot be reached; the daemon's refusal otherwise.
+  static absl::StatusOr<std::unique_ptr<SameHostChannel>> Open(const std::string& socket_name,
+                                                              absl::string_view ticket,
+                                                              absl::Duration timeout);
+  ~SameHostChannel();
+  SameHostChannel(const SameHostChannel&) = delete;
+  SameHostChannel& operator=(const SameHostChannel&) = delete;
+
+  // Whether `request` may go on the channel: it creates no object, brings no data back in its
+  // answer and fits one record.
+  static bool Takes(const komputed::v1::EvalRequest& request);
+  // Sends `request` and waits up to `timeout` for its answer. UNAVAILABLE (`sent` false) when it
+  // could not be sent: nothing reached the daemon, and the caller may send it another way. Once
+  // sent, a missing answer is DEADLINE_EXCEEDED and the channel is unusable (broken() is true).
+  absl::StatusOr<komputed::v1::EvalResponse> Eval(const komputed::v1::EvalRequest& request,
+                                                  absl::Duration timeout, bool* sent);
+  bool broken() const { return fd_ < 0; }
+
+ private:
+  explicit SameHostChannel(int fd) : fd_(fd) {}
+  // Sends `record` and receives the answer's record within `timeout`.
+  absl::StatusOr<std::string> RoundTrip(const std::string& record, absl::Duration timeout,
+                                        bool* sent);
+  void Break();
+
+  int fd_;
+};
+
+}  // namespace kp::internal::remote
