@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "komputed/core/shared_memory.h"
-#include "session_wire.h"
 #include "komputed/core/status.h"
+#include "session_wire.h"
 #include "status.h"
 
 namespace komputed::server {
@@ -90,9 +90,8 @@ SessionManager::SessionManager(DevicePool* pool, const ServerOptions& options, M
                            std::function<void(std::string)> answer) {
       SameHostEval(ticket, std::move(request), std::move(answer));
     };
-    absl::StatusOr<std::unique_ptr<SharedMemoryListener>> listener =
-        SharedMemoryListener::Start(std::move(handlers),
-                                    static_cast<size_t>(std::max(options_.eval_inline_waiters, 0)) + 1);
+    absl::StatusOr<std::unique_ptr<SharedMemoryListener>> listener = SharedMemoryListener::Start(
+        std::move(handlers), static_cast<size_t>(std::max(options_.eval_inline_waiters, 0)) + 1);
     if (listener.ok()) {
       shared_memory_ = *std::move(listener);
       spdlog::info("same-host clients pass shared memory on the abstract socket @{}",
@@ -136,8 +135,8 @@ void SessionManager::SameHostEval(const std::string& ticket, std::string bytes,
   for (const v1::Command& command : request->commands()) {
     if (command.has_create_tensor() || command.has_create_algorithm() ||
         command.has_rebuild_algorithm()) {
-      return fail(absl::InvalidArgumentError(
-          "a channel eval that creates objects (send those over gRPC)"));
+      return fail(
+          absl::InvalidArgumentError("a channel eval that creates objects (send those over gRPC)"));
     }
   }
   if (request->downloads_size() > 0) {

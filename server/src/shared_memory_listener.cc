@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/random/random.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 
@@ -144,8 +144,7 @@ bool SharedMemoryListener::Handle(const std::shared_ptr<Connection>& c,
       return false;
     }
     const uint64_t region = request->region;
-    v1::wire::AnswerSharedMemory(c->fd_for_listener(), region,
-                                 handlers_.take(*std::move(request)));
+    v1::wire::AnswerSharedMemory(c->fd_for_listener(), region, handlers_.take(*std::move(request)));
     return false;  // one region per connection
   }
   for (int fd : received.fds) close(fd);

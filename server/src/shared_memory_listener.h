@@ -41,7 +41,7 @@ class SharedMemoryListener {
   // Listens on a new abstract name (komputed-<pid>-<random>), with `eval_workers` threads (at
   // least 1) that run the channels' evals.
   static absl::StatusOr<std::unique_ptr<SharedMemoryListener>> Start(Handlers handlers,
-                                                                    size_t eval_workers);
+                                                                     size_t eval_workers);
   // Stops the thread and closes every connection (answers still to come are dropped).
   ~SharedMemoryListener();
   SharedMemoryListener(const SharedMemoryListener&) = delete;

@@ -118,6 +118,9 @@ TEST(SameHost, TensorsLiveInSharedMemoryAndNoByteCrossesTheSocket) {
     EXPECT_GE(samples.Get("komputed_shared_memory_tensors_total"), 2);
     EXPECT_EQ(samples.Get("komputed_bytes_transferred_total", {{"direction", "upload"}}), 0);
     EXPECT_EQ(samples.Get("komputed_bytes_transferred_total", {{"direction", "download"}}), 0);
+    // Both evals went on the same-host channel, not gRPC.
+    EXPECT_GE(samples.Get("komputed_same_host_evals_total"), 2);
+    EXPECT_EQ(samples.Get("komputed_rpcs_total", {{"method", "Eval"}, {"code", "OK"}}), 0);
   }
   // The client closed its session: the daemon unmapped everything.
   EXPECT_EQ(SharedMappings(d.daemon().pid()), 0);
@@ -131,6 +134,7 @@ TEST(SameHost, TurnedOffByTheClientTheDataGoesOverGrpc) {
   EXPECT_TRUE(ScaleTwice(mgr, 1 << 16));
   const Samples samples = Samples::From(d.daemon());
   EXPECT_EQ(samples.Get("komputed_shared_memory_tensors_total"), 0);
+  EXPECT_EQ(samples.Get("komputed_same_host_evals_total"), 0);
   EXPECT_GE(samples.Get("komputed_bytes_transferred_total", {{"direction", "upload"}}),
             2 * (1 << 16) * sizeof(float));
   EXPECT_EQ(SharedMappings(d.daemon().pid()), 0);
@@ -317,8 +321,8 @@ TEST_F(SameHostWire, TensorsTakeOnlyTheirOwnRegionsAsTheyFit) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const int fd = Memfd(page, kSizeSeals);
   ASSERT_GE(fd, 0);
-  float* values = static_cast<float*>(
-      mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  float* values =
+      static_cast<float*>(mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
   ASSERT_NE(values, MAP_FAILED);
   for (int i = 0; i < 16; ++i) values[i] = static_cast<float>(i) + 0.5f;
   ASSERT_TRUE(Pass(5, fd, page).ok());
@@ -334,8 +338,7 @@ TEST_F(SameHostWire, TensorsTakeOnlyTheirOwnRegionsAsTheyFit) {
   grpc::Status st = Create(1, page, 5);
   EXPECT_EQ(st.error_code(), grpc::INVALID_ARGUMENT);
   EXPECT_THAT(st.error_message(), HasSubstr("do not fit in shared-memory region 5"));
-  EXPECT_EQ(Create(1, 16, 5, v1::MEMORY_TYPE_DEVICE_AND_HOST).error_code(),
-            grpc::INVALID_ARGUMENT);
+  EXPECT_EQ(Create(1, 16, 5, v1::MEMORY_TYPE_DEVICE_AND_HOST).error_code(), grpc::INVALID_ARGUMENT);
   EXPECT_EQ(Create(1, 16, 5, v1::MEMORY_TYPE_STORAGE).error_code(), grpc::INVALID_ARGUMENT);
 
   // Another session cannot take it, even knowing the region's number.
@@ -381,6 +384,160 @@ TEST_F(SameHostWire, TensorsTakeOnlyTheirOwnRegionsAsTheyFit) {
     ASSERT_TRUE(stubs_.sessions->CloseSession(&c, request, &response).ok());
   }
   EXPECT_EQ(SharedMappings(d_.daemon().pid()), 0);
+}
+
+// A connection to the daemon's shared-memory socket, for channel records by hand.
+class RawChannel {
+ public:
+  explicit RawChannel(const std::string& name) {
+    fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::memcpy(address.sun_path + 1, name.data(), name.size());
+    connected_ =
+        connect(fd_, reinterpret_cast<const sockaddr*>(&address),
+                static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size())) == 0;
+  }
+  ~RawChannel() { close(fd_); }
+  bool connected() const { return connected_; }
+
+  // Sends `record` (with `fd` when not -1) and returns the decoded answer; UNAVAILABLE when the
+  // daemon closed the connection without one.
+  absl::StatusOr<std::string> Ask(const std::string& record, int fd = -1) {
+    iovec iov{const_cast<char*>(record.data()), record.size()};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (fd >= 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    if (sendmsg(fd_, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(record.size())) {
+      return absl::UnavailableError("send failed");
+    }
+    return Answer();
+  }
+  absl::StatusOr<std::string> Answer() {
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, 10000) <= 0) return absl::DeadlineExceededError("no answer");
+    std::string buf(v1::wire::kMaxChannelRecord + 1, '\0');
+    const ssize_t n = recv(fd_, buf.data(), buf.size(), 0);
+    if (n <= 0) return absl::UnavailableError("closed");
+    buf.resize(static_cast<size_t>(n));
+    return v1::wire::DecodeChannelReply(buf);
+  }
+  // Whether the daemon has closed the connection.
+  bool Closed() {
+    pollfd p{fd_, POLLIN, 0};
+    if (poll(&p, 1, 10000) <= 0) return false;
+    char c;
+    return recv(fd_, &c, 1, MSG_DONTWAIT) == 0;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+std::string EvalRecord(const v1::EvalRequest& request) {
+  return v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kEval, request.SerializeAsString());
+}
+
+TEST_F(SameHostWire, TheEvalChannelTakesOnlyWhatItShould) {
+  const std::string& name = session_.shared_memory_socket();
+  const std::string bind =
+      v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kBind, session_.shared_memory_ticket());
+  {
+    // An eval before any bind, then the connection is closed.
+    RawChannel c(name);
+    ASSERT_TRUE(c.connected());
+    absl::StatusOr<std::string> a = c.Ask(EvalRecord(v1::EvalRequest()));
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition) << a.status();
+    EXPECT_TRUE(c.Closed());
+  }
+  {
+    // Another session's ticket (none), and a record of an unknown version or op.
+    RawChannel c(name);
+    EXPECT_EQ(
+        c.Ask(v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kBind,
+                                             std::string(v1::wire::kSharedMemoryTicketSize, 'b')))
+            .status()
+            .code(),
+        absl::StatusCode::kNotFound);
+    RawChannel d(name);
+    std::string bad = bind;
+    bad[8] = 9;  // the op
+    EXPECT_EQ(d.Ask(bad).status().code(), absl::StatusCode::kInvalidArgument);
+    RawChannel e(name);
+    bad = bind;
+    bad[12] = 1;  // a payload size that is not the record's
+    EXPECT_EQ(e.Ask(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  {
+    // A channel record with a descriptor.
+    RawChannel c(name);
+    const int fd = Memfd(4096, kSizeSeals);
+    EXPECT_EQ(c.Ask(bind, fd).status().code(), absl::StatusCode::kInvalidArgument);
+    close(fd);
+  }
+  RawChannel c(name);
+  ASSERT_TRUE(c.Ask(bind).ok());
+  // Bound twice.
+  {
+    RawChannel twice(name);
+    ASSERT_TRUE(twice.Ask(bind).ok());
+    EXPECT_EQ(twice.Ask(bind).status().code(), absl::StatusCode::kFailedPrecondition);
+  }
+  // Not an EvalRequest; an eval that creates a tensor; one with downloads; one over a record.
+  {
+    RawChannel k(name);
+    ASSERT_TRUE(k.Ask(bind).ok());
+    EXPECT_EQ(k.Ask(v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kEval, "\xff\xff\xff"))
+                  .status()
+                  .code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  v1::EvalRequest create;
+  v1::CreateTensorRequest* t = create.add_commands()->mutable_create_tensor();
+  t->set_handle(1);
+  t->set_element_type(v1::ELEMENT_TYPE_FLOAT32);
+  t->set_count(4);
+  absl::StatusOr<std::string> a = c.Ask(EvalRecord(create));
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << a.status();
+  EXPECT_THAT(std::string(a.status().message()), HasSubstr("creates objects"));
+  v1::EvalRequest downloads;
+  downloads.add_downloads(1);
+  EXPECT_EQ(c.Ask(EvalRecord(downloads)).status().code(), absl::StatusCode::kInvalidArgument);
+  {
+    RawChannel big(name);
+    ASSERT_TRUE(big.Ask(bind).ok());
+    v1::EvalRequest large;
+    large.add_uploads()->set_data(std::string(v1::wire::kMaxChannelRecord, 'x'));
+    absl::StatusOr<std::string> answer = big.Ask(EvalRecord(large));
+    EXPECT_FALSE(answer.ok());
+    EXPECT_TRUE(big.Closed());
+  }
+  // Nothing of that was made: tensor 1 is free, and a real eval on the channel works.
+  ASSERT_TRUE(Create(1, 4, 0).ok());
+  v1::EvalRequest nothing;  // no sequence: runs no submission, succeeds
+  absl::StatusOr<std::string> ok = c.Ask(EvalRecord(nothing));
+  EXPECT_TRUE(ok.ok()) << ok.status();
+  EXPECT_GE(Samples::From(d_.daemon()).Get("komputed_same_host_evals_total"), 1);
+  // Once the session is closed, its channel's evals are NOT_FOUND.
+  {
+    grpc::ClientContext context;
+    v1::CloseSessionRequest request;
+    request.set_session_id(session_.session_id());
+    v1::CloseSessionResponse response;
+    ASSERT_TRUE(stubs_.sessions->CloseSession(&context, request, &response).ok());
+  }
+  EXPECT_EQ(c.Ask(EvalRecord(nothing)).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

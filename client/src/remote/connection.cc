@@ -160,7 +160,7 @@ std::optional<absl::StatusOr<v1::EvalResponse>> Connection::EvalSameHost(
   bool sent = false;
   absl::StatusOr<v1::EvalResponse> response = same_host_->Eval(request, timeout, &sent);
   if (same_host_->broken()) same_host_.reset();  // opened again for the next eval
-  if (!sent) return std::nullopt;            // it never reached the daemon
+  if (!sent) return std::nullopt;                // it never reached the daemon
   return response;
 }
 

@@ -20,8 +20,8 @@
 #include "komputed/core/shared_memory.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "remote/bulk_transfer.h"
-#include "remote/same_host_channel.h"
 #include "remote/remote_backend.h"
+#include "remote/same_host_channel.h"
 
 namespace kp::internal::remote {
 
@@ -109,9 +109,9 @@ class Connection {
   std::string shared_memory_socket_;  // empty: none offered
   std::string shared_memory_ticket_;
   std::atomic<bool> shared_memory_usable_{false};
-  std::mutex channel_mu_;                    // one eval at a time on the channel
+  std::mutex channel_mu_;                       // one eval at a time on the channel
   std::unique_ptr<SameHostChannel> same_host_;  // guarded by channel_mu_; opened on first use
-  bool channel_failed_ = false;               // guarded by channel_mu_: it could not be opened
+  bool channel_failed_ = false;                 // guarded by channel_mu_: it could not be opened
   VkPhysicalDeviceProperties properties_{};
   absl::Duration idle_timeout_ = absl::Seconds(60);
   std::unique_ptr<BulkTransfer> bulk_;

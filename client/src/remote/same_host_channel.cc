@@ -69,8 +69,8 @@ absl::StatusOr<std::string> SameHostChannel::RoundTrip(const std::string& record
       static_cast<ssize_t>(record.size())) {
     const int error = errno;
     Break();
-    return absl::UnavailableError(absl::StrCat("sending on the same-host channel: ",
-                                               std::strerror(error)));
+    return absl::UnavailableError(
+        absl::StrCat("sending on the same-host channel: ", std::strerror(error)));
   }
   *sent = true;
   const absl::Time deadline = absl::Now() + timeout;
@@ -82,8 +82,8 @@ absl::StatusOr<std::string> SameHostChannel::RoundTrip(const std::string& record
     if (ready < 0 && errno == EINTR) continue;
     if (ready <= 0) {
       Break();
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no answer on the same-host channel within ", absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat("no answer on the same-host channel within ",
+                                                      absl::FormatDuration(timeout)));
     }
     const ssize_t n = recv(fd_, answer.data(), answer.size(), 0);
     if (n < 0 && errno == EINTR) continue;

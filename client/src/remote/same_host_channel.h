@@ -18,8 +18,8 @@ class SameHostChannel {
   // Connects to the abstract socket `socket_name` and binds to the session of `ticket`, within
   // `timeout`. UNAVAILABLE when the socket cannot be reached; the daemon's refusal otherwise.
   static absl::StatusOr<std::unique_ptr<SameHostChannel>> Open(const std::string& socket_name,
-                                                              absl::string_view ticket,
-                                                              absl::Duration timeout);
+                                                               absl::string_view ticket,
+                                                               absl::Duration timeout);
   ~SameHostChannel();
   SameHostChannel(const SameHostChannel&) = delete;
   SameHostChannel& operator=(const SameHostChannel&) = delete;

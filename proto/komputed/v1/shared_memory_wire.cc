@@ -176,14 +176,13 @@ absl::StatusOr<SharedMemoryAttach> ParseSharedMemory(ReceivedRecord received) {
   }
   std::memcpy(&request, received.record.data(), sizeof(request));
   if (request.magic != kMagic || request.version != kVersion) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("a shared-memory request of version ", request.version, "; the daemon takes ",
-                     kVersion)));
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "a shared-memory request of version ", request.version, "; the daemon takes ", kVersion)));
   }
   if (received.fds.size() != 1) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("a shared-memory request with ", received.fds.size(),
-                      " descriptors; it takes exactly one")));
+    return refuse(absl::InvalidArgumentError(absl::StrCat("a shared-memory request with ",
+                                                          received.fds.size(),
+                                                          " descriptors; it takes exactly one")));
   }
   SharedMemoryAttach attach;
   attach.ticket.assign(request.ticket, kSharedMemoryTicketSize);
@@ -248,13 +247,13 @@ absl::Status DecodeChannelRequest(absl::string_view record, ChannelOp* op,
   }
   std::memcpy(&h, record.data(), sizeof(h));
   if (h.magic != kChannelMagic || h.version != kVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("a channel record of version ", h.version,
-                                                   "; the daemon takes ", kVersion));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a channel record of version ", h.version, "; the daemon takes ", kVersion));
   }
   if (h.payload_size != record.size() - sizeof(h)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a channel record whose payload of ", record.size() - sizeof(h),
-                     " bytes is not the ", h.payload_size, " bytes that its header says"));
+    return absl::InvalidArgumentError(absl::StrCat("a channel record whose payload of ",
+                                                   record.size() - sizeof(h), " bytes is not the ",
+                                                   h.payload_size, " bytes that its header says"));
   }
   if (h.op != static_cast<uint32_t>(ChannelOp::kBind) &&
       h.op != static_cast<uint32_t>(ChannelOp::kEval)) {
