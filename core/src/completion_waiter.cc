@@ -9,6 +9,9 @@ namespace {
 
 // Without timeline semaphores a new submission is noticed within this long.
 constexpr absl::Duration kFencePollBound = absl::Milliseconds(1);
+// On a device of one queue, the longest wait for the oldest submission alone before the others
+// (and a stop) are looked at again.
+constexpr absl::Duration kOneQueueSlice = absl::Milliseconds(5);
 // The longest single block, so that deadlines and stops are seen.
 constexpr absl::Duration kMaxBlock = absl::Seconds(1);
 
@@ -102,8 +105,28 @@ void CompletionWaiter::Run() {
       fences.push_back(e.completion.fence);
     }
     const uint64_t wake_target = wake_value_ + 1;
+    // On a device of one queue the submissions complete in the order they were made, so waiting
+    // for the oldest alone loses nothing; and a wait for one semaphore or fence blocks where
+    // waiting for any of several may poll without sleeping (Mesa's common code does so for
+    // drivers without a native wait-any, lavapipe among them), taking the CPU that a CPU device
+    // runs its work on. New entries are seen within a slice.
+    const bool oldest_only = device_->queue_count() == 1;
+    const Sequence::Completion oldest = entries_.front().completion;
     mu_.Unlock();
-    if (timeline) {
+    if (oldest_only) {
+      const int64_t ns = std::max<int64_t>(
+          0, absl::ToInt64Nanoseconds(std::min(until - now, kOneQueueSlice)));
+      if (oldest.timeline != VK_NULL_HANDLE) {
+        VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO};
+        wi.semaphoreCount = 1;
+        wi.pSemaphores = &oldest.timeline;
+        wi.pValues = &oldest.value;
+        vkWaitSemaphores(device_->handle(), &wi, static_cast<uint64_t>(ns));
+      } else {
+        device_->calls().WaitForFences(device_->handle(), 1, &oldest.fence, VK_TRUE,
+                                       static_cast<uint64_t>(ns));
+      }
+    } else if (timeline) {
       semaphores.push_back(wake_.get());
       values.push_back(wake_target);
       VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO};
