@@ -114,8 +114,8 @@ void CompletionWaiter::Run() {
     const Sequence::Completion oldest = entries_.front().completion;
     mu_.Unlock();
     if (oldest_only) {
-      const int64_t ns = std::max<int64_t>(
-          0, absl::ToInt64Nanoseconds(std::min(until - now, kOneQueueSlice)));
+      const int64_t ns =
+          std::max<int64_t>(0, absl::ToInt64Nanoseconds(std::min(until - now, kOneQueueSlice)));
       if (oldest.timeline != VK_NULL_HANDLE) {
         VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO};
         wi.semaphoreCount = 1;

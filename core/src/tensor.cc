@@ -68,8 +68,9 @@ absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsa
   return b;
 }
 
-absl::StatusOr<Buffer> Buffer::Import(Device& device, const HostMemory& memory, uint64_t size,
-                                      VkBufferUsageFlags usage, absl::string_view what) {
+absl::StatusOr<std::shared_ptr<const ImportedMemory>> ImportHostMemory(Device& device,
+                                                                       const HostMemory& memory,
+                                                                       absl::string_view what) {
   const uint64_t alignment = device.host_import_alignment();
   if (alignment == 0) {
     return absl::UnimplementedError(absl::StrCat("device ", device.info().index, " (",
@@ -77,18 +78,60 @@ absl::StatusOr<Buffer> Buffer::Import(Device& device, const HostMemory& memory, 
                                                  ") cannot import host memory"));
   }
   if (memory.data == nullptr || reinterpret_cast<uintptr_t>(memory.data) % alignment != 0 ||
-      memory.size % alignment != 0 || memory.size < size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "host memory for ", what, " of ", memory.size, " bytes is not aligned to the device's ",
-        alignment, " bytes or smaller than the ", size, " bytes that it needs"));
+      memory.size == 0 || memory.size % alignment != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("host memory for ", what, " of ", memory.size,
+                                                   " bytes is not aligned to the device's ",
+                                                   alignment, " bytes"));
   }
   VkMemoryHostPointerPropertiesEXT pointer{VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT};
-  KD_RETURN_IF_ERROR(device.Check(
-      device.host_pointer_properties()(device.handle(),
-                                       VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT,
-                                       memory.data, &pointer),
-      absl::StrCat("vkGetMemoryHostPointerPropertiesEXT for ", what)));
+  const VkResult result = device.host_pointer_properties()(
+      device.handle(), VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT, memory.data,
+      &pointer);
+  if (result != VK_SUCCESS || pointer.memoryTypeBits == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device ", device.info().index, " (", device.properties().deviceName,
+        ") does not take host memory for ", what, " (vkGetMemoryHostPointerPropertiesEXT: ",
+        VkResultName(result), ", memory types 0x", absl::Hex(pointer.memoryTypeBits), ")"));
+  }
+  constexpr VkMemoryPropertyFlags kCoherent =
+      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+  absl::StatusOr<uint32_t> type =
+      device.FindMemoryType(pointer.memoryTypeBits, kCoherent, VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
+  if (!type.ok()) {
+    return absl::UnimplementedError(
+        absl::StrCat("device ", device.info().index, " (", device.properties().deviceName,
+                     ") has no host-coherent memory type for imported host memory"));
+  }
+  VkImportMemoryHostPointerInfoEXT import{VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT};
+  import.handleType = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
+  import.pHostPointer = memory.data;
+  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  ai.pNext = &import;
+  ai.allocationSize = memory.size;
+  ai.memoryTypeIndex = *type;
+  VkDeviceMemory allocated = VK_NULL_HANDLE;
+  const VkResult r = device.calls().AllocateMemory(device.handle(), &ai, &allocated);
+  if (r == VK_ERROR_DEVICE_LOST) return device.Check(r, "vkAllocateMemory");
+  if (r != VK_SUCCESS) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device ", device.info().index, " (", device.properties().deviceName,
+                     ") did not import ", memory.size, " bytes of host memory for ", what,
+                     " (vkAllocateMemory: ", VkResultName(r), ")"));
+  }
+  return std::make_shared<const ImportedMemory>(MemoryHandle(device.handle(), allocated), *type,
+                                                memory.keep);
+}
 
+absl::StatusOr<Buffer> Buffer::Import(Device& device, const HostMemory& memory, uint64_t size,
+                                      VkBufferUsageFlags usage, absl::string_view what) {
+  std::shared_ptr<const ImportedMemory> imported = memory.imported;
+  if (imported == nullptr) {
+    KD_ASSIGN_OR_RETURN(imported, ImportHostMemory(device, memory, what));
+  }
+  if (memory.size < size) {
+    return absl::InvalidArgumentError(absl::StrCat("host memory for ", what, " of ", memory.size,
+                                                   " bytes is smaller than its ", size, " bytes"));
+  }
   Buffer b;
   b.keep_ = memory.keep;
   b.size_ = size;
@@ -105,35 +148,16 @@ absl::StatusOr<Buffer> Buffer::Import(Device& device, const HostMemory& memory, 
   b.buffer_ = BufferHandle(device.handle(), buffer);
   VkMemoryRequirements req;
   vkGetBufferMemoryRequirements(device.handle(), buffer, &req);
-  if (req.size > memory.size) {
-    return absl::InvalidArgumentError(absl::StrCat("host memory for ", what, " of ", memory.size,
-                                                   " bytes is smaller than the ", req.size,
-                                                   " bytes that the device needs"));
+  if (req.size > memory.size || (req.memoryTypeBits & (1u << imported->type())) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host memory for ", what, " of ", memory.size, " bytes (memory type ",
+                     imported->type(), ") does not suit a buffer that needs ", req.size,
+                     " bytes of memory types 0x", absl::Hex(req.memoryTypeBits)));
   }
-  constexpr VkMemoryPropertyFlags kCoherent =
-      VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
-  absl::StatusOr<uint32_t> type = device.FindMemoryType(
-      req.memoryTypeBits & pointer.memoryTypeBits, kCoherent, VK_MEMORY_PROPERTY_HOST_CACHED_BIT);
-  if (!type.ok()) {
-    return absl::UnimplementedError(
-        absl::StrCat("device ", device.info().index, " (", device.properties().deviceName,
-                     ") has no host-coherent memory type for imported host memory"));
-  }
-  VkImportMemoryHostPointerInfoEXT import{VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT};
-  import.handleType = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
-  import.pHostPointer = memory.data;
-  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
-  ai.pNext = &import;
-  ai.allocationSize = memory.size;
-  ai.memoryTypeIndex = *type;
-  VkDeviceMemory allocated = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(device.Check(device.calls().AllocateMemory(device.handle(), &ai, &allocated),
-                                  absl::StrCat("vkAllocateMemory importing ", memory.size,
-                                               " bytes of host memory for ", what)));
-  b.memory_ = MemoryHandle(device.handle(), allocated);
-  KD_RETURN_IF_ERROR(device.Check(vkBindBufferMemory(device.handle(), buffer, allocated, 0),
-                                  "vkBindBufferMemory"));
-  b.properties_ = device.info().memory.memoryTypes[*type].propertyFlags;
+  KD_RETURN_IF_ERROR(device.Check(
+      vkBindBufferMemory(device.handle(), buffer, imported->memory(), 0), "vkBindBufferMemory"));
+  b.imported_ = std::move(imported);
+  b.properties_ = device.info().memory.memoryTypes[b.imported_->type()].propertyFlags;
   b.mapped_ = memory.data;
   return b;
 }

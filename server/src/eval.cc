@@ -274,6 +274,10 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
       done(std::move(status));
     }
   };
+  // From here on `finish` alone holds the eval's place and its marks on the tensors, so that they
+  // are given back before the caller is told (a client that reads a tensor as soon as its eval
+  // has answered must not find it still marked).
+  in_flight.reset();
   // Short work: wait on this thread, then reply from it (no hand-off to the waiter thread and
   // back). Bounded in time and in the number of threads doing it, so that long submissions and
   // many concurrent ones still go to the waiter.

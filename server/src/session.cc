@@ -279,12 +279,12 @@ absl::Status Session::CreateTensorLocked(const TensorRequest& request) {
                        request.image.is_image() ? " image" : " tensor",
                        " cannot take shared memory (device tensors and images, host tensors can)"));
     }
-    if (it->second->size() < ((bytes + 3) & ~uint64_t{3})) {
+    if (it->second.size < ((bytes + 3) & ~uint64_t{3})) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, bytes, " bytes do not fit in shared-memory region ",
-                       request.shared_memory, " of ", it->second->size(), " bytes"));
+                       request.shared_memory, " of ", it->second.size, " bytes"));
     }
-    host_memory = core::SharedMemory::AsHostMemory(it->second);
+    host_memory = std::move(it->second);
     shared_memory_.erase(it);  // the tensor holds it from here on, or it goes
   }
   const core::HostMemory* shared = host_memory ? &*host_memory : nullptr;
@@ -312,18 +312,13 @@ absl::Status Session::CreateTensorLocked(const TensorRequest& request) {
 absl::Status Session::AttachSharedMemory(uint64_t region,
                                          std::shared_ptr<core::SharedMemory> memory) {
   if (region == 0) return absl::InvalidArgumentError("shared-memory region 0 (regions start at 1)");
-  // That the device takes this memory, before any tensor is made over it.
-  const core::Device& device = *facts_.instance->device;
-  VkMemoryHostPointerPropertiesEXT pointer{VK_STRUCTURE_TYPE_MEMORY_HOST_POINTER_PROPERTIES_EXT};
-  const VkResult result = device.host_pointer_properties()(
-      device.handle(), VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT, memory->data(),
-      &pointer);
-  if (result != VK_SUCCESS || pointer.memoryTypeBits == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device ", device.info().index, " (", device.properties().deviceName,
-        ") cannot import this shared memory (vkGetMemoryHostPointerPropertiesEXT: ",
-        core::VkResultName(result), ", memory types 0x", absl::Hex(pointer.memoryTypeBits), ")"));
-  }
+  // Imported now: a device that does not take this memory refuses it here, and the client keeps
+  // the tensor on the socket path, rather than failing the tensor later.
+  core::HostMemory host = core::SharedMemory::AsHostMemory(memory);
+  absl::StatusOr<std::shared_ptr<const core::ImportedMemory>> imported = core::ImportHostMemory(
+      *facts_.instance->device, host, absl::StrCat("shared-memory region ", region));
+  if (!imported.ok()) return imported.status();
+  host.imported = *std::move(imported);
   Touch();
   absl::MutexLock lock(&mu_);
   KD_RETURN_IF_ERROR(CheckUsableLocked());
@@ -337,7 +332,7 @@ absl::Status Session::AttachSharedMemory(uint64_t region,
                      " shared-memory regions that no tensor has taken yet (the most is ",
                      kMaxSharedMemoryWaiting, ")"));
   }
-  shared_memory_.emplace(region, std::move(memory));
+  shared_memory_.emplace(region, std::move(host));
   return absl::OkStatus();
 }
 

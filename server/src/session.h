@@ -86,10 +86,10 @@ class Session {
   const std::string& shared_memory_ticket() const { return facts_.shared_memory_ticket; }
 
   // Keeps `memory`, passed by the client on the shared-memory socket, as region `region` until a
-  // tensor is made over it (TensorRequest::shared_memory) or the session closes. Checks that the
-  // device can make a buffer over it. INVALID_ARGUMENT for region 0 or memory the device cannot
-  // import; ALREADY_EXISTS for a region held already; RESOURCE_EXHAUSTED past
-  // kMaxSharedMemoryWaiting regions not yet taken; NOT_FOUND once closed.
+  // tensor is made over it (TensorRequest::shared_memory) or the session closes. Imports it into
+  // the device first. INVALID_ARGUMENT for region 0 or memory the device does not take
+  // (UNIMPLEMENTED where it cannot import host memory); ALREADY_EXISTS for a region held already;
+  // RESOURCE_EXHAUSTED past kMaxSharedMemoryWaiting regions not yet taken; NOT_FOUND once closed.
   static constexpr size_t kMaxSharedMemoryWaiting = 64;
   absl::Status AttachSharedMemory(uint64_t region, std::shared_ptr<core::SharedMemory> memory);
 
@@ -250,8 +250,7 @@ class Session {
   // the next submission carries their inits ahead of its commands.
   std::vector<std::weak_ptr<core::Tensor>> pending_init_ ABSL_GUARDED_BY(mu_);
   // Shared memory passed for tensors not made yet, by region.
-  absl::flat_hash_map<uint64_t, std::shared_ptr<core::SharedMemory>> shared_memory_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, core::HostMemory> shared_memory_ ABSL_GUARDED_BY(mu_);
   mutable std::shared_ptr<core::CancelWord> cancel_ ABSL_GUARDED_BY(mu_);  // made on first use
 };
 

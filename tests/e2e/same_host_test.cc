@@ -81,6 +81,18 @@ int SharedMappings(pid_t pid) {
   return n;
 }
 
+// Waits up to 30 s for the process `pid` to have no mapping of tensors' shared memory (a call that
+// has answered may still hold a tensor for a moment); returns how many it has at the end.
+int MappingsAfterRelease(pid_t pid) {
+  int mappings = SharedMappings(pid);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (mappings > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    mappings = SharedMappings(pid);
+  }
+  return mappings;
+}
+
 // b = 2 * a through the daemon, with a's data changed between two evals; returns whether every
 // value came back right.
 bool ScaleTwice(kp::Manager& mgr, size_t count) {
@@ -123,7 +135,7 @@ TEST(SameHost, TensorsLiveInSharedMemoryAndNoByteCrossesTheSocket) {
     EXPECT_EQ(samples.Get("komputed_rpcs_total", {{"method", "Eval"}, {"code", "OK"}}), 0);
   }
   // The client closed its session: the daemon unmapped everything.
-  EXPECT_EQ(SharedMappings(d.daemon().pid()), 0);
+  EXPECT_EQ(MappingsAfterRelease(d.daemon().pid()), 0);
 }
 
 TEST(SameHost, TurnedOffByTheClientTheDataGoesOverGrpc) {
@@ -175,14 +187,7 @@ TEST(SameHost, KilledClientLeavesNoMappingBehind) {
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   // Reaped: no mapping stays (the memfd had only the client's and the mapping's references).
-  int mappings = 1;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (std::chrono::steady_clock::now() < deadline) {
-    mappings = SharedMappings(d.daemon().pid());
-    if (mappings == 0) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_EQ(mappings, 0);
+  EXPECT_EQ(MappingsAfterRelease(d.daemon().pid()), 0);
   // No descriptor of a memfd stays open in the daemon either.
   int memfds = 0;
   const std::string fd_dir = "/proc/" + std::to_string(d.daemon().pid()) + "/fd/";
@@ -383,7 +388,7 @@ TEST_F(SameHostWire, TensorsTakeOnlyTheirOwnRegionsAsTheyFit) {
     v1::CloseSessionResponse response;
     ASSERT_TRUE(stubs_.sessions->CloseSession(&c, request, &response).ok());
   }
-  EXPECT_EQ(SharedMappings(d_.daemon().pid()), 0);
+  EXPECT_EQ(MappingsAfterRelease(d_.daemon().pid()), 0);
 }
 
 // A connection to the daemon's shared-memory socket, for channel records by hand.

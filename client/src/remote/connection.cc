@@ -130,6 +130,16 @@ std::shared_ptr<core::SharedMemory> Connection::ShareMemory(uint64_t region, uin
     }
     return nullptr;
   }
+  if (absl::IsInvalidArgument(passed) || absl::IsUnimplemented(passed)) {
+    // The device does not take this kind of memory: no later tensor would fare better.
+    if (shared_memory_usable_.exchange(false)) {
+      spdlog::warn(
+          "komputed: the daemon's device does not take shared memory ({}); tensor data "
+          "goes over gRPC",
+          passed.ToString());
+    }
+    return nullptr;
+  }
   if (!passed.ok()) {
     spdlog::warn(
         "komputed: the daemon refused shared memory for a tensor of {} bytes ({}); its "

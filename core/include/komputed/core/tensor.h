@@ -20,18 +20,43 @@ namespace komputed::core {
 // this process shares with another (the daemon's same-host clients). `data` is aligned to the
 // device's host_import_alignment() and `size` is a multiple of it, at least the tensor's bytes
 // rounded up to 4; `keep` owns the memory and is held until the device no longer uses it.
+class ImportedMemory;
 struct HostMemory {
   void* data = nullptr;
   uint64_t size = 0;
   std::shared_ptr<void> keep;
+  // Set: the memory imported already (ImportHostMemory), which the buffer made over it binds.
+  std::shared_ptr<const ImportedMemory> imported;
 };
+
+// Device memory imported from host memory (VK_EXT_external_memory_host), host-coherent. Holds the
+// host memory (HostMemory::keep) until the device memory is freed.
+class ImportedMemory {
+ public:
+  ImportedMemory(MemoryHandle memory, uint32_t type, std::shared_ptr<void> keep)
+      : keep_(std::move(keep)), memory_(std::move(memory)), type_(type) {}
+  VkDeviceMemory memory() const { return memory_.get(); }
+  uint32_t type() const { return type_; }
+
+ private:
+  std::shared_ptr<void> keep_;  // released after memory_
+  MemoryHandle memory_;
+  uint32_t type_;
+};
+
+// Imports `memory` into the device, so that a refusal comes before anything depends on it.
+// UNIMPLEMENTED where the device cannot import host memory or has no host-coherent memory type for
+// it; INVALID_ARGUMENT for misaligned memory or memory that the driver does not take.
+absl::StatusOr<std::shared_ptr<const ImportedMemory>> ImportHostMemory(Device& device,
+                                                                       const HostMemory& memory,
+                                                                       absl::string_view what);
 
 // One buffer and the memory bound to it, mapped when host-visible. Move-only.
 class Buffer {
  public:
-  // A host-coherent buffer over `memory` (VK_EXT_external_memory_host). UNIMPLEMENTED where the
-  // device cannot import host memory, or has no host-coherent memory type for it;
-  // INVALID_ARGUMENT when `memory` is misaligned or smaller than `size`.
+  // A host-coherent buffer over `memory` (VK_EXT_external_memory_host), bound to its import when
+  // it has one (else imported here). Errors as ImportHostMemory's, and INVALID_ARGUMENT when
+  // `memory` is smaller than `size` or its import's memory type does not suit the buffer.
   static absl::StatusOr<Buffer> Import(Device& device, const HostMemory& memory, uint64_t size,
                                        VkBufferUsageFlags usage, absl::string_view what);
   // required: memory properties the buffer must have; preferred: ones to pick when offered.
@@ -49,6 +74,7 @@ class Buffer {
 
  private:
   std::shared_ptr<void> keep_;  // imported host memory: released after the memory made over it
+  std::shared_ptr<const ImportedMemory> imported_;  // released after the buffer bound to it
   BufferHandle buffer_;
   MemoryHandle memory_;  // declared after buffer_: destroyed before it... order does not matter
   void* mapped_ = nullptr;
