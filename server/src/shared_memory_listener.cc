@@ -58,6 +58,11 @@ struct SharedMemoryListener::Connection {
     if (fd >= 0) close(fd);
     fd = -1;
   }
+  // Ends the connection's use: the listener sees the hang-up and closes it.
+  void Hangup() {
+    absl::MutexLock lock(&mu);
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);
+  }
   // Sends `record` unless closed; a client that does not take it is cut off.
   void Send(const std::string& record) {
     absl::MutexLock lock(&mu);
@@ -140,12 +145,25 @@ bool SharedMemoryListener::Handle(const std::shared_ptr<Connection>& c,
     absl::StatusOr<v1::wire::SharedMemoryAttach> request =
         v1::wire::ParseSharedMemory(std::move(received));
     if (!request.ok()) {
-      v1::wire::AnswerSharedMemory(c->fd_for_listener(), 0, request.status());
+      c->Send(v1::wire::EncodeSharedMemoryAnswer(0, request.status()));
       return false;
     }
-    const uint64_t region = request->region;
-    v1::wire::AnswerSharedMemory(c->fd_for_listener(), region, handlers_.take(*std::move(request)));
-    return false;  // one region per connection
+    if (c->in_flight.exchange(true)) {
+      close(request->fd);
+      return false;  // a second request while the first is taken
+    }
+    // Taken on a worker (importing a large region into the device may take a while); the
+    // connection ends with its answer (one region per connection).
+    auto job = [this, c, request = *std::move(request)]() mutable {
+      const uint64_t region = request.region;
+      const std::string answer =
+          v1::wire::EncodeSharedMemoryAnswer(region, handlers_.take(std::move(request)));
+      c->Send(answer);
+      c->Hangup();
+    };
+    absl::MutexLock lock(&jobs_mu_);
+    jobs_.push_back(std::move(job));
+    return true;
   }
   for (int fd : received.fds) close(fd);
   const bool had_fds = !received.fds.empty();
@@ -232,7 +250,8 @@ void SharedMemoryListener::Run() {
           keep = false;
         }
       }
-      if (keep && c->ticket.empty() && now >= c->deadline) keep = false;
+      // An unbound connection past its time is closed, unless its region is being taken.
+      if (keep && c->ticket.empty() && !c->in_flight.load() && now >= c->deadline) keep = false;
       if (keep) {
         if (c->ticket.empty()) ++unbound;
         kept.push_back(c);

@@ -192,15 +192,14 @@ absl::StatusOr<SharedMemoryAttach> ParseSharedMemory(ReceivedRecord received) {
   return attach;
 }
 
-void AnswerSharedMemory(int connection, uint64_t region, const absl::Status& status) {
+std::string EncodeSharedMemoryAnswer(uint64_t region, const absl::Status& status) {
   Reply reply{};
   reply.magic = kMagic;
   reply.code = static_cast<int32_t>(status.code());
   reply.region = region;
   const absl::string_view message = status.message();
   std::memcpy(reply.message, message.data(), std::min(message.size(), sizeof(reply.message) - 1));
-  // A reply that does not fit the socket's buffer now is dropped: the client then times out.
-  (void)send(connection, &reply, sizeof(reply), MSG_DONTWAIT | MSG_NOSIGNAL);
+  return std::string(reinterpret_cast<const char*>(&reply), sizeof(reply));
 }
 
 namespace {

@@ -49,8 +49,8 @@ absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection);
 // Daemon: the shared-memory request in `received`. INVALID_ARGUMENT for a record of another size
 // or version, or one without exactly one descriptor (every descriptor that came is then closed).
 absl::StatusOr<SharedMemoryAttach> ParseSharedMemory(ReceivedRecord received);
-// Daemon: answers the request of `region` with `status` (its message cut to fit the record).
-void AnswerSharedMemory(int connection, uint64_t region, const absl::Status& status);
+// Daemon: the answer record to the request of `region`: `status`, its message cut to fit.
+std::string EncodeSharedMemoryAnswer(uint64_t region, const absl::Status& status);
 
 // The same-host eval channel: a connection to the same socket that first binds itself to a
 // session (its ticket), then carries one EvalRequest at a time and its answer, as records of at
