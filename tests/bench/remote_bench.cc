@@ -113,6 +113,68 @@ absl::Status LoopbackPair(Fd* sender, Fd* receiver) {
   return absl::OkStatus();
 }
 
+// The floor that komputed's Ping is judged against: a gRPC server of the same build that serves
+// only Sessions.Ping, on the completion-queue (async) API with one thread, answering at once.
+class BarePingServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<BarePingServer>> Start() {
+    auto s = std::unique_ptr<BarePingServer>(new BarePingServer());
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&s->service_);
+    s->cq_ = builder.AddCompletionQueue();
+    s->server_ = builder.BuildAndStart();
+    if (s->server_ == nullptr || port == 0) {
+      return absl::UnavailableError("the bare ping server did not start");
+    }
+    s->address_ = absl::StrCat("127.0.0.1:", port);
+    s->thread_ = std::thread([p = s.get()] { p->Run(); });
+    return s;
+  }
+  ~BarePingServer() {
+    server_->Shutdown();
+    cq_->Shutdown();
+    thread_.join();
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  struct Call {
+    explicit Call(BarePingServer* s) : writer(&context) {
+      s->service_.RequestPing(&context, &request, &writer, s->cq_.get(), s->cq_.get(), this);
+    }
+    grpc::ServerContext context;
+    v1::PingRequest request;
+    grpc::ServerAsyncResponseWriter<v1::PingResponse> writer;
+    bool answered = false;
+  };
+  BarePingServer() = default;
+  void Run() {
+    new Call(this);
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq_->Next(&tag, &ok)) {
+      auto* call = static_cast<Call*>(tag);
+      if (!ok || call->answered) {
+        delete call;
+        continue;
+      }
+      new Call(this);  // the next one
+      call->answered = true;
+      v1::PingResponse response;
+      response.set_payload(call->request.payload());
+      call->writer.Finish(response, grpc::Status::OK, call);
+    }
+  }
+
+  v1::Sessions::AsyncService service_;
+  std::unique_ptr<grpc::ServerCompletionQueue> cq_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::thread thread_;
+};
+
 }  // namespace
 
 struct RemoteBench::State {
@@ -122,6 +184,9 @@ struct RemoteBench::State {
   std::string address;
   std::shared_ptr<grpc::Channel> ping_channel;
   std::unique_ptr<v1::Sessions::Stub> ping_stub;
+  std::unique_ptr<BarePingServer> bare_server;
+  std::shared_ptr<grpc::Channel> bare_channel;
+  std::unique_ptr<v1::Sessions::Stub> bare_stub;
   std::unique_ptr<kp::Manager> remote;
   // The daemons that authenticate, and their clients.
   komputed::test_support::TestCertificates certs;
@@ -166,6 +231,9 @@ RemoteBench::~RemoteBench() {
   s_->tiny_inprocess = KpTiny{};
   s_->ping_stub.reset();
   s_->ping_channel.reset();
+  s_->bare_stub.reset();
+  s_->bare_channel.reset();
+  s_->bare_server.reset();
   if (s_->server != nullptr) s_->server->Shutdown();
   s_->server.reset();
 }
@@ -223,6 +291,12 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
 
   s->ping_channel = grpc::CreateChannel(s->address, grpc::InsecureChannelCredentials());
   s->ping_stub = v1::Sessions::NewStub(s->ping_channel);
+  auto bare = BarePingServer::Start();
+  if (!bare.ok()) return bare.status();
+  s->bare_server = *std::move(bare);
+  s->bare_channel =
+      grpc::CreateChannel(s->bare_server->address(), grpc::InsecureChannelCredentials());
+  s->bare_stub = v1::Sessions::NewStub(s->bare_channel);
   {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -277,12 +351,12 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
 }
 
 // A bare unary round trip on its own channel: no session, no deadline, empty payload.
-void RemoteBench::Ping(benchmark::State& state, State& s) {
+void RemoteBench::Ping(benchmark::State& state, v1::Sessions::Stub& stub) {
   v1::PingRequest request;
   v1::PingResponse response;
   for (auto _ : state) {
     grpc::ClientContext context;
-    const grpc::Status st = s.ping_stub->Ping(&context, request, &response);
+    const grpc::Status st = stub.Ping(&context, request, &response);
     if (!st.ok()) {
       state.SkipWithError(absl::StrCat("ping: ", st.error_message()).c_str());
       break;
@@ -332,7 +406,12 @@ void RemoteBench::RegisterLatencyBenchmarks() {
   State* s = s_.get();
   const RemoteConfig& c = s->config;
 
-  benchmark::RegisterBenchmark(kPing, [s](benchmark::State& state) { Ping(state, *s); })
+  benchmark::RegisterBenchmark(kPing, [s](benchmark::State& state) { Ping(state, *s->ping_stub); })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(kPingBare,
+                               [s](benchmark::State& state) { Ping(state, *s->bare_stub); })
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);

@@ -12,11 +12,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "komputed/v1/komputed.grpc.pb.h"
 
 namespace komputed_bench {
 
 // Benchmark names (the summary's keys).
 inline constexpr char kPing[] = "ping";
+// The same Ping on a bare completion-queue gRPC server of the same build.
+inline constexpr char kPingBare[] = "ping/bare_async_server";
 inline constexpr char kTcpLoopback[] = "tcp_loopback";
 inline constexpr char kTinyEvalInprocess[] = "tiny_eval/inprocess";
 inline constexpr char kTinyEvalRemote[] = "tiny_eval/remote";
@@ -75,7 +78,7 @@ class RemoteBench {
  private:
   struct State;
   explicit RemoteBench(std::unique_ptr<State> state);
-  static void Ping(benchmark::State& state, State& s);
+  static void Ping(benchmark::State& state, komputed::v1::Sessions::Stub& stub);
   static void TcpLoopback(benchmark::State& state);
   std::unique_ptr<State> s_;
 };
