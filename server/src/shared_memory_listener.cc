@@ -85,8 +85,23 @@ struct SharedMemoryListener::Connection {
   std::atomic<bool> in_flight{false};
 };
 
-absl::StatusOr<std::unique_ptr<SharedMemoryListener>> SharedMemoryListener::Start(
-    Handlers handlers, size_t eval_workers) {
+// A reactor: its thread, the bound connections given to it, and the eventfd that wakes it for new
+// ones or for the stop.
+struct SharedMemoryListener::Reactor {
+  int wake_fd = -1;
+  absl::Mutex mu;
+  std::vector<std::shared_ptr<Connection>> incoming ABSL_GUARDED_BY(mu);
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  std::thread thread;
+
+  void Wake() {
+    const uint64_t one = 1;
+    (void)!write(wake_fd, &one, sizeof(one));
+  }
+};
+
+absl::StatusOr<std::unique_ptr<SharedMemoryListener>> SharedMemoryListener::Start(Handlers handlers,
+                                                                                  size_t reactors) {
   auto listener = std::unique_ptr<SharedMemoryListener>(new SharedMemoryListener());
   listener->name_ = absl::StrCat("komputed-", getpid(), "-", RandomHex(8));
   listener->handlers_ = std::move(handlers);
@@ -97,10 +112,19 @@ absl::StatusOr<std::unique_ptr<SharedMemoryListener>> SharedMemoryListener::Star
   if (listener->wake_fd_ < 0) {
     return absl::UnavailableError(absl::StrCat("eventfd: ", std::strerror(errno)));
   }
-  listener->thread_ = std::thread([l = listener.get()] { l->Run(); });
-  for (size_t i = 0; i < std::max<size_t>(eval_workers, 1); ++i) {
-    listener->workers_.emplace_back([l = listener.get()] { l->Work(); });
+  for (size_t i = 0; i < std::max<size_t>(reactors, 1); ++i) {
+    auto reactor = std::make_unique<Reactor>();
+    reactor->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (reactor->wake_fd < 0) {
+      return absl::UnavailableError(absl::StrCat("eventfd: ", std::strerror(errno)));
+    }
+    listener->reactors_.push_back(std::move(reactor));
   }
+  for (auto& reactor : listener->reactors_) {
+    reactor->thread = std::thread([l = listener.get(), r = reactor.get()] { l->React(*r); });
+  }
+  listener->worker_ = std::thread([l = listener.get()] { l->Work(); });
+  listener->thread_ = std::thread([l = listener.get()] { l->Run(); });
   return listener;
 }
 
@@ -128,29 +152,41 @@ SharedMemoryListener::~SharedMemoryListener() {
     (void)!write(wake_fd_, &one, sizeof(one));
     thread_.join();
   }
+  for (auto& reactor : reactors_) {
+    if (!reactor->thread.joinable()) continue;
+    {
+      absl::MutexLock lock(&reactor->mu);
+      reactor->stopping = true;
+    }
+    reactor->Wake();
+    reactor->thread.join();
+  }
+  for (auto& reactor : reactors_) {
+    if (reactor->wake_fd >= 0) close(reactor->wake_fd);
+  }
   {
     absl::MutexLock lock(&jobs_mu_);
     stopping_ = true;
     jobs_.clear();  // their connections are closed: no answer could be sent
   }
-  for (std::thread& w : workers_) w.join();
+  if (worker_.joinable()) worker_.join();
   if (listen_fd_ >= 0) close(listen_fd_);
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
-bool SharedMemoryListener::Handle(const std::shared_ptr<Connection>& c,
-                                  v1::wire::ReceivedRecord received) {
+SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Connection>& c,
+                                                        v1::wire::ReceivedRecord received) {
   if (!v1::wire::IsChannelRecord(received.record)) {
-    if (!c->ticket.empty()) return false;  // a bound channel carries channel records only
+    if (!c->ticket.empty()) return Next::kClose;  // a bound channel carries channel records only
     absl::StatusOr<v1::wire::SharedMemoryAttach> request =
         v1::wire::ParseSharedMemory(std::move(received));
     if (!request.ok()) {
       c->Send(v1::wire::EncodeSharedMemoryAnswer(0, request.status()));
-      return false;
+      return Next::kClose;
     }
     if (c->in_flight.exchange(true)) {
       close(request->fd);
-      return false;  // a second request while the first is taken
+      return Next::kClose;  // a second request while the first is taken
     }
     // Taken on a worker (importing a large region into the device may take a while); the
     // connection ends with its answer (one region per connection).
@@ -163,7 +199,7 @@ bool SharedMemoryListener::Handle(const std::shared_ptr<Connection>& c,
     };
     absl::MutexLock lock(&jobs_mu_);
     jobs_.push_back(std::move(job));
-    return true;
+    return Next::kKeep;
   }
   for (int fd : received.fds) close(fd);
   const bool had_fds = !received.fds.empty();
@@ -175,19 +211,19 @@ bool SharedMemoryListener::Handle(const std::shared_ptr<Connection>& c,
   }
   if (!status.ok()) {
     c->Send(v1::wire::EncodeChannelReply(status, {}));
-    return false;
+    return Next::kClose;
   }
   if (op == v1::wire::ChannelOp::kBind) {
     if (!c->ticket.empty()) {
       c->Send(v1::wire::EncodeChannelReply(
           absl::FailedPreconditionError("the channel is bound already"), {}));
-      return false;
+      return Next::kClose;
     }
     status = handlers_.bind(payload);
     c->Send(v1::wire::EncodeChannelReply(status, {}));
-    if (!status.ok()) return false;
+    if (!status.ok()) return Next::kClose;
     c->ticket = std::string(payload);
-    return true;
+    return Next::kBound;
   }
   // kEval: on a bound channel, one at a time.
   if (c->ticket.empty() || c->in_flight.exchange(true)) {
@@ -196,17 +232,64 @@ bool SharedMemoryListener::Handle(const std::shared_ptr<Connection>& c,
                                           ? "an eval on a channel bound to no session"
                                           : "an eval while the channel's last one still runs"),
         {}));
-    return false;
+    return Next::kClose;
   }
-  auto job = [this, c, request = std::string(payload)]() mutable {
-    handlers_.eval(c->ticket, std::move(request), [c](std::string record) {
-      c->in_flight.store(false);
-      c->Send(record);
-    });
-  };
-  absl::MutexLock lock(&jobs_mu_);
-  jobs_.push_back(std::move(job));
-  return true;
+  handlers_.eval(c->ticket, std::string(payload), [c](std::string record) {
+    c->in_flight.store(false);
+    c->Send(record);
+  });
+  return Next::kKeep;
+}
+
+void SharedMemoryListener::React(Reactor& reactor) {
+  std::vector<std::shared_ptr<Connection>> connections;
+  std::vector<pollfd> polled;
+  for (;;) {
+    polled.clear();
+    polled.push_back({reactor.wake_fd, POLLIN, 0});
+    for (const auto& c : connections) polled.push_back({c->fd_for_listener(), POLLIN, 0});
+    if (poll(polled.data(), polled.size(), -1) < 0 && errno != EINTR) {
+      spdlog::error("shared-memory socket @{}: poll: {}", name_, std::strerror(errno));
+      break;
+    }
+    if (polled[0].revents != 0) {
+      uint64_t count;
+      (void)!read(reactor.wake_fd, &count, sizeof(count));
+      absl::MutexLock lock(&reactor.mu);
+      if (reactor.stopping) break;
+      for (auto& c : reactor.incoming) connections.push_back(std::move(c));
+      reactor.incoming.clear();
+    }
+    std::vector<std::shared_ptr<Connection>> kept;
+    for (size_t i = 0; i + 1 < polled.size(); ++i) {
+      const std::shared_ptr<Connection>& c = connections[i];
+      bool keep = true;
+      if (polled[i + 1].revents != 0) {
+        absl::StatusOr<v1::wire::ReceivedRecord> received =
+            v1::wire::ReceiveRecord(c->fd_for_listener());
+        if (received.ok()) {
+          keep = Handle(c, *std::move(received)) == Next::kKeep;
+        } else if (received.status().message() != "again") {
+          if (absl::IsInvalidArgument(received.status())) {
+            c->Send(v1::wire::EncodeChannelReply(received.status(), {}));
+          }
+          keep = false;
+        }
+      }
+      if (keep) {
+        kept.push_back(c);
+      } else {
+        c->Close();
+      }
+    }
+    // Connections that came with the wake-up were not polled yet: kept as they are.
+    for (size_t i = polled.size() - 1; i < connections.size(); ++i) kept.push_back(connections[i]);
+    connections.swap(kept);
+  }
+  for (const auto& c : connections) c->Close();
+  absl::MutexLock lock(&reactor.mu);
+  for (const auto& c : reactor.incoming) c->Close();
+  reactor.incoming.clear();
 }
 
 void SharedMemoryListener::Run() {
@@ -242,7 +325,18 @@ void SharedMemoryListener::Run() {
         absl::StatusOr<v1::wire::ReceivedRecord> received =
             v1::wire::ReceiveRecord(c->fd_for_listener());
         if (received.ok()) {
-          keep = Handle(c, *std::move(received));
+          const Next next = Handle(c, *std::move(received));
+          keep = next == Next::kKeep;
+          if (next == Next::kBound) {
+            // Its evals go to a reactor from here on.
+            Reactor& r = *reactors_[next_reactor_++ % reactors_.size()];
+            {
+              absl::MutexLock lock(&r.mu);
+              r.incoming.push_back(c);
+            }
+            r.Wake();
+            continue;
+          }
         } else if (received.status().message() != "again") {
           if (absl::IsInvalidArgument(received.status())) {
             c->Send(v1::wire::EncodeChannelReply(received.status(), {}));

@@ -1,11 +1,13 @@
 #pragma once
 // The daemon's end of the same-host side channel (komputed/v1/shared_memory_wire.h): an abstract
-// Unix socket and one thread that accepts its connections and answers their records. A connection
-// either passes one shared-memory region and is closed, or binds itself to a session and carries
-// that session's evals, one at a time. A connection that binds nothing within a short time is
-// closed; so are connections beyond a fixed number at once. The thread never waits on the device:
-// taking a region is a few system calls, and an eval is handed on once submitted, its answer sent
-// from whichever thread completes it.
+// Unix socket, one thread that accepts its connections and reads their first record, a worker that
+// takes passed regions (importing them into the device), and a few reactor threads that serve the
+// bound channels. A connection either passes one shared-memory region and is closed, or binds
+// itself to a session and carries that session's evals, one at a time, on the reactor that it is
+// given. A connection that binds nothing within a short time is closed; so are connections beyond
+// a fixed number at once. A reactor runs an eval on its own thread: it may wait for a short
+// submission there (bounded, as the gRPC serving threads do: Session::Eval's inline wait), so
+// that the answer needs no hand-off; longer ones are answered from the completion waiter.
 
 #include <deque>
 #include <functional>
@@ -32,16 +34,16 @@ class SharedMemoryListener {
     // Whether `ticket` is an open session's: a channel binds to it.
     std::function<absl::Status(absl::string_view ticket)> bind;
     // Runs the serialized EvalRequest `request` in the session of `ticket`, and calls `answer`
-    // once, from any thread, with the answer record (v1::wire::EncodeChannelReply). Called on
-    // one of the listener's eval workers, which may wait for the device a bounded time.
+    // once, from any thread, with the answer record (v1::wire::EncodeChannelReply). Called on a
+    // reactor thread, which may wait for the device a bounded time.
     std::function<void(const std::string& ticket, std::string request,
                        std::function<void(std::string record)> answer)>
         eval;
   };
-  // Listens on a new abstract name (komputed-<pid>-<random>), with `eval_workers` threads (at
-  // least 1) that run the channels' evals.
+  // Listens on a new abstract name (komputed-<pid>-<random>), with `reactors` threads (at least
+  // 1) that serve the bound channels.
   static absl::StatusOr<std::unique_ptr<SharedMemoryListener>> Start(Handlers handlers,
-                                                                     size_t eval_workers);
+                                                                     size_t reactors);
   // Stops the thread and closes every connection (answers still to come are dropped).
   ~SharedMemoryListener();
   SharedMemoryListener(const SharedMemoryListener&) = delete;
@@ -52,22 +54,29 @@ class SharedMemoryListener {
 
  private:
   struct Connection;
+  struct Reactor;
   SharedMemoryListener() = default;
   void Run();
-  // Handles one record of `c`; false when the connection is to be closed.
-  bool Handle(const std::shared_ptr<Connection>& c, v1::wire::ReceivedRecord received);
+  void React(Reactor& reactor);
+  // What becomes of a connection after one of its records.
+  enum class Next { kKeep, kClose, kBound };
+  // Handles one record of `c` (on the listener's thread for unbound connections, on its
+  // reactor's for bound ones).
+  Next Handle(const std::shared_ptr<Connection>& c, v1::wire::ReceivedRecord received);
 
   std::string name_;
   Handlers handlers_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // an eventfd that the destructor signals
   std::thread thread_;
-  // The eval workers and their queue (at most one eval per bound connection).
+  // The worker that takes regions, and its queue (at most one job per unbound connection).
   void Work();
   absl::Mutex jobs_mu_;
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(jobs_mu_);
   bool stopping_ ABSL_GUARDED_BY(jobs_mu_) = false;
-  std::vector<std::thread> workers_;
+  std::thread worker_;
+  std::vector<std::unique_ptr<Reactor>> reactors_;
+  size_t next_reactor_ = 0;  // the listener's thread only
 };
 
 // A new random ticket (v1::wire::kSharedMemoryTicketSize hex characters).

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "komputed/v1/shared_memory_wire.h"
@@ -74,7 +75,7 @@ absl::StatusOr<std::string> SameHostChannel::RoundTrip(const std::string& record
   }
   *sent = true;
   const absl::Time deadline = absl::Now() + timeout;
-  std::string answer(v1::wire::kMaxChannelRecord + 1, '\0');
+  thread_local std::vector<char> buffer(v1::wire::kMaxChannelRecord + 1);
   for (;;) {
     const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
     pollfd p{fd_, POLLIN, 0};
@@ -85,14 +86,13 @@ absl::StatusOr<std::string> SameHostChannel::RoundTrip(const std::string& record
       return absl::DeadlineExceededError(absl::StrCat("no answer on the same-host channel within ",
                                                       absl::FormatDuration(timeout)));
     }
-    const ssize_t n = recv(fd_, answer.data(), answer.size(), 0);
+    const ssize_t n = recv(fd_, buffer.data(), buffer.size(), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0 || static_cast<size_t>(n) > v1::wire::kMaxChannelRecord) {
       Break();
       return absl::UnavailableError("the daemon closed the same-host channel");
     }
-    answer.resize(static_cast<size_t>(n));
-    return answer;
+    return std::string(buffer.data(), static_cast<size_t>(n));
   }
 }
 

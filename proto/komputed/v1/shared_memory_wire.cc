@@ -127,8 +127,10 @@ absl::StatusOr<int> ListenSharedMemory(const std::string& socket_name) {
 
 absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection) {
   ReceivedRecord received;
-  received.record.resize(kMaxChannelRecord + 1);
-  iovec iov{received.record.data(), received.record.size()};
+  // Received into a buffer kept by the thread (a record may be up to kMaxChannelRecord bytes;
+  // most are a few hundred), then copied at its size.
+  thread_local std::vector<char> buffer(kMaxChannelRecord + 1);
+  iovec iov{buffer.data(), buffer.size()};
   // Room for more descriptors than one, so that extra ones arrive (and are closed) rather than
   // being cut off.
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
@@ -159,7 +161,7 @@ absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection) {
     return refuse(absl::InvalidArgumentError(
         absl::StrCat("a record over the daemon's ", kMaxChannelRecord, " bytes")));
   }
-  received.record.resize(static_cast<size_t>(n));
+  received.record.assign(buffer.data(), static_cast<size_t>(n));
   return received;
 }
 
