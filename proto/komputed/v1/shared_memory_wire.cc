@@ -200,7 +200,10 @@ std::string EncodeSharedMemoryAnswer(uint64_t region, const absl::Status& status
   reply.code = static_cast<int32_t>(status.code());
   reply.region = region;
   const absl::string_view message = status.message();
-  std::memcpy(reply.message, message.data(), std::min(message.size(), sizeof(reply.message) - 1));
+  if (!message.empty()) {
+    std::memcpy(reply.message, message.data(),
+                std::min(message.size(), sizeof(reply.message) - 1));
+  }
   return std::string(reinterpret_cast<const char*>(&reply), sizeof(reply));
 }
 
@@ -228,7 +231,7 @@ std::string EncodeChannelRequest(ChannelOp op, absl::string_view payload) {
   ChannelRequestHeader h{kChannelMagic, kVersion, static_cast<uint32_t>(op),
                          static_cast<uint32_t>(payload.size())};
   std::string record(reinterpret_cast<const char*>(&h), sizeof(h));
-  record.append(payload.data(), payload.size());
+  if (!payload.empty()) record.append(payload.data(), payload.size());
   return record;
 }
 
@@ -272,8 +275,8 @@ std::string EncodeChannelReply(const absl::Status& status, absl::string_view pay
                        static_cast<uint32_t>(message.size()),
                        static_cast<uint32_t>(payload.size())};
   std::string record(reinterpret_cast<const char*>(&h), sizeof(h));
-  record.append(message.data(), message.size());
-  record.append(payload.data(), payload.size());
+  if (!message.empty()) record.append(message.data(), message.size());
+  if (!payload.empty()) record.append(payload.data(), payload.size());
   return record;
 }
 
