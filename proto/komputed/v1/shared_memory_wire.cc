@@ -201,8 +201,7 @@ std::string EncodeSharedMemoryAnswer(uint64_t region, const absl::Status& status
   reply.region = region;
   const absl::string_view message = status.message();
   if (!message.empty()) {
-    std::memcpy(reply.message, message.data(),
-                std::min(message.size(), sizeof(reply.message) - 1));
+    std::memcpy(reply.message, message.data(), std::min(message.size(), sizeof(reply.message) - 1));
   }
   return std::string(reinterpret_cast<const char*>(&reply), sizeof(reply));
 }
