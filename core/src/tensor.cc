@@ -35,6 +35,26 @@ absl::StatusOr<std::pair<MemoryHandle, uint32_t>> AllocateFor(Device& device,
   return std::make_pair(MemoryHandle(device.handle(), memory), type);
 }
 
+// A buffer of `size` bytes for `usage` with `next` chained to its create info, and its memory
+// requirements.
+absl::StatusOr<std::pair<BufferHandle, VkMemoryRequirements>> NewBuffer(Device& device,
+                                                                        uint64_t size,
+                                                                        VkBufferUsageFlags usage,
+                                                                        const void* next,
+                                                                        absl::string_view what) {
+  VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+  bi.pNext = next;
+  bi.size = size;
+  bi.usage = usage;
+  bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+  VkBuffer buffer = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(device.Check(vkCreateBuffer(device.handle(), &bi, nullptr, &buffer),
+                                  absl::StrCat("vkCreateBuffer for ", what)));
+  VkMemoryRequirements req;
+  vkGetBufferMemoryRequirements(device.handle(), buffer, &req);
+  return std::make_pair(BufferHandle(device.handle(), buffer), req);
+}
+
 }  // namespace
 
 absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsageFlags usage,
@@ -42,17 +62,10 @@ absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsa
                                       VkMemoryPropertyFlags preferred, absl::string_view what) {
   Buffer b;
   b.size_ = size;
-  VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-  bi.size = size;
-  bi.usage = usage;
-  bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-  VkBuffer buffer = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(device.Check(vkCreateBuffer(device.handle(), &bi, nullptr, &buffer),
-                                  absl::StrCat("vkCreateBuffer for ", what)));
-  b.buffer_ = BufferHandle(device.handle(), buffer);
-
-  VkMemoryRequirements req;
-  vkGetBufferMemoryRequirements(device.handle(), buffer, &req);
+  KD_ASSIGN_OR_RETURN(auto made, NewBuffer(device, size, usage, nullptr, what));
+  b.buffer_ = std::move(made.first);
+  const VkBuffer buffer = b.buffer_.get();
+  const VkMemoryRequirements& req = made.second;
   KD_ASSIGN_OR_RETURN(auto allocated, AllocateFor(device, req, required, preferred, what));
   const uint32_t type = allocated.second;
   b.memory_ = std::move(allocated.first);
@@ -137,17 +150,10 @@ absl::StatusOr<Buffer> Buffer::Import(Device& device, const HostMemory& memory, 
   b.size_ = size;
   VkExternalMemoryBufferCreateInfo external{VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO};
   external.handleTypes = VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT;
-  VkBufferCreateInfo bi{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-  bi.pNext = &external;
-  bi.size = size;
-  bi.usage = usage;
-  bi.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-  VkBuffer buffer = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(device.Check(vkCreateBuffer(device.handle(), &bi, nullptr, &buffer),
-                                  absl::StrCat("vkCreateBuffer for ", what)));
-  b.buffer_ = BufferHandle(device.handle(), buffer);
-  VkMemoryRequirements req;
-  vkGetBufferMemoryRequirements(device.handle(), buffer, &req);
+  KD_ASSIGN_OR_RETURN(auto made, NewBuffer(device, size, usage, &external, what));
+  b.buffer_ = std::move(made.first);
+  const VkBuffer buffer = b.buffer_.get();
+  const VkMemoryRequirements& req = made.second;
   if (req.size > memory.size || (req.memoryTypeBits & (1u << imported->type())) == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("host memory for ", what, " of ", memory.size, " bytes (memory type ",

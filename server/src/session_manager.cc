@@ -1,14 +1,11 @@
 #include "session_manager.h"
 
 #include <spdlog/spdlog.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 
-#include "absl/random/random.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "komputed/core/shared_memory.h"
@@ -24,22 +21,8 @@ constexpr absl::Duration kMaxReapInterval = absl::Seconds(10);
 // How soon it looks again at most (so that many sessions expiring together cost little).
 constexpr absl::Duration kMinReapInterval = absl::Milliseconds(5);
 
-// 128 random bits as 32 hex digits, from the kernel's random source.
-std::string NewSessionId() {
-  unsigned char bytes[16];
-  size_t got = 0;
-  while (got < sizeof(bytes)) {
-    ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  if (got < sizeof(bytes)) {  // no getrandom: fall back to a seeded generator
-    absl::BitGen gen;
-    for (unsigned char& b : bytes) b = absl::Uniform<unsigned char>(gen);
-  }
-  return absl::BytesToHexString(
-      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
-}
+// 128 random bits as 32 hex digits.
+std::string NewSessionId() { return RandomHex(16); }
 
 std::string Seconds(absl::Duration d) { return absl::StrFormat("%.1fs", absl::ToDoubleSeconds(d)); }
 
@@ -132,17 +115,7 @@ void SessionManager::SameHostEval(const std::string& ticket, std::string bytes,
     return fail(absl::InvalidArgumentError("a channel eval that is not an EvalRequest"));
   }
   // What the channel's thread can do at once: no object to build, no answer to outgrow a record.
-  for (const v1::Command& command : request->commands()) {
-    if (command.has_create_tensor() || command.has_create_algorithm() ||
-        command.has_rebuild_algorithm()) {
-      return fail(
-          absl::InvalidArgumentError("a channel eval that creates objects (send those over gRPC)"));
-    }
-  }
-  if (request->downloads_size() > 0) {
-    return fail(absl::InvalidArgumentError(
-        "a channel eval with downloads (shared tensors need none; send others over gRPC)"));
-  }
+  if (absl::Status takes = v1::wire::ChannelTakes(*request); !takes.ok()) return fail(takes);
   metrics_->same_host_evals_total().Increment();
   std::shared_ptr<Session> s = *std::move(session);
   const std::string id = s->id();

@@ -28,8 +28,10 @@ constexpr size_t kMaxConnections = 8192;
 constexpr size_t kMaxUnbound = 256;
 constexpr absl::Duration kRequestTime = absl::Seconds(2);
 
-std::string RandomHex(size_t bytes_wanted) {
-  std::vector<unsigned char> bytes(bytes_wanted);
+}  // namespace
+
+std::string RandomHex(size_t count) {
+  std::vector<unsigned char> bytes(count);
   size_t got = 0;
   while (got < bytes.size()) {
     const ssize_t n = getrandom(bytes.data() + got, bytes.size() - got, 0);
@@ -43,8 +45,6 @@ std::string RandomHex(size_t bytes_wanted) {
   return absl::BytesToHexString(
       absl::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
-
-}  // namespace
 
 std::string NewSharedMemoryTicket() { return RandomHex(v1::wire::kSharedMemoryTicketSize / 2); }
 
@@ -241,6 +241,16 @@ SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Co
   return Next::kKeep;
 }
 
+SharedMemoryListener::Next SharedMemoryListener::Serve(const std::shared_ptr<Connection>& c) {
+  absl::StatusOr<v1::wire::ReceivedRecord> received = v1::wire::ReceiveRecord(c->fd_for_listener());
+  if (received.ok()) return Handle(c, *std::move(received));
+  if (received.status().message() == "again") return Next::kKeep;  // nothing there yet
+  if (absl::IsInvalidArgument(received.status())) {
+    c->Send(v1::wire::EncodeChannelReply(received.status(), {}));
+  }
+  return Next::kClose;
+}
+
 void SharedMemoryListener::React(Reactor& reactor) {
   std::vector<std::shared_ptr<Connection>> connections;
   std::vector<pollfd> polled;
@@ -263,19 +273,7 @@ void SharedMemoryListener::React(Reactor& reactor) {
     std::vector<std::shared_ptr<Connection>> kept;
     for (size_t i = 0; i + 1 < polled.size(); ++i) {
       const std::shared_ptr<Connection>& c = connections[i];
-      bool keep = true;
-      if (polled[i + 1].revents != 0) {
-        absl::StatusOr<v1::wire::ReceivedRecord> received =
-            v1::wire::ReceiveRecord(c->fd_for_listener());
-        if (received.ok()) {
-          keep = Handle(c, *std::move(received)) == Next::kKeep;
-        } else if (received.status().message() != "again") {
-          if (absl::IsInvalidArgument(received.status())) {
-            c->Send(v1::wire::EncodeChannelReply(received.status(), {}));
-          }
-          keep = false;
-        }
-      }
+      const bool keep = polled[i + 1].revents == 0 || Serve(c) == Next::kKeep;
       if (keep) {
         kept.push_back(c);
       } else {
@@ -322,26 +320,17 @@ void SharedMemoryListener::Run() {
       const std::shared_ptr<Connection>& c = connections[i];
       bool keep = true;
       if (polled[i + 2].revents != 0) {
-        absl::StatusOr<v1::wire::ReceivedRecord> received =
-            v1::wire::ReceiveRecord(c->fd_for_listener());
-        if (received.ok()) {
-          const Next next = Handle(c, *std::move(received));
-          keep = next == Next::kKeep;
-          if (next == Next::kBound) {
-            // Its evals go to a reactor from here on.
-            Reactor& r = *reactors_[next_reactor_++ % reactors_.size()];
-            {
-              absl::MutexLock lock(&r.mu);
-              r.incoming.push_back(c);
-            }
-            r.Wake();
-            continue;
+        const Next next = Serve(c);
+        keep = next == Next::kKeep;
+        if (next == Next::kBound) {
+          // Its evals go to a reactor from here on.
+          Reactor& r = *reactors_[next_reactor_++ % reactors_.size()];
+          {
+            absl::MutexLock lock(&r.mu);
+            r.incoming.push_back(c);
           }
-        } else if (received.status().message() != "again") {
-          if (absl::IsInvalidArgument(received.status())) {
-            c->Send(v1::wire::EncodeChannelReply(received.status(), {}));
-          }
-          keep = false;
+          r.Wake();
+          continue;
         }
       }
       // An unbound connection past its time is closed, unless its region is being taken.

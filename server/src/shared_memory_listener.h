@@ -63,6 +63,8 @@ class SharedMemoryListener {
   // Handles one record of `c` (on the listener's thread for unbound connections, on its
   // reactor's for bound ones).
   Next Handle(const std::shared_ptr<Connection>& c, v1::wire::ReceivedRecord received);
+  // Reads the record waiting on `c` and handles it (kKeep when none had come after all).
+  Next Serve(const std::shared_ptr<Connection>& c);
 
   std::string name_;
   Handlers handlers_;
@@ -79,6 +81,9 @@ class SharedMemoryListener {
   size_t next_reactor_ = 0;  // the listener's thread only
 };
 
+// `bytes` random bytes from the kernel's random source (a seeded generator where it has none), as
+// 2 * `bytes` hex digits: session ids, tickets, socket names.
+std::string RandomHex(size_t bytes);
 // A new random ticket (v1::wire::kSharedMemoryTicketSize hex characters).
 std::string NewSharedMemoryTicket();
 

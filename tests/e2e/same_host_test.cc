@@ -9,7 +9,6 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -295,14 +294,9 @@ TEST_F(SameHostWire, HostileMemoryIsRefusedWithItsReason) {
 
   // Records of another shape, without a descriptor: refused, and the daemon goes on.
   for (size_t bytes : {size_t{0}, size_t{3}, size_t{56}, size_t{4000}}) {
-    const int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    sockaddr_un address{};
-    address.sun_family = AF_UNIX;
-    const std::string& name = session_.shared_memory_socket();
-    std::memcpy(address.sun_path + 1, name.data(), name.size());
-    ASSERT_EQ(connect(sock, reinterpret_cast<const sockaddr*>(&address),
-                      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size())),
-              0);
+    absl::StatusOr<int> connected = v1::wire::ConnectSharedMemory(session_.shared_memory_socket());
+    ASSERT_TRUE(connected.ok()) << connected.status();
+    const int sock = *connected;
     std::vector<char> junk(bytes, 'x');
     if (bytes > 0) {
       EXPECT_EQ(send(sock, junk.data(), junk.size(), 0), ssize_t(bytes));
@@ -395,13 +389,9 @@ TEST_F(SameHostWire, TensorsTakeOnlyTheirOwnRegionsAsTheyFit) {
 class RawChannel {
  public:
   explicit RawChannel(const std::string& name) {
-    fd_ = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    sockaddr_un address{};
-    address.sun_family = AF_UNIX;
-    std::memcpy(address.sun_path + 1, name.data(), name.size());
-    connected_ =
-        connect(fd_, reinterpret_cast<const sockaddr*>(&address),
-                static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size())) == 0;
+    absl::StatusOr<int> fd = v1::wire::ConnectSharedMemory(name);
+    connected_ = fd.ok();
+    fd_ = fd.ok() ? *fd : -1;
   }
   ~RawChannel() { close(fd_); }
   bool connected() const { return connected_; }

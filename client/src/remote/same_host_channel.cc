@@ -2,12 +2,10 @@
 
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -20,21 +18,9 @@ namespace v1 = komputed::v1;
 
 absl::StatusOr<std::unique_ptr<SameHostChannel>> SameHostChannel::Open(
     const std::string& socket_name, absl::string_view ticket, absl::Duration timeout) {
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  if (socket_name.empty() || socket_name.size() + 1 > sizeof(address.sun_path)) {
-    return absl::UnavailableError("no usable shared-memory socket name");
-  }
-  std::memcpy(address.sun_path + 1, socket_name.data(), socket_name.size());
-  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", std::strerror(errno)));
-  auto channel = std::unique_ptr<SameHostChannel>(new SameHostChannel(fd));
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&address),
-              static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + socket_name.size())) !=
-      0) {
-    return absl::UnavailableError(
-        absl::StrCat("connecting to @", socket_name, ": ", std::strerror(errno)));
-  }
+  absl::StatusOr<int> fd = v1::wire::ConnectSharedMemory(socket_name);
+  if (!fd.ok()) return absl::UnavailableError(fd.status().message());
+  auto channel = std::unique_ptr<SameHostChannel>(new SameHostChannel(*fd));
   bool sent = false;
   absl::StatusOr<std::string> answer = channel->RoundTrip(
       v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kBind, ticket), timeout, &sent);
@@ -52,14 +38,8 @@ void SameHostChannel::Break() {
 }
 
 bool SameHostChannel::Takes(const v1::EvalRequest& request) {
-  if (request.downloads_size() > 0) return false;
-  for (const v1::Command& command : request.commands()) {
-    if (command.has_create_tensor() || command.has_create_algorithm() ||
-        command.has_rebuild_algorithm()) {
-      return false;
-    }
-  }
-  return request.ByteSizeLong() + 64 <= v1::wire::kMaxChannelRecord;
+  return v1::wire::ChannelTakes(request).ok() &&
+         request.ByteSizeLong() + 64 <= v1::wire::kMaxChannelRecord;
 }
 
 absl::StatusOr<std::string> SameHostChannel::RoundTrip(const std::string& record,

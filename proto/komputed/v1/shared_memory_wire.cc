@@ -52,22 +52,32 @@ std::string Errno(absl::string_view what) { return absl::StrCat(what, ": ", std:
 
 }  // namespace
 
+absl::StatusOr<int> ConnectSharedMemory(const std::string& socket_name) {
+  auto address = Address(socket_name);
+  if (!address.ok()) return address.status();
+  const int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s < 0) return absl::UnavailableError(Errno("socket"));
+  if (connect(s, reinterpret_cast<const sockaddr*>(&address->first), address->second) != 0) {
+    absl::Status error =
+        absl::UnavailableError(Errno(absl::StrCat("connecting to @", socket_name)));
+    close(s);
+    return error;
+  }
+  return s;
+}
+
 absl::Status PassSharedMemory(const std::string& socket_name, absl::string_view ticket,
                               uint64_t region, int fd, uint64_t size, absl::Duration timeout) {
   if (ticket.size() != kSharedMemoryTicketSize) {
     return absl::InvalidArgumentError("shared-memory ticket of the wrong size");
   }
-  auto address = Address(socket_name);
-  if (!address.ok()) return address.status();
-  const int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (s < 0) return absl::UnavailableError(Errno("socket"));
+  absl::StatusOr<int> connected = ConnectSharedMemory(socket_name);
+  if (!connected.ok()) return connected.status();
+  const int s = *connected;
   struct Closer {
     int fd;
     ~Closer() { close(fd); }
   } closer{s};
-  if (connect(s, reinterpret_cast<const sockaddr*>(&address->first), address->second) != 0) {
-    return absl::UnavailableError(Errno(absl::StrCat("connecting to @", socket_name)));
-  }
   Request request{};
   request.magic = kMagic;
   request.version = kVersion;
@@ -225,6 +235,21 @@ struct ChannelReplyHeader {
 };
 
 }  // namespace
+
+absl::Status ChannelTakes(const EvalRequest& request) {
+  for (const Command& command : request.commands()) {
+    if (command.has_create_tensor() || command.has_create_algorithm() ||
+        command.has_rebuild_algorithm()) {
+      return absl::InvalidArgumentError(
+          "a channel eval that creates objects (send those over gRPC)");
+    }
+  }
+  if (request.downloads_size() > 0) {
+    return absl::InvalidArgumentError(
+        "a channel eval with downloads (shared tensors need none; send others over gRPC)");
+  }
+  return absl::OkStatus();
+}
 
 std::string EncodeChannelRequest(ChannelOp op, absl::string_view payload) {
   ChannelRequestHeader h{kChannelMagic, kVersion, static_cast<uint32_t>(op),

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "komputed/v1/komputed.pb.h"
 
 namespace komputed::v1::wire {
 
@@ -27,6 +28,11 @@ struct SharedMemoryAttach {
   uint64_t size = 0;
   int fd = -1;  // owned by the receiver once received
 };
+
+// A SOCK_SEQPACKET connection (close-on-exec) to the abstract socket `socket_name`: its
+// descriptor, the caller's to close. UNAVAILABLE when it cannot be reached (INVALID_ARGUMENT for a
+// name that no abstract address holds).
+absl::StatusOr<int> ConnectSharedMemory(const std::string& socket_name);
 
 // Client: connects to the abstract socket `socket_name`, passes `fd` (kept by the caller) and
 // waits for the daemon's answer, all within `timeout`. The daemon's refusal comes back as its
@@ -59,6 +65,10 @@ std::string EncodeSharedMemoryAnswer(uint64_t region, const absl::Status& status
 inline constexpr size_t kMaxChannelRecord = 64 << 10;
 
 enum class ChannelOp : uint32_t { kBind = 1, kEval = 2 };
+
+// Whether the channel takes `request` (INVALID_ARGUMENT naming why not): it creates no object and
+// has no downloads. Its size is checked where it is encoded (kMaxChannelRecord).
+absl::Status ChannelTakes(const EvalRequest& request);
 
 // A channel record: `op`, then `payload` (kBind: the ticket; kEval: a serialized EvalRequest).
 std::string EncodeChannelRequest(ChannelOp op, absl::string_view payload);
