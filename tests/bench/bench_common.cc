@@ -115,12 +115,13 @@ void RunKpAsync(benchmark::State& state, std::vector<KpTiny>& lanes, const char*
   drain();
 }
 
-void RunKpUpload(benchmark::State& state, kp::Manager& mgr, const char* what) {
+void RunKpUpload(benchmark::State& state, kp::Manager& mgr, const char* what, uint64_t bytes) {
+  const uint64_t count = bytes / sizeof(float);
   try {
-    auto tensor = mgr.tensorT<float>(kBulkCount);
+    auto tensor = mgr.tensorT<float>(count);
     const std::vector<std::shared_ptr<kp::Tensor>> params = {tensor};
     auto seq = mgr.sequence();
-    const std::vector<float> src = PatternVector(kBulkCount);
+    const std::vector<float> src = PatternVector(count);
     // Untimed: the tensor exists on the device (a remote Manager creates it with its first
     // eval), so that the loop times transfers, not the allocation; as in the download.
     seq->eval<kp::OpTensorSyncDevice>(params);
@@ -129,12 +130,12 @@ void RunKpUpload(benchmark::State& state, kp::Manager& mgr, const char* what) {
       tensor->setRawData(src.data());
       seq->eval<kp::OpTensorSyncDevice>(params);
     }
-    SetTransferCounters(state, usage, state.iterations() * kBulkBytes);
-    state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kBulkBytes));
+    SetTransferCounters(state, usage, state.iterations() * bytes);
+    state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
     // Untimed: the data must be on the device.
-    std::memset(tensor->data(), 0, kBulkBytes);
+    std::memset(tensor->data(), 0, bytes);
     seq->eval<kp::OpTensorSyncLocal>(params);
-    if (!MatchesPattern(tensor->data(), kBulkCount)) {
+    if (!MatchesPattern(tensor->data(), count)) {
       state.SkipWithError(
           absl::StrCat(what, ": the device does not hold the uploaded data").c_str());
     }
@@ -146,31 +147,32 @@ void RunKpUpload(benchmark::State& state, kp::Manager& mgr, const char* what) {
   mgr.clear();
 }
 
-void RunKpDownload(benchmark::State& state, kp::Manager& mgr, const char* what) {
+void RunKpDownload(benchmark::State& state, kp::Manager& mgr, const char* what, uint64_t bytes) {
+  const uint64_t count = bytes / sizeof(float);
   try {
-    auto tensor = mgr.tensorT<float>(kBulkCount);
+    auto tensor = mgr.tensorT<float>(count);
     const std::vector<std::shared_ptr<kp::Tensor>> params = {tensor};
     auto seq = mgr.sequence();
     {
-      const std::vector<float> src = PatternVector(kBulkCount);
+      const std::vector<float> src = PatternVector(count);
       tensor->setRawData(src.data());
       seq->eval<kp::OpTensorSyncDevice>(params);
-      std::memset(tensor->data(), 0, kBulkBytes);
+      std::memset(tensor->data(), 0, bytes);
     }
-    std::vector<float> dst(kBulkCount);
+    std::vector<float> dst(count);
     uint64_t i = 0;
     const ProcessUsage usage = ProcessUsage::Now();
     for (auto _ : state) {
       seq->eval<kp::OpTensorSyncLocal>(params);
-      std::memcpy(dst.data(), tensor->data(), kBulkBytes);
-      const uint64_t k = (i++ * 7919) % kBulkCount;
+      std::memcpy(dst.data(), tensor->data(), bytes);
+      const uint64_t k = (i++ * 7919) % count;
       if (dst[k] != Pattern(k)) {
         state.SkipWithError(absl::StrCat(what, ": wrong data").c_str());
         break;
       }
     }
-    SetTransferCounters(state, usage, state.iterations() * kBulkBytes);
-    state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kBulkBytes));
+    SetTransferCounters(state, usage, state.iterations() * bytes);
+    state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
     seq->destroy();
     tensor->destroy();
   } catch (const kp::Error& e) {

@@ -17,6 +17,8 @@ inline constexpr uint32_t kTinyLocalSize = 64;
 inline constexpr uint64_t kTinyBytes = kTinyCount * sizeof(float);
 inline constexpr uint64_t kBulkBytes = uint64_t{256} << 20;
 inline constexpr uint64_t kBulkCount = kBulkBytes / sizeof(float);
+// The large transfers, run on GPUs only (a CPU device's figures at this size say nothing new).
+inline constexpr uint64_t kGiBBytes = uint64_t{1} << 30;
 
 // The tiny eval's shader: v[i] = v[i] * 2 + 1 over kTinyCount floats, kTinyLocalSize per group.
 inline constexpr char kTinyShader[] = R"(
@@ -82,9 +84,12 @@ void RunKpTiny(benchmark::State& state, KpTiny& tiny, const char* what);
 // are always in flight. One item per completed eval.
 void RunKpAsync(benchmark::State& state, std::vector<KpTiny>& lanes, const char* what);
 
-// 256 MiB through kp: eval<OpTensorSyncDevice> / eval<OpTensorSyncLocal> on an eDevice tensor,
-// the host memcpy into (out of) the tensor's host data included. `mgr` is in-process or remote.
-void RunKpUpload(benchmark::State& state, kp::Manager& mgr, const char* what);
-void RunKpDownload(benchmark::State& state, kp::Manager& mgr, const char* what);
+// `bytes` (a multiple of 4) through kp: eval<OpTensorSyncDevice> / eval<OpTensorSyncLocal> on an
+// eDevice tensor, the host memcpy into (out of) the tensor's host data included. `mgr` is
+// in-process or remote.
+void RunKpUpload(benchmark::State& state, kp::Manager& mgr, const char* what,
+                 uint64_t bytes = kBulkBytes);
+void RunKpDownload(benchmark::State& state, kp::Manager& mgr, const char* what,
+                   uint64_t bytes = kBulkBytes);
 
 }  // namespace komputed_bench

@@ -717,6 +717,7 @@ absl::Status SetUp(Env& env) {
     rc.bulk_iterations = env.config.remote_bulk_iterations;
     rc.same_host_bulk_iterations = env.config.bulk_iterations;
     rc.async_depth = env.config.async_depth;
+    rc.gib_transfers = device.properties().deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
     KD_ASSIGN_OR_RETURN(env.remote,
                         komputed_bench::RemoteBench::Start(std::move(rc), env.mgr.get()));
   }
@@ -843,6 +844,14 @@ void BM_UploadKp(benchmark::State& state) {
 
 void BM_DownloadKp(benchmark::State& state) {
   komputed_bench::RunKpDownload(state, *g_env->mgr, "kp download");
+}
+
+void BM_UploadGiBKp(benchmark::State& state) {
+  komputed_bench::RunKpUpload(state, *g_env->mgr, "kp upload", komputed_bench::kGiBBytes);
+}
+
+void BM_DownloadGiBKp(benchmark::State& state) {
+  komputed_bench::RunKpDownload(state, *g_env->mgr, "kp download", komputed_bench::kGiBBytes);
 }
 
 // Workgroups for `count` elements: a 2-D grid that stays within 65535 per dimension.
@@ -1169,6 +1178,8 @@ constexpr char kUploadRaw[] = "upload_256MiB/raw";
 constexpr char kUploadKp[] = "upload_256MiB/kp";
 constexpr char kDownloadRaw[] = "download_256MiB/raw";
 constexpr char kDownloadKp[] = "download_256MiB/kp";
+constexpr char kUploadGiBKp[] = "upload_1GiB/kp";
+constexpr char kDownloadGiBKp[] = "download_1GiB/kp";
 constexpr char kLoopCore[] = "loop/core";
 constexpr char kLoopCoreStoppable[] = "loop/core_stoppable";
 constexpr char kLoop16Core[] = "loop16/core";
@@ -1325,6 +1336,20 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   met &= PrintRatio("same-host/in-process (download 256 MiB throughput)",
                     if_shared(Ratio(down_same, r.MeanBytesPerSecond(kDownloadKp))), false,
                     sync_target);
+  if (g_env->remote->gib_transfers()) {
+    const auto up_gib = r.MeanBytesPerSecond(kb::kUploadGiBSameHost);
+    const auto down_gib = r.MeanBytesPerSecond(kb::kDownloadGiBSameHost);
+    std::cout << "upload 1 GiB: same host " << GBps(up_gib) << ", kp in-process "
+              << GBps(r.MeanBytesPerSecond(kUploadGiBKp)) << "\n";
+    std::cout << "download 1 GiB: same host " << GBps(down_gib) << ", kp in-process "
+              << GBps(r.MeanBytesPerSecond(kDownloadGiBKp)) << "\n";
+    met &= PrintRatio("same-host/in-process (upload 1 GiB throughput)",
+                      if_shared(Ratio(up_gib, r.MeanBytesPerSecond(kUploadGiBKp))), false,
+                      sync_target);
+    met &= PrintRatio("same-host/in-process (download 1 GiB throughput)",
+                      if_shared(Ratio(down_gib, r.MeanBytesPerSecond(kDownloadGiBKp))), false,
+                      sync_target);
+  }
   met &= PrintRatio("same-host/in-process (tiny eval)", if_shared(Ratio(tiny_same, tiny_in)), true,
                     1.5);
   met &= PrintRatio("same-host/in-process (async evals per second)",
@@ -1400,6 +1425,11 @@ int main(int argc, char** argv) {
   register_bulk({kDownloadRaw, BM_DownloadRaw});
   register_bulk({kDownloadKp, BM_DownloadKp});
   if (env.remote != nullptr) env.remote->RegisterDownload();
+  if (env.remote != nullptr && env.remote->gib_transfers()) {
+    register_bulk({kUploadGiBKp, BM_UploadGiBKp});
+    register_bulk({kDownloadGiBKp, BM_DownloadGiBKp});
+    env.remote->RegisterGiBTransfers();
+  }
   benchmark::RegisterBenchmark(saxpy_name.c_str(), BM_SaxpyKp)
       ->UseRealTime()
       ->MinTime(c.min_time_s)

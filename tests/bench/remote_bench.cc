@@ -504,4 +504,25 @@ void RemoteBench::RegisterDownload() {
       ->Unit(benchmark::kMillisecond);
 }
 
+bool RemoteBench::gib_transfers() const { return s_->config.gib_transfers; }
+
+void RemoteBench::RegisterGiBTransfers() {
+  State* s = s_.get();
+  benchmark::RegisterBenchmark(kUploadGiBSameHost,
+                               [s](benchmark::State& state) {
+                                 RunKpUpload(state, *s->same_host, kUploadGiBSameHost, kGiBBytes);
+                               })
+      ->UseRealTime()
+      ->Iterations(s->config.same_host_bulk_iterations)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark(kDownloadGiBSameHost,
+                               [s](benchmark::State& state) {
+                                 RunKpDownload(state, *s->same_host, kDownloadGiBSameHost,
+                                               kGiBBytes);
+                               })
+      ->UseRealTime()
+      ->Iterations(s->config.same_host_bulk_iterations)
+      ->Unit(benchmark::kMillisecond);
+}
+
 }  // namespace komputed_bench

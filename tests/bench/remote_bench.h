@@ -36,6 +36,8 @@ inline constexpr char kTinyEvalSameHost[] = "tiny_eval/same_host";
 inline constexpr char kAsyncSameHost[] = "async_evals/same_host";
 inline constexpr char kUploadSameHost[] = "upload_256MiB/same_host";
 inline constexpr char kDownloadSameHost[] = "download_256MiB/same_host";
+inline constexpr char kUploadGiBSameHost[] = "upload_1GiB/same_host";
+inline constexpr char kDownloadGiBSameHost[] = "download_1GiB/same_host";
 
 struct RemoteConfig {
   uint32_t physical_device = 0;            // the one device the daemon serves
@@ -45,6 +47,7 @@ struct RemoteConfig {
   int64_t bulk_iterations = 3;             // remote 256 MiB transfers
   int64_t same_host_bulk_iterations = 10;  // same-host 256 MiB transfers (as the in-process ones)
   uint32_t async_depth = 4;                // evals kept in flight by async_evals
+  bool gib_transfers = false;              // also 1 GiB same-host transfers (GPUs)
 };
 
 // Owns the daemon, the remote Manager and the objects of the remote and the in-process
@@ -74,6 +77,9 @@ class RemoteBench {
   // the caller wants it).
   void RegisterUpload();
   void RegisterDownload();
+  // upload_1GiB/same_host and download_1GiB/same_host, where config.gib_transfers asks for them.
+  bool gib_transfers() const;
+  void RegisterGiBTransfers();
 
  private:
   struct State;

@@ -22,6 +22,10 @@ namespace core = komputed::core;
 // Deferred commands beyond this many are sent by the next explicit call (FlushIfMany).
 constexpr size_t kMaxDeferredCommands = 256;
 
+// How long a session's opening waits for a failed connection to come back before it reports the
+// failure: a little over gRPC's first reconnect backoff (1 s, jittered by 20%).
+constexpr absl::Duration kOpenSessionRetryWindow = absl::Milliseconds(2500);
+
 absl::Duration EnvSeconds(const char* name, absl::Duration fallback) {
   const char* value = std::getenv(name);
   double seconds = value != nullptr ? std::atof(value) : 0;
@@ -79,11 +83,26 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Open(const RemoteOptions
   for (uint32_t f : options.queue_families) request.add_queue_families(f);
   request.set_client_name(options.client_name);
   v1::OpenSessionResponse response;
-  grpc::ClientContext context;
-  SetDeadline(context, RpcTimeout());
+  grpc::Status opened;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context, RpcTimeout());
+    opened = c->sessions_->OpenSession(&context, request, &response);
+  }
+  if (opened.error_code() == grpc::StatusCode::UNAVAILABLE &&
+      c->channel_->GetState(false) == GRPC_CHANNEL_TRANSIENT_FAILURE) {
+    // The connection itself failed, so the daemon never saw the call. A daemon busy accepting
+    // many clients at once can fail one connect; one more attempt, waiting for the channel's
+    // reconnect, is safe (no session was made) and bounded. A second failure reports the first.
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);
+    SetDeadline(context, std::min(kOpenSessionRetryWindow, RpcTimeout()));
+    response.Clear();
+    if (c->sessions_->OpenSession(&context, request, &response).ok()) opened = grpc::Status::OK;
+  }
   KD_RETURN_IF_ERROR(FromGrpcStatusWithHint(
-      c->sessions_->OpenSession(&context, request, &response),
-      absl::StrCat("opening a session on komputed at ", options.address), credentials.get()));
+      opened, absl::StrCat("opening a session on komputed at ", options.address),
+      credentials.get()));
   c->session_id_ = response.session_id();
   c->properties_ = PropertiesOf(response.device());
   if (response.idle_timeout_ms() > 0) {
