@@ -202,9 +202,20 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
     done(prepared.status());
     return;
   }
+  // The stages' moments, when the plan asked for them (the waiter's callback fills in the rest).
+  std::shared_ptr<EvalResult::Stages> stages;
+  if (plan.stage_times) {
+    stages = std::make_shared<EvalResult::Stages>();
+    stages->received_ns = plan.received_ns != 0 ? plan.received_ns : MonotonicNs();
+    stages->submitted_ns = MonotonicNs();
+  }
   if (prepared->sequence == nullptr) {
     EvalResult result;
     CountDownload(CollectDownloads(prepared->downloads, *host_writes_, result));
+    if (stages != nullptr) {
+      stages->completed_ns = stages->submitted_ns;
+      result.stages = *stages;
+    }
     done(std::move(result));
     return;
   }
@@ -230,11 +241,15 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
   const std::string session_id = facts_.id;
   in_flight->host_writes = std::move(prepared->host_writes);
   auto finish = [entry, handle, timeout, hold, submitted, device, instance, downloaded, in_flight,
-                 cancel, kernel_limit, session_id, writes = host_writes_,
+                 cancel, kernel_limit, session_id, stages, writes = host_writes_,
                  downloads = std::move(prepared->downloads),
                  done = std::move(done)](absl::Status status) mutable {
     uint64_t gpu_ns = 0;
     EvalResult result;
+    if (stages != nullptr) {
+      stages->completed_ns = MonotonicNs();
+      result.stages = *stages;
+    }
     if (status.ok() && cancel != nullptr && cancel->set()) {
       // The watchdog stopped the session's dispatches: what they wrote is incomplete.
       status = absl::DeadlineExceededError(absl::StrCat(
@@ -291,6 +306,7 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
     absl::Status status = entry->sequence->Wait(budget);
     device->EndInlineWait();
     if (!absl::IsDeadlineExceeded(status)) {
+      if (stages != nullptr) stages->waited_inline = true;
       finish(std::move(status));
       return;
     }

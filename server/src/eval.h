@@ -2,7 +2,9 @@
 // An eval in komputed's own terms: what Session::Eval runs (EvalPlan) and what it gives back
 // (EvalResult). session_wire.h converts them from and to the wire.
 
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +14,14 @@
 #include "session_requests.h"
 
 namespace komputed::server {
+
+// The host's monotonic clock (CLOCK_MONOTONIC) in nanoseconds: the clock of EvalStages, which
+// every process on the host shares.
+inline uint64_t MonotonicNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
 
 // One eval: its commands, run in order (stopping at the first failure; the ones before it stay
 // applied), then its uploads into host data, then the submission of `sequence` (0: none) and,
@@ -34,6 +44,9 @@ struct EvalPlan {
   uint64_t sequence = 0;
   // Bound on the wait for the submission; zero: the daemon's eval_timeout.
   absl::Duration timeout = absl::ZeroDuration();
+  // Answer with the stages' moments; `received_ns` is when the call reached its handler.
+  bool stage_times = false;
+  uint64_t received_ns = 0;
 };
 
 // What a successful eval gives back.
@@ -45,6 +58,16 @@ struct EvalResult {
   std::vector<Download> downloads;  // in the plan's order
   std::vector<uint64_t> timestamps_ns;
   uint64_t device_time_ns = 0;  // last timestamp - first; 0 with fewer than two
+  // Where the eval's time went (MonotonicNs), when the plan asked. `answered_ns` is set by
+  // whoever writes the answer.
+  struct Stages {
+    uint64_t received_ns = 0;
+    uint64_t submitted_ns = 0;
+    uint64_t completed_ns = 0;
+    uint64_t answered_ns = 0;
+    bool waited_inline = false;
+  };
+  std::optional<Stages> stages;
 };
 
 }  // namespace komputed::server

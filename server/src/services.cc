@@ -712,6 +712,7 @@ grpc::ServerUnaryReactor* SequencesService::Record(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* SequencesService::Eval(grpc::CallbackServerContext* context,
                                                  const v1::EvalRequest* request,
                                                  v1::EvalResponse* response) {
+  const uint64_t received_ns = request->stage_times() ? MonotonicNs() : 0;
   absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
   if (!caller.ok()) return Reply(context, "Eval", "", caller.status());
   absl::StatusOr<std::shared_ptr<Session>> found =
@@ -723,9 +724,11 @@ grpc::ServerUnaryReactor* SequencesService::Eval(grpc::CallbackServerContext* co
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // The callback holds the session in use (not reaped) until the eval has completed. `request`
   // lives until the call is finished, which the callback does last.
-  auto eval = [context, request, response, reactor, session,
+  auto eval = [context, request, response, reactor, session, received_ns,
                account = caller->account](bool may_wait_inline) {
-    session->Eval(wire::FromWire(*request, session->id()), Deadline(*context), may_wait_inline,
+    EvalPlan plan = wire::FromWire(*request, session->id());
+    plan.received_ns = received_ns;
+    session->Eval(plan, Deadline(*context), may_wait_inline,
                   [reactor, session, response, account](absl::StatusOr<EvalResult> result) mutable {
                     if (result.ok()) {
                       wire::ToWire(*std::move(result), response);

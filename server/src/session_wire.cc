@@ -225,6 +225,7 @@ EvalPlan FromWire(const v1::EvalRequest& request, absl::string_view session_id) 
   }
   plan.downloads = Handles(request.downloads());
   plan.sequence = request.sequence();
+  plan.stage_times = request.stage_times();
   if (request.timeout_ms() > 0) {
     plan.timeout =
         absl::Milliseconds(static_cast<int64_t>(std::min(request.timeout_ms(), kMaxTimeoutMs)));
@@ -241,6 +242,15 @@ void ToWire(EvalResult result, v1::EvalResponse* response) {
   }
   for (uint64_t t : result.timestamps_ns) response->add_timestamps_ns(t);
   if (result.device_time_ns != 0) response->set_device_time_ns(result.device_time_ns);
+  if (result.stages.has_value()) {
+    v1::EvalStages* stages = response->mutable_stages();
+    stages->set_received_ns(result.stages->received_ns);
+    stages->set_submitted_ns(result.stages->submitted_ns);
+    stages->set_completed_ns(result.stages->completed_ns);
+    stages->set_answered_ns(result.stages->answered_ns != 0 ? result.stages->answered_ns
+                                                            : MonotonicNs());
+    stages->set_waited_inline(result.stages->waited_inline);
+  }
 }
 
 void ToWire(const SessionSummary& summary, v1::SessionInfo* info) {

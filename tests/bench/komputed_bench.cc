@@ -74,6 +74,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "bench_common.h"
+#include "eval_stages.h"
 #include "komputed/core/algorithm.h"
 #include "komputed/core/cancel_check.h"
 #include "komputed/core/device.h"
@@ -1087,6 +1088,9 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       if (it != run.counters.end()) s->bytes_per_second.push_back(it->second.value);
       it = run.counters.find("items_per_second");
       if (it != run.counters.end()) s->items_per_second.push_back(it->second.value);
+      for (const auto& [name, counter] : run.counters) {
+        s->counters[name].push_back(counter.value);
+      }
     }
     ConsoleReporter::ReportRuns(reports);
   }
@@ -1105,12 +1109,20 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     const Samples* s = Find(name);
     return s == nullptr ? std::nullopt : Mean(s->items_per_second);
   }
+  // A user counter's mean over the runs.
+  std::optional<double> MeanCounter(const std::string& name, const std::string& counter) const {
+    const Samples* s = Find(name);
+    if (s == nullptr) return std::nullopt;
+    auto it = s->counters.find(counter);
+    return it == s->counters.end() ? std::nullopt : Mean(it->second);
+  }
 
  private:
   struct Samples {
     std::vector<double> seconds;
     std::vector<double> bytes_per_second;
     std::vector<double> items_per_second;
+    std::map<std::string, std::vector<double>> counters;
   };
   const Samples* Find(const std::string& name) const {
     if (auto it = runs_.find(name); it != runs_.end()) return &it->second;
@@ -1282,6 +1294,22 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
             << GBps(r.MeanBytesPerSecond(kUploadKp)) << "\n";
   std::cout << "download 256 MiB: remote " << GBps(down_remote) << ", kp in-process "
             << GBps(r.MeanBytesPerSecond(kDownloadKp)) << "\n";
+  if (const auto stages = r.MeanSeconds(kb::kTinyEvalStages); stages.has_value()) {
+    auto us = [&](const char* counter) {
+      const std::optional<double> v = r.MeanCounter(kb::kTinyEvalStages, counter);
+      return v.has_value() ? absl::StrFormat("%.1f", *v) : std::string("-");
+    };
+    std::cout << "tiny eval through the gRPC API alone, " << Micros(stages)
+              << " mean; its stages in us: request to handler " << us(kb::kStageRequest)
+              << ", prepare and submit " << us(kb::kStagePrepare) << ", device and wait "
+              << us(kb::kStageDevice) << ", answer " << us(kb::kStageAnswer)
+              << ", answer to client " << us(kb::kStageResponse)
+              << " (waited inline: " << us(kb::kStageInline) << ")\n";
+    if (tiny_remote.has_value()) {
+      std::cout << "kp client's own share of the remote tiny eval (remote - gRPC API alone): "
+                << Micros(*tiny_remote - *stages) << "\n";
+    }
+  }
   met &= PrintRatio("remote/(in-process + ping) (tiny eval)",
                     Ratio(tiny_remote, Sum(tiny_in, ping)), true, 1.25);
   const auto ping_bare = r.MeanSeconds(kb::kPingBare);

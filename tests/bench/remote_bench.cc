@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "bench_common.h"
+#include "eval_stages.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "server.h"
 #include "support/test_certs.h"
@@ -429,6 +430,13 @@ void RemoteBench::RegisterLatencyBenchmarks() {
   benchmark::RegisterBenchmark(
       kTinyEvalRemote,
       [s](benchmark::State& state) { RunKpTiny(state, s->tiny_remote, kTinyEvalRemote); })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+
+  benchmark::RegisterBenchmark(
+      kTinyEvalStages,
+      [s](benchmark::State& state) { RunEvalStages(state, s->address, s->config.tiny_spirv); })
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);

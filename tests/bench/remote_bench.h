@@ -23,6 +23,8 @@ inline constexpr char kPingBare[] = "ping/bare_async_server";
 inline constexpr char kTcpLoopback[] = "tcp_loopback";
 inline constexpr char kTinyEvalInprocess[] = "tiny_eval/inprocess";
 inline constexpr char kTinyEvalRemote[] = "tiny_eval/remote";
+// The same eval through the gRPC API alone, split into its stages (eval_stages.h).
+inline constexpr char kTinyEvalStages[] = "tiny_eval/stages";
 // The same eval on daemons that authenticate: a bearer token (tenants file) over plain text, and
 // TLS without a token.
 inline constexpr char kTinyEvalToken[] = "tiny_eval/remote_token";

@@ -39,6 +39,32 @@ TEST_P(EvalTest, SyncDispatchSyncReturnsTheResult) {
   EXPECT_THAT(Floats(resp.downloads(0).data()), ::testing::Each(6.0f));
 }
 
+TEST_P(EvalTest, StageTimesComeInOrderOnlyWhenAsked) {
+  v1::EvalResponse plain;
+  ASSERT_THAT(Eval(PipelineEval(session_, 1, std::vector<float>(kN, 1.0f)), &plain), IsOk());
+  EXPECT_FALSE(plain.has_stages());
+
+  v1::EvalRequest req = PipelineEval(session_, 1, std::vector<float>(kN, 5.0f));
+  req.set_stage_times(true);
+  v1::EvalResponse resp;
+  const uint64_t before = MonotonicNs();
+  ASSERT_THAT(Eval(req, &resp), IsOk());
+  const uint64_t after = MonotonicNs();
+  EXPECT_THAT(Floats(resp.downloads(0).data()), ::testing::Each(10.0f));
+  ASSERT_TRUE(resp.has_stages());
+  const v1::EvalStages& s = resp.stages();
+  // One clock (the host's monotonic one) for this test and the daemon it runs in.
+  EXPECT_LE(before, s.received_ns());
+  EXPECT_LE(s.received_ns(), s.submitted_ns());
+  EXPECT_LE(s.submitted_ns(), s.completed_ns());
+  EXPECT_LE(s.completed_ns(), s.answered_ns());
+  EXPECT_LE(s.answered_ns(), after);
+  // Without an inline wait, the completion waiter saw the submission complete.
+  if (GetParam() == absl::ZeroDuration()) {
+    EXPECT_FALSE(s.waited_inline());
+  }
+}
+
 TEST_P(EvalTest, DataGivenAtCreationReachesTheShader) {
   std::vector<float> data(kN);
   for (uint32_t i = 0; i < kN; ++i) data[i] = static_cast<float>(i * i);

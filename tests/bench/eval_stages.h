@@ -1,0 +1,29 @@
+// tiny_eval/stages: the tiny eval through komputed's gRPC API alone (no kp client), each call
+// asking the daemon for its stages' moments (EvalResponse.stages), so that a remote eval's time
+// is split into where it went: the request's way to the handler, the daemon's preparation and
+// submission, the device and the wait for it, the answer's way back.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace komputed_bench {
+
+// The counters it sets, in microseconds per eval (means).
+inline constexpr char kStageRequest[] = "request_us";    // client call -> daemon handler
+inline constexpr char kStagePrepare[] = "prepare_us";    // handler -> submitted
+inline constexpr char kStageDevice[] = "device_us";      // submitted -> completion seen
+inline constexpr char kStageAnswer[] = "answer_us";      // completion seen -> answer to gRPC
+inline constexpr char kStageResponse[] = "response_us";  // answer to gRPC -> client has it
+inline constexpr char kStageInline[] = "inline_share";   // evals waited on the serving thread
+
+// Opens a session of its own on the daemon at `address` (plain text, on this host), makes the
+// tiny tensor, algorithm (`tiny_spirv`) and sequence (sync up, dispatch, sync back), then times
+// one Eval per iteration: an upload of the whole tensor, and its download, checked.
+void RunEvalStages(benchmark::State& state, const std::string& address,
+                   const std::vector<uint32_t>& tiny_spirv);
+
+}  // namespace komputed_bench
