@@ -69,9 +69,9 @@ SessionManager::SessionManager(DevicePool* pool, const ServerOptions& options, M
       return TakeSharedMemory(std::move(request));
     };
     handlers.bind = [this](absl::string_view ticket) { return UseByTicket(ticket).status(); };
-    handlers.eval = [this](const std::string& ticket, std::string request,
-                           std::function<void(std::string)> answer) {
-      SameHostEval(ticket, std::move(request), std::move(answer));
+    handlers.eval = [this](const std::string& ticket, std::string request, bool may_wait_inline,
+                           std::function<void(absl::StatusOr<std::string>)> done) {
+      SameHostEval(ticket, std::move(request), may_wait_inline, std::move(done));
     };
     absl::StatusOr<std::unique_ptr<SharedMemoryListener>> listener = SharedMemoryListener::Start(
         std::move(handlers), static_cast<size_t>(std::max(options_.eval_inline_waiters, 0)) + 1);
@@ -104,38 +104,34 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::UseByTicket(absl::strin
 }
 
 void SessionManager::SameHostEval(const std::string& ticket, std::string bytes,
-                                  std::function<void(std::string)> answer) {
-  auto fail = [&answer](const absl::Status& status) {
-    answer(v1::wire::EncodeChannelReply(status, {}));
-  };
+                                  bool may_wait_inline,
+                                  std::function<void(absl::StatusOr<std::string>)> done) {
   absl::StatusOr<std::shared_ptr<Session>> session = UseByTicket(ticket);
-  if (!session.ok()) return fail(session.status());
+  if (!session.ok()) return done(session.status());
   auto request = std::make_shared<v1::EvalRequest>();
   if (!request->ParseFromString(bytes)) {
-    return fail(absl::InvalidArgumentError("a channel eval that is not an EvalRequest"));
+    return done(absl::InvalidArgumentError("a channel eval that is not an EvalRequest"));
   }
   // What the channel's thread can do at once: no object to build, no answer to outgrow a record.
-  if (absl::Status takes = v1::wire::ChannelTakes(*request); !takes.ok()) return fail(takes);
+  if (absl::Status takes = v1::wire::ChannelTakes(*request); !takes.ok()) return done(takes);
   metrics_->same_host_evals_total().Increment();
   std::shared_ptr<Session> s = *std::move(session);
   const std::string id = s->id();
-  s->Eval(wire::FromWire(*request, id), absl::InfiniteFuture(), /*may_wait_inline=*/true,
-          [request, s, answer = std::move(answer)](absl::StatusOr<EvalResult> result) mutable {
+  s->Eval(wire::FromWire(*request, id), absl::InfiniteFuture(), may_wait_inline,
+          [request, s, done = std::move(done)](absl::StatusOr<EvalResult> result) mutable {
             if (!result.ok()) {
-              answer(v1::wire::EncodeChannelReply(result.status(), {}));
+              done(result.status());
             } else {
               v1::EvalResponse response;
               wire::ToWire(*std::move(result), &response);
               std::string out;
               response.SerializeToString(&out);
               if (out.size() + 64 > v1::wire::kMaxChannelRecord) {
-                answer(v1::wire::EncodeChannelReply(
-                    absl::ResourceExhaustedError(absl::StrCat(
-                        "the eval's answer of ", out.size(),
-                        " bytes does not fit a channel record; its results are on the daemon")),
-                    {}));
+                done(absl::ResourceExhaustedError(absl::StrCat(
+                    "the eval's answer of ", out.size(),
+                    " bytes does not fit a channel record; its results are on the daemon")));
               } else {
-                answer(v1::wire::EncodeChannelReply(absl::OkStatus(), out));
+                done(std::move(out));
               }
             }
             s.reset();

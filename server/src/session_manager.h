@@ -75,8 +75,8 @@ class SessionManager {
   absl::StatusOr<std::shared_ptr<Session>> UseByTicket(absl::string_view ticket)
       ABSL_LOCKS_EXCLUDED(mu_);
   // An eval on the same-host channel (SharedMemoryListener::Handlers::eval).
-  void SameHostEval(const std::string& ticket, std::string request,
-                    std::function<void(std::string)> answer);
+  void SameHostEval(const std::string& ticket, std::string request, bool may_wait_inline,
+                    std::function<void(absl::StatusOr<std::string>)> done);
   // A region passed on the shared-memory socket: mapped and handed to the session of its ticket.
   absl::Status TakeSharedMemory(v1::wire::SharedMemoryAttach request) ABSL_LOCKS_EXCLUDED(mu_);
   // Closes the sessions idle past the timeout; returns when to look next.

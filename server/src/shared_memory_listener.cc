@@ -83,6 +83,8 @@ struct SharedMemoryListener::Connection {
   std::string ticket;   // set once bound
   // Set while an eval of the channel runs (cleared by its answer, from any thread).
   std::atomic<bool> in_flight{false};
+  // Submits not answered yet (at most kMaxChannelSubmits).
+  std::atomic<size_t> submits{0};
 };
 
 // A reactor: its thread, the bound connections given to it, and the eventfd that wakes it for new
@@ -225,6 +227,7 @@ SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Co
     c->ticket = std::string(payload);
     return Next::kBound;
   }
+  if (op == v1::wire::ChannelOp::kSubmit) return Submit(c, payload);
   // kEval: on a bound channel, one at a time.
   if (c->ticket.empty() || c->in_flight.exchange(true)) {
     c->Send(v1::wire::EncodeChannelReply(
@@ -234,10 +237,45 @@ SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Co
         {}));
     return Next::kClose;
   }
-  handlers_.eval(c->ticket, std::string(payload), [c](std::string record) {
-    c->in_flight.store(false);
-    c->Send(record);
-  });
+  handlers_.eval(c->ticket, std::string(payload), /*may_wait_inline=*/true,
+                 [c](absl::StatusOr<std::string> response) {
+                   c->in_flight.store(false);
+                   c->Send(response.ok() ? v1::wire::EncodeChannelReply(absl::OkStatus(), *response)
+                                         : v1::wire::EncodeChannelReply(response.status(), {}));
+                 });
+  return Next::kKeep;
+}
+
+SharedMemoryListener::Next SharedMemoryListener::Submit(const std::shared_ptr<Connection>& c,
+                                                        absl::string_view payload) {
+  uint64_t id = 0;
+  absl::string_view request;
+  absl::Status status = v1::wire::DecodeChannelSubmit(payload, &id, &request);
+  if (status.ok() && c->ticket.empty()) {
+    status = absl::FailedPreconditionError("a submit on a channel bound to no session");
+  }
+  if (!status.ok()) {
+    c->Send(v1::wire::EncodeChannelSubmitReply(id, status, {}));
+    return Next::kClose;
+  }
+  if (c->submits.fetch_add(1) >= v1::wire::kMaxChannelSubmits) {
+    c->submits.fetch_sub(1);
+    c->Send(v1::wire::EncodeChannelSubmitReply(
+        id,
+        absl::ResourceExhaustedError(absl::StrCat("more than ", v1::wire::kMaxChannelSubmits,
+                                                  " submits at once on the same-host channel; "
+                                                  "await some first")),
+        {}));
+    return Next::kKeep;
+  }
+  handlers_.eval(c->ticket, std::string(request), /*may_wait_inline=*/false,
+                 [c, id](absl::StatusOr<std::string> response) {
+                   // Sent before the place is given back: at most kMaxChannelSubmits answers wait
+                   // in the socket for a client that reads slowly.
+                   c->Send(v1::wire::EncodeChannelSubmitReply(
+                       id, response.status(), response.ok() ? *response : std::string()));
+                   c->submits.fetch_sub(1);
+                 });
   return Next::kKeep;
 }
 

@@ -3,11 +3,12 @@
 // Unix socket, one thread that accepts its connections and reads their first record, a worker that
 // takes passed regions (importing them into the device), and a few reactor threads that serve the
 // bound channels. A connection either passes one shared-memory region and is closed, or binds
-// itself to a session and carries that session's evals, one at a time, on the reactor that it is
-// given. A connection that binds nothing within a short time is closed; so are connections beyond
-// a fixed number at once. A reactor runs an eval on its own thread: it may wait for a short
-// submission there (bounded, as the gRPC serving threads do: Session::Eval's inline wait), so
-// that the answer needs no hand-off; longer ones are answered from the completion waiter.
+// itself to a session and carries that session's evals on the reactor that it is given: one at a
+// time (kEval), or up to v1::wire::kMaxChannelSubmits submitted at once (kSubmit). A connection
+// that binds nothing within a short time is closed; so are connections beyond a fixed number at
+// once. A reactor runs an eval on its own thread: it may wait for a short submission there
+// (bounded, as the gRPC serving threads do: Session::Eval's inline wait), so that the answer needs
+// no hand-off; longer ones are answered from the completion waiter.
 
 #include <deque>
 #include <functional>
@@ -33,11 +34,12 @@ class SharedMemoryListener {
     std::function<absl::Status(v1::wire::SharedMemoryAttach request)> take;
     // Whether `ticket` is an open session's: a channel binds to it.
     std::function<absl::Status(absl::string_view ticket)> bind;
-    // Runs the serialized EvalRequest `request` in the session of `ticket`, and calls `answer`
-    // once, from any thread, with the answer record (v1::wire::EncodeChannelReply). Called on a
-    // reactor thread, which may wait for the device a bounded time.
-    std::function<void(const std::string& ticket, std::string request,
-                       std::function<void(std::string record)> answer)>
+    // Runs the serialized EvalRequest `request` in the session of `ticket`, and calls `done`
+    // once, from any thread, with the serialized EvalResponse or the error. Called on a reactor
+    // thread, which may wait for the device a bounded time where `may_wait_inline` (kEval; a
+    // kSubmit's answer comes from the completion waiter, so that the next record is read at once).
+    std::function<void(const std::string& ticket, std::string request, bool may_wait_inline,
+                       std::function<void(absl::StatusOr<std::string> response)> done)>
         eval;
   };
   // Listens on a new abstract name (komputed-<pid>-<random>), with `reactors` threads (at least
@@ -63,6 +65,8 @@ class SharedMemoryListener {
   // Handles one record of `c` (on the listener's thread for unbound connections, on its
   // reactor's for bound ones).
   Next Handle(const std::shared_ptr<Connection>& c, v1::wire::ReceivedRecord received);
+  // A kSubmit record's eval, answered with its id.
+  Next Submit(const std::shared_ptr<Connection>& c, absl::string_view payload);
   // Reads the record waiting on `c` and handles it (kKeep when none had come after all).
   Next Serve(const std::shared_ptr<Connection>& c);
 

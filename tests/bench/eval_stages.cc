@@ -178,8 +178,7 @@ void RunEvalStages(benchmark::State& state, const std::string& address,
     if (s.waited_inline()) ++inline_waits;
   }
   const double n = static_cast<double>(std::max<int64_t>(1, state.iterations()));
-  const char* names[5] = {kStageRequest, kStagePrepare, kStageDevice, kStageAnswer,
-                          kStageResponse};
+  const char* names[5] = {kStageRequest, kStagePrepare, kStageDevice, kStageAnswer, kStageResponse};
   for (int k = 0; k < 5; ++k) state.counters[names[k]] = sums[k] / n / 1e3;
   state.counters[kStageInline] = static_cast<double>(inline_waits) / n;
 }

@@ -47,7 +47,8 @@
 //   KOMPUTED_BENCH_DEVICE       physical device index (default: core's default choice)
 //   KOMPUTED_BENCH_REMOTE=0     skip the remote benchmarks (4-8)
 //   KOMPUTED_BENCH_REMOTE_BULK_ITERS  iterations of each remote 256 MiB transfer (default 3)
-//   KOMPUTED_BENCH_ASYNC_DEPTH  sequences in flight in async_evals (default 4)
+//   KOMPUTED_BENCH_ASYNC_DEPTH  sequences in flight in async_evals (default 16: enough to cover
+//                               a loopback round trip, as a pipelining client keeps)
 //   KOMPUTED_BENCH_STRICT=1     exit with status 1 when a ratio misses its target
 //   KOMPUTED_VALIDATION=1       Vulkan validation (core and the raw path share the instance)
 #include <benchmark/benchmark.h>
@@ -164,7 +165,7 @@ struct Config {
   bool strict = false;
   bool remote = true;
   int64_t remote_bulk_iterations = 3;
-  uint32_t async_depth = 4;
+  uint32_t async_depth = 16;
   // The share of the device's invocation slots that the bounded variants' dispatches may hold
   // (the daemon's --dispatch_share; its default).
   double dispatch_share = 0.75;

@@ -48,7 +48,7 @@ struct RemoteConfig {
   int64_t tcp_iterations = 5;              // 256 MiB each
   int64_t bulk_iterations = 3;             // remote 256 MiB transfers
   int64_t same_host_bulk_iterations = 10;  // same-host 256 MiB transfers (as the in-process ones)
-  uint32_t async_depth = 4;                // evals kept in flight by async_evals
+  uint32_t async_depth = 16;               // evals kept in flight by async_evals
   bool gib_transfers = false;              // also 1 GiB same-host transfers (GPUs)
 };
 

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <kompute/Kompute.hpp>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -135,6 +136,52 @@ TEST(SameHost, TensorsLiveInSharedMemoryAndNoByteCrossesTheSocket) {
   }
   // The client closed its session: the daemon unmapped everything.
   EXPECT_EQ(MappingsAfterRelease(d.daemon().pid()), 0);
+}
+
+TEST(SameHost, AsyncEvalsArePipelinedOnTheChannelNotTheStream) {
+  SocketDaemon d;
+  ASSERT_TRUE(d.daemon().started());
+  constexpr int kLanes = 8;
+  constexpr int kRounds = 40;
+  double channel_evals = 0;
+  {
+    kp::Manager mgr{d.address()};
+    struct Lane {
+      std::shared_ptr<kp::TensorT<float>> a, b;
+      std::shared_ptr<kp::Sequence> seq;
+    };
+    std::vector<Lane> lanes;
+    for (int l = 0; l < kLanes; ++l) {
+      Lane lane;
+      lane.a = mgr.tensorT<float>(std::vector<float>(64, static_cast<float>(l)));
+      lane.b = mgr.tensorT<float>(std::vector<float>(64, 0.0f));
+      auto algo =
+          mgr.algorithm({lane.a, lane.b}, kp::compileSource(kScaleShader), kp::Workgroup{1, 1, 1});
+      lane.seq = mgr.sequence();
+      lane.seq->record<kp::OpTensorSyncDevice>({lane.a})
+          ->record<kp::OpAlgoDispatch>(algo)
+          ->record<kp::OpTensorSyncLocal>({lane.b});
+      lane.seq->eval();  // the first eval creates the objects (over gRPC)
+      lanes.push_back(std::move(lane));
+    }
+    const double before = Samples::From(d.daemon()).Get("komputed_same_host_evals_total");
+    // Every lane in flight at once, each awaited and submitted again with new input.
+    for (int round = 0; round < kRounds; ++round) {
+      for (int l = 0; l < kLanes; ++l) {
+        lanes[l].a->data()[l] = static_cast<float>(round * 100 + l);
+        lanes[l].seq->evalAsync();
+      }
+      for (int l = 0; l < kLanes; ++l) {
+        lanes[l].seq->evalAwait();
+        ASSERT_EQ(lanes[l].b->data()[l], 2.0f * static_cast<float>(round * 100 + l))
+            << "lane " << l << " round " << round;
+      }
+    }
+    channel_evals = Samples::From(d.daemon()).Get("komputed_same_host_evals_total") - before;
+  }
+  EXPECT_GE(channel_evals, kLanes * kRounds);
+  // No Execute stream was opened (a stream is counted when it ends, as the session closes).
+  EXPECT_EQ(Samples::From(d.daemon()).Sum("komputed_rpcs_total", {{"method", "Execute"}}), 0);
 }
 
 TEST(SameHost, TurnedOffByTheClientTheDataGoesOverGrpc) {
@@ -419,13 +466,30 @@ class RawChannel {
     return Answer();
   }
   absl::StatusOr<std::string> Answer() {
+    absl::StatusOr<std::string> record = Record();
+    if (!record.ok()) return record.status();
+    return v1::wire::DecodeChannelReply(*record);
+  }
+  // The next record as it came.
+  absl::StatusOr<std::string> Record() {
     pollfd p{fd_, POLLIN, 0};
     if (poll(&p, 1, 10000) <= 0) return absl::DeadlineExceededError("no answer");
     std::string buf(v1::wire::kMaxChannelRecord + 1, '\0');
     const ssize_t n = recv(fd_, buf.data(), buf.size(), 0);
     if (n <= 0) return absl::UnavailableError("closed");
     buf.resize(static_cast<size_t>(n));
-    return v1::wire::DecodeChannelReply(buf);
+    return buf;
+  }
+  bool Send(const std::string& record) {
+    return send(fd_, record.data(), record.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(record.size());
+  }
+  // The next submit answer: its status (or response bytes), and its id in `id`.
+  absl::StatusOr<std::string> SubmitAnswer(uint64_t* id) {
+    *id = 0;
+    absl::StatusOr<std::string> record = Record();
+    if (!record.ok()) return record.status();
+    return v1::wire::DecodeChannelSubmitReply(*record, id);
   }
   // Whether the daemon has closed the connection.
   bool Closed() {
@@ -533,6 +597,54 @@ TEST_F(SameHostWire, TheEvalChannelTakesOnlyWhatItShould) {
     ASSERT_TRUE(stubs_.sessions->CloseSession(&context, request, &response).ok());
   }
   EXPECT_EQ(c.Ask(EvalRecord(nothing)).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SameHostWire, SubmitsAreAnsweredWithTheirIdsAndRefusedWhenMalformed) {
+  const std::string& name = session_.shared_memory_socket();
+  const std::string bind =
+      v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kBind, session_.shared_memory_ticket());
+  const std::string nothing = v1::EvalRequest().SerializeAsString();  // no submission: succeeds
+  {
+    // A submit before any bind: refused with its id, and the connection is closed.
+    RawChannel c(name);
+    ASSERT_TRUE(c.Send(v1::wire::EncodeChannelSubmit(41, nothing)));
+    uint64_t id = 0;
+    absl::StatusOr<std::string> a = c.SubmitAnswer(&id);
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition) << a.status();
+    EXPECT_EQ(id, 41u);
+    EXPECT_TRUE(c.Closed());
+  }
+  {
+    // A submit too short to hold its id.
+    RawChannel c(name);
+    ASSERT_TRUE(c.Ask(bind).ok());
+    ASSERT_TRUE(c.Send(v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kSubmit, "ab")));
+    uint64_t id = 0;
+    EXPECT_EQ(c.SubmitAnswer(&id).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(c.Closed());
+  }
+  RawChannel c(name);
+  ASSERT_TRUE(c.Ask(bind).ok());
+  // Several sent before any answer is read; each comes back with its own id.
+  v1::EvalRequest create;
+  create.add_commands()->mutable_create_tensor()->set_handle(1);
+  ASSERT_TRUE(c.Send(v1::wire::EncodeChannelSubmit(7, nothing)));
+  ASSERT_TRUE(c.Send(v1::wire::EncodeChannelSubmit(8, create.SerializeAsString())));
+  ASSERT_TRUE(c.Send(v1::wire::EncodeChannelSubmit(9, "\xff\xff\xff")));
+  std::map<uint64_t, absl::StatusCode> answers;
+  for (int i = 0; i < 3; ++i) {
+    uint64_t id = 0;
+    absl::StatusOr<std::string> a = c.SubmitAnswer(&id);
+    answers[id] = a.status().code();
+  }
+  EXPECT_EQ(answers[7], absl::StatusCode::kOk);
+  EXPECT_EQ(answers[8], absl::StatusCode::kInvalidArgument);  // creates objects: gRPC's
+  EXPECT_EQ(answers[9], absl::StatusCode::kInvalidArgument);  // not an EvalRequest
+  // The channel still serves after those refusals.
+  ASSERT_TRUE(c.Send(v1::wire::EncodeChannelSubmit(10, nothing)));
+  uint64_t id = 0;
+  EXPECT_TRUE(c.SubmitAnswer(&id).ok());
+  EXPECT_EQ(id, 10u);
 }
 
 }  // namespace

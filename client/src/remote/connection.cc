@@ -195,6 +195,7 @@ std::optional<absl::StatusOr<v1::EvalResponse>> Connection::EvalSameHost(
 
 Connection::~Connection() {
   StopKeepAlive();
+  StopSubmitChannel();
   std::lock_guard<std::mutex> lock(stream_mu_);
   CloseStreamLocked();
 }
@@ -214,6 +215,7 @@ absl::Status Connection::Close(absl::Duration timeout) {
   v1::CloseSessionResponse response;
   absl::Status s = FromGrpcStatusWithHint(sessions_->CloseSession(&context, request, &response),
                                           "closing the session");
+  StopSubmitChannel();
   std::lock_guard<std::mutex> lock(stream_mu_);
   CloseStreamLocked();
   return s;
@@ -245,8 +247,98 @@ absl::Status Connection::FlushIfMany() {
                                 "flushing commands");
 }
 
+std::shared_ptr<Connection::Pending> Connection::SubmitSameHost(const v1::EvalRequest& request) {
+  if (!shared_memory_usable_.load() || !SameHostChannel::Takes(request)) return nullptr;
+  std::lock_guard<std::mutex> lock(submit_mu_);
+  if (submit_failed_) return nullptr;
+  if (submit_ == nullptr) {
+    absl::StatusOr<std::unique_ptr<SameHostChannel>> opened =
+        SameHostChannel::Open(shared_memory_socket_, shared_memory_ticket_, RpcTimeout());
+    if (!opened.ok()) {
+      submit_failed_ = true;
+      spdlog::info(
+          "komputed: no same-host channel for asynchronous evals ({}); they go over the "
+          "Execute stream",
+          opened.status().ToString());
+      return nullptr;
+    }
+    submit_ = *std::move(opened);
+    submit_reader_ = std::thread([this, channel = submit_.get()] { ReadSubmitAnswers(channel); });
+  }
+  const uint64_t id = next_request_.fetch_add(1);
+  auto pending = std::make_shared<Pending>();
+  {
+    std::lock_guard<std::mutex> plock(submit_pending_mu_);
+    // The daemon takes this many at once on a channel; more go over the stream.
+    if (submit_closed_ || submit_pending_.size() >= v1::wire::kMaxChannelSubmits) return nullptr;
+    submit_pending_[id] = pending;
+  }
+  if (absl::Status sent = submit_->Submit(id, request); !sent.ok()) {
+    {
+      std::lock_guard<std::mutex> plock(submit_pending_mu_);
+      submit_pending_.erase(id);
+    }
+    submit_->Shutdown();  // its reader fails what was sent before and stops
+    submit_failed_ = true;
+    spdlog::info(
+        "komputed: the same-host channel for asynchronous evals broke ({}); they go "
+        "over the Execute stream",
+        sent.ToString());
+    return nullptr;  // this one never reached the daemon
+  }
+  return pending;
+}
+
+void Connection::ReadSubmitAnswers(SameHostChannel* channel) {
+  for (;;) {
+    uint64_t id = 0;
+    absl::StatusOr<v1::EvalResponse> answer = channel->NextSubmitAnswer(&id);
+    if (id == 0) break;  // closed, or an answer that cannot be read: nothing more is trusted
+    std::shared_ptr<Pending> pending;
+    {
+      std::lock_guard<std::mutex> plock(submit_pending_mu_);
+      auto it = submit_pending_.find(id);
+      if (it == submit_pending_.end()) continue;
+      pending = std::move(it->second);
+      submit_pending_.erase(it);
+    }
+    if (answer.ok()) {
+      Complete(*pending, absl::OkStatus(), *std::move(answer));
+    } else {
+      Complete(*pending, answer.status(), {});
+    }
+  }
+  std::map<uint64_t, std::shared_ptr<Pending>> orphans;
+  {
+    std::lock_guard<std::mutex> plock(submit_pending_mu_);
+    submit_closed_ = true;
+    orphans.swap(submit_pending_);
+  }
+  for (auto& [id, pending] : orphans) {
+    Complete(*pending,
+             absl::UnavailableError("the same-host channel closed before the eval's answer came"),
+             {});
+  }
+}
+
+void Connection::StopSubmitChannel() {
+  std::unique_ptr<SameHostChannel> channel;
+  std::thread reader;
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    submit_failed_ = true;
+    if (submit_ != nullptr) submit_->Shutdown();
+    channel = std::move(submit_);
+    reader = std::move(submit_reader_);
+  }
+  if (reader.joinable()) reader.join();
+}
+
 absl::StatusOr<std::shared_ptr<Connection::Pending>> Connection::ExecuteAsync(
     v1::EvalRequest request) {
+  if (std::shared_ptr<Pending> pending = SubmitSameHost(request); pending != nullptr) {
+    return pending;
+  }
   std::lock_guard<std::mutex> lock(stream_mu_);
   if (stream_ == nullptr) OpenStreamLocked();
   uint64_t id = next_request_.fetch_add(1);

@@ -109,6 +109,23 @@ class Connection {
   std::string shared_memory_socket_;  // empty: none offered
   std::string shared_memory_ticket_;
   std::atomic<bool> shared_memory_usable_{false};
+  // Asynchronous evals on a second same-host channel, pipelined: sent there when the session
+  // shares memory and the request suits the channel; null otherwise (the caller uses the stream).
+  std::shared_ptr<Pending> SubmitSameHost(const komputed::v1::EvalRequest& request);
+  // The submit channel's reader thread: completes each Pending as its answer comes; once the
+  // channel closes, fails those still waiting.
+  void ReadSubmitAnswers(SameHostChannel* channel);
+  // Shuts the submit channel and joins its reader.
+  void StopSubmitChannel();
+
+  std::mutex submit_mu_;                     // guards submit_, its reader, submit_failed_, sends
+  std::unique_ptr<SameHostChannel> submit_;  // opened on first use
+  std::thread submit_reader_;
+  bool submit_failed_ = false;  // it could not be opened, or broke: the stream
+  std::mutex submit_pending_mu_;
+  std::map<uint64_t, std::shared_ptr<Pending>> submit_pending_;  // guarded by submit_pending_mu_
+  bool submit_closed_ = false;  // guarded by submit_pending_mu_: its reader has stopped
+
   std::mutex channel_mu_;                       // one eval at a time on the channel
   std::unique_ptr<SameHostChannel> same_host_;  // guarded by channel_mu_; opened on first use
   bool channel_failed_ = false;                 // guarded by channel_mu_: it could not be opened

@@ -91,4 +91,40 @@ absl::StatusOr<v1::EvalResponse> SameHostChannel::Eval(const v1::EvalRequest& re
   return response;
 }
 
+absl::Status SameHostChannel::Submit(uint64_t id, const v1::EvalRequest& request) {
+  if (fd_ < 0) return absl::UnavailableError("the same-host channel is closed");
+  const std::string record = v1::wire::EncodeChannelSubmit(id, request.SerializeAsString());
+  if (send(fd_, record.data(), record.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(record.size())) {
+    return absl::UnavailableError(
+        absl::StrCat("sending on the same-host channel: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::EvalResponse> SameHostChannel::NextSubmitAnswer(uint64_t* id) {
+  *id = 0;
+  thread_local std::vector<char> buffer(v1::wire::kMaxChannelRecord + 1);
+  ssize_t n;
+  do {
+    n = fd_ < 0 ? 0 : recv(fd_, buffer.data(), buffer.size(), 0);
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0 || static_cast<size_t>(n) > v1::wire::kMaxChannelRecord) {
+    return absl::UnavailableError("the same-host channel closed");
+  }
+  absl::StatusOr<std::string> payload = v1::wire::DecodeChannelSubmitReply(
+      absl::string_view(buffer.data(), static_cast<size_t>(n)), id);
+  if (!payload.ok()) return payload.status();
+  v1::EvalResponse response;
+  if (!response.ParseFromString(*payload)) {
+    return absl::DataLossError(
+        absl::StrCat("the answer to submit ", *id, " is not an EvalResponse"));
+  }
+  return response;
+}
+
+void SameHostChannel::Shutdown() {
+  if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+}
+
 }  // namespace kp::internal::remote

@@ -1,7 +1,7 @@
 #pragma once
 // The client's end of the same-host eval channel (komputed/v1/shared_memory_wire.h): one
-// connection to the daemon's shared-memory socket, bound to the session, that carries one eval at
-// a time without gRPC's framing and threads.
+// connection to the daemon's shared-memory socket, bound to the session, that carries evals without
+// gRPC's framing and threads: one at a time (Eval), or pipelined (Submit and NextSubmitAnswer).
 
 #include <memory>
 #include <string>
@@ -33,6 +33,17 @@ class SameHostChannel {
   absl::StatusOr<komputed::v1::EvalResponse> Eval(const komputed::v1::EvalRequest& request,
                                                   absl::Duration timeout, bool* sent);
   bool broken() const { return fd_ < 0; }
+
+  // Pipelined use (one thread sends, another receives): sends a kSubmit of `request` tagged
+  // `id`, without waiting. UNAVAILABLE when it could not be sent (nothing reached the daemon).
+  absl::Status Submit(uint64_t id, const komputed::v1::EvalRequest& request);
+  // Waits for the next answer to a submit: its id, and the response or the daemon's error.
+  // UNAVAILABLE with id 0 once the channel is closed or shut down; DATA_LOSS with id 0 for a
+  // malformed answer (ids start at 1).
+  absl::StatusOr<komputed::v1::EvalResponse> NextSubmitAnswer(uint64_t* id);
+  // Wakes a thread blocked in NextSubmitAnswer (it returns UNAVAILABLE); the descriptor stays
+  // open until destruction.
+  void Shutdown();
 
  private:
   explicit SameHostChannel(int fd) : fd_(fd) {}

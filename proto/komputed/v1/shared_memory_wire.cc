@@ -284,7 +284,8 @@ absl::Status DecodeChannelRequest(absl::string_view record, ChannelOp* op,
                                                    h.payload_size, " bytes that its header says"));
   }
   if (h.op != static_cast<uint32_t>(ChannelOp::kBind) &&
-      h.op != static_cast<uint32_t>(ChannelOp::kEval)) {
+      h.op != static_cast<uint32_t>(ChannelOp::kEval) &&
+      h.op != static_cast<uint32_t>(ChannelOp::kSubmit)) {
     return absl::InvalidArgumentError(absl::StrCat("a channel record of unknown op ", h.op));
   }
   *op = static_cast<ChannelOp>(h.op);
@@ -292,9 +293,11 @@ absl::Status DecodeChannelRequest(absl::string_view record, ChannelOp* op,
   return absl::OkStatus();
 }
 
-std::string EncodeChannelReply(const absl::Status& status, absl::string_view payload) {
+namespace {
+
+// A reply record: `status` (its message cut to fit) and `payload`, whatever the status.
+std::string EncodeReply(const absl::Status& status, absl::string_view payload) {
   const absl::string_view message = status.message().substr(0, 4096);
-  if (!status.ok()) payload = {};
   ChannelReplyHeader h{kChannelMagic, static_cast<int32_t>(status.code()),
                        static_cast<uint32_t>(message.size()),
                        static_cast<uint32_t>(payload.size())};
@@ -304,7 +307,18 @@ std::string EncodeChannelReply(const absl::Status& status, absl::string_view pay
   return record;
 }
 
-absl::StatusOr<std::string> DecodeChannelReply(absl::string_view record) {
+}  // namespace
+
+std::string EncodeChannelReply(const absl::Status& status, absl::string_view payload) {
+  return EncodeReply(status, status.ok() ? payload : absl::string_view());
+}
+
+namespace {
+
+// A reply's status and payload (the payload of any status: the submit replies carry their id in
+// it); DATA_LOSS for a malformed record.
+absl::Status ParseChannelReply(absl::string_view record, absl::Status* status,
+                               absl::string_view* payload) {
   ChannelReplyHeader h{};
   if (record.size() < sizeof(h)) return absl::DataLossError("a short answer on the channel");
   std::memcpy(&h, record.data(), sizeof(h));
@@ -312,10 +326,59 @@ absl::StatusOr<std::string> DecodeChannelReply(absl::string_view record) {
       uint64_t{h.message_size} + h.payload_size != record.size() - sizeof(h)) {
     return absl::DataLossError("a malformed answer on the channel");
   }
-  const absl::string_view message = record.substr(sizeof(h), h.message_size);
-  const auto code = static_cast<absl::StatusCode>(h.code);
-  if (code != absl::StatusCode::kOk) return absl::Status(code, message);
-  return std::string(record.substr(sizeof(h) + h.message_size));
+  *status =
+      absl::Status(static_cast<absl::StatusCode>(h.code), record.substr(sizeof(h), h.message_size));
+  *payload = record.substr(sizeof(h) + h.message_size);
+  return absl::OkStatus();
+}
+
+std::string IdBytes(uint64_t id) { return std::string(reinterpret_cast<const char*>(&id), 8); }
+
+}  // namespace
+
+std::string EncodeChannelSubmit(uint64_t id, absl::string_view request) {
+  std::string payload = IdBytes(id);
+  payload.append(request.data(), request.size());
+  return EncodeChannelRequest(ChannelOp::kSubmit, payload);
+}
+
+absl::Status DecodeChannelSubmit(absl::string_view payload, uint64_t* id,
+                                 absl::string_view* request) {
+  if (payload.size() < sizeof(*id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a channel submit of ", payload.size(), " bytes, too short for its id"));
+  }
+  std::memcpy(id, payload.data(), sizeof(*id));
+  *request = payload.substr(sizeof(*id));
+  return absl::OkStatus();
+}
+
+std::string EncodeChannelSubmitReply(uint64_t id, const absl::Status& status,
+                                     absl::string_view response) {
+  return EncodeReply(status,
+                     absl::StrCat(IdBytes(id), status.ok() ? response : absl::string_view()));
+}
+
+absl::StatusOr<std::string> DecodeChannelSubmitReply(absl::string_view record, uint64_t* id) {
+  absl::Status status;
+  absl::string_view payload;
+  if (absl::Status parsed = ParseChannelReply(record, &status, &payload); !parsed.ok()) {
+    return parsed;
+  }
+  if (payload.size() < sizeof(*id)) return absl::DataLossError("a submit answer without its id");
+  std::memcpy(id, payload.data(), sizeof(*id));
+  if (!status.ok()) return status;
+  return std::string(payload.substr(sizeof(*id)));
+}
+
+absl::StatusOr<std::string> DecodeChannelReply(absl::string_view record) {
+  absl::Status status;
+  absl::string_view payload;
+  if (absl::Status parsed = ParseChannelReply(record, &status, &payload); !parsed.ok()) {
+    return parsed;
+  }
+  if (!status.ok()) return status;
+  return std::string(payload);
 }
 
 }  // namespace komputed::v1::wire

@@ -59,12 +59,15 @@ absl::StatusOr<SharedMemoryAttach> ParseSharedMemory(ReceivedRecord received);
 std::string EncodeSharedMemoryAnswer(uint64_t region, const absl::Status& status);
 
 // The same-host eval channel: a connection to the same socket that first binds itself to a
-// session (its ticket), then carries one EvalRequest at a time and its answer, as records of at
-// most kMaxChannelRecord bytes. Evals that create objects or bring data back in the answer, or
-// that do not fit, go over gRPC instead.
+// session (its ticket), then carries EvalRequests and their answers, as records of at most
+// kMaxChannelRecord bytes: either one kEval at a time (answered before the next), or kSubmits,
+// up to kMaxChannelSubmits at once, each tagged with the client's id and answered, with that id,
+// as its submission completes (asynchronous evals). Evals that create objects or bring data back
+// in the answer, or that do not fit, go over gRPC instead.
 inline constexpr size_t kMaxChannelRecord = 64 << 10;
+inline constexpr size_t kMaxChannelSubmits = 64;
 
-enum class ChannelOp : uint32_t { kBind = 1, kEval = 2 };
+enum class ChannelOp : uint32_t { kBind = 1, kEval = 2, kSubmit = 3 };
 
 // Whether the channel takes `request` (INVALID_ARGUMENT naming why not): it creates no object and
 // has no downloads. Its size is checked where it is encoded (kMaxChannelRecord).
@@ -81,5 +84,17 @@ bool IsChannelRecord(absl::string_view record);
 std::string EncodeChannelReply(const absl::Status& status, absl::string_view payload);
 // The answer's status, or the payload of an OK answer; DATA_LOSS for a malformed record.
 absl::StatusOr<std::string> DecodeChannelReply(absl::string_view record);
+
+// kSubmit: the request record (the payload is `id`, then the serialized EvalRequest), its
+// payload's parts (INVALID_ARGUMENT for one too short to hold an id), and the answer: `status`
+// and with OK `response` (a serialized EvalResponse), tagged with `id` either way.
+std::string EncodeChannelSubmit(uint64_t id, absl::string_view request);
+absl::Status DecodeChannelSubmit(absl::string_view payload, uint64_t* id,
+                                 absl::string_view* request);
+std::string EncodeChannelSubmitReply(uint64_t id, const absl::Status& status,
+                                     absl::string_view response);
+// The answer's id, and its status or the response of an OK answer; DATA_LOSS (and no id) for a
+// malformed record.
+absl::StatusOr<std::string> DecodeChannelSubmitReply(absl::string_view record, uint64_t* id);
 
 }  // namespace komputed::v1::wire
