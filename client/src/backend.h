@@ -16,6 +16,12 @@
 
 namespace kp::internal {
 
+// How long a wait for the device (its fence in-process, the daemon's answer on the same-host
+// channel) polls before it sleeps: $KOMPUTED_FENCE_SPIN_US microseconds, else 50 on a GPU (a
+// sleeping wait wakes tens of microseconds late) and none on a CPU device (whose work would compete
+// with the polling for the same cores).
+absl::Duration WaitSpin(VkPhysicalDeviceType type);
+
 // Objects made by one backend carry it as their owner; a backend refuses objects of another.
 // Destructors only release: no network call, no wait for the daemon (a remote object's destroy
 // goes with the backend's next call to the daemon, or is freed with its session).

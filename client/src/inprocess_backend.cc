@@ -9,6 +9,16 @@
 #include "komputed/core/status.h"
 
 namespace kp::internal {
+
+absl::Duration WaitSpin(VkPhysicalDeviceType type) {
+  if (const char* value = std::getenv("KOMPUTED_FENCE_SPIN_US"); value != nullptr) {
+    int64_t us = 0;
+    if (absl::SimpleAtoi(value, &us) && us >= 0 && us <= 10000) return absl::Microseconds(us);
+  }
+  if (type == VK_PHYSICAL_DEVICE_TYPE_CPU) return absl::ZeroDuration();
+  return absl::Microseconds(50);
+}
+
 namespace {
 
 namespace core = komputed::core;
@@ -58,21 +68,9 @@ absl::StatusOr<std::shared_ptr<core::Algorithm>> Unwrap(const void* owner,
   return static_cast<const LocalAlgorithm*>(algorithm)->algorithm();
 }
 
-// How long a wait polls its fence before it sleeps: $KOMPUTED_FENCE_SPIN_US microseconds, else
-// 50 on a GPU (a sleeping wait wakes tens of microseconds after the fence signals) and none on a
-// CPU device (whose work would compete with the polling for the same cores).
-absl::Duration FenceSpin(const core::Device& device) {
-  if (const char* value = std::getenv("KOMPUTED_FENCE_SPIN_US"); value != nullptr) {
-    int64_t us = 0;
-    if (absl::SimpleAtoi(value, &us) && us >= 0 && us <= 10000) return absl::Microseconds(us);
-  }
-  if (device.properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU) return absl::ZeroDuration();
-  return absl::Microseconds(50);
-}
-
 class LocalSequence final : public BackendSequence {
  public:
-  // `spin`: how long a wait polls the fence before it sleeps (FenceSpin).
+  // `spin`: how long a wait polls the fence before it sleeps (WaitSpin).
   LocalSequence(const void* owner, std::unique_ptr<core::Sequence> sequence, absl::Duration spin)
       : BackendSequence(owner), sequence_(std::move(sequence)), spin_(spin) {}
 
@@ -106,7 +104,7 @@ class LocalSequence final : public BackendSequence {
 class InProcessBackend final : public Backend {
  public:
   explicit InProcessBackend(std::shared_ptr<core::Device> device)
-      : device_(std::move(device)), spin_(FenceSpin(*device_)) {}
+      : device_(std::move(device)), spin_(WaitSpin(device_->properties().deviceType)) {}
 
   // The device goes with the last object that holds it.
   absl::Status Close(absl::Duration) override { return absl::OkStatus(); }

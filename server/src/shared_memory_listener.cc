@@ -102,9 +102,10 @@ struct SharedMemoryListener::Reactor {
   }
 };
 
-absl::StatusOr<std::unique_ptr<SharedMemoryListener>> SharedMemoryListener::Start(Handlers handlers,
-                                                                                  size_t reactors) {
+absl::StatusOr<std::unique_ptr<SharedMemoryListener>> SharedMemoryListener::Start(
+    Handlers handlers, size_t reactors, absl::Duration spin) {
   auto listener = std::unique_ptr<SharedMemoryListener>(new SharedMemoryListener());
+  listener->spin_ = spin;
   listener->name_ = absl::StrCat("komputed-", getpid(), "-", RandomHex(8));
   listener->handlers_ = std::move(handlers);
   absl::StatusOr<int> fd = v1::wire::ListenSharedMemory(listener->name_);
@@ -292,11 +293,16 @@ SharedMemoryListener::Next SharedMemoryListener::Serve(const std::shared_ptr<Con
 void SharedMemoryListener::React(Reactor& reactor) {
   std::vector<std::shared_ptr<Connection>> connections;
   std::vector<pollfd> polled;
+  absl::Time spin_until = absl::InfinitePast();  // polling without sleep until then
   for (;;) {
     polled.clear();
     polled.push_back({reactor.wake_fd, POLLIN, 0});
     for (const auto& c : connections) polled.push_back({c->fd_for_listener(), POLLIN, 0});
-    if (poll(polled.data(), polled.size(), -1) < 0 && errno != EINTR) {
+    int ready;
+    do {
+      ready = poll(polled.data(), polled.size(), absl::Now() < spin_until ? 0 : -1);
+    } while (ready == 0);
+    if (ready < 0 && errno != EINTR) {
       spdlog::error("shared-memory socket @{}: poll: {}", name_, std::strerror(errno));
       break;
     }
@@ -321,6 +327,7 @@ void SharedMemoryListener::React(Reactor& reactor) {
     // Connections that came with the wake-up were not polled yet: kept as they are.
     for (size_t i = polled.size() - 1; i < connections.size(); ++i) kept.push_back(connections[i]);
     connections.swap(kept);
+    if (ready > 0 && spin_ > absl::ZeroDuration()) spin_until = absl::Now() + spin_;
   }
   for (const auto& c : connections) c->Close();
   absl::MutexLock lock(&reactor.mu);

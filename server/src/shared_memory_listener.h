@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "komputed/v1/shared_memory_wire.h"
 
 namespace komputed::server {
@@ -43,9 +44,11 @@ class SharedMemoryListener {
         eval;
   };
   // Listens on a new abstract name (komputed-<pid>-<random>), with `reactors` threads (at least
-  // 1) that serve the bound channels.
-  static absl::StatusOr<std::unique_ptr<SharedMemoryListener>> Start(Handlers handlers,
-                                                                     size_t reactors);
+  // 1) that serve the bound channels. After serving a record, a reactor polls its channels
+  // without sleeping for up to `spin` before it blocks (a client's next eval often follows its
+  // answer closely; a blocked thread wakes tens of microseconds late).
+  static absl::StatusOr<std::unique_ptr<SharedMemoryListener>> Start(
+      Handlers handlers, size_t reactors, absl::Duration spin = absl::ZeroDuration());
   // Stops the thread and closes every connection (answers still to come are dropped).
   ~SharedMemoryListener();
   SharedMemoryListener(const SharedMemoryListener&) = delete;
@@ -82,6 +85,7 @@ class SharedMemoryListener {
   bool stopping_ ABSL_GUARDED_BY(jobs_mu_) = false;
   std::thread worker_;
   std::vector<std::unique_ptr<Reactor>> reactors_;
+  absl::Duration spin_ = absl::ZeroDuration();
   size_t next_reactor_ = 0;  // the listener's thread only
 };
 

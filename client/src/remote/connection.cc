@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "backend.h"
 #include "komputed/core/malloc_tuning.h"
 #include "komputed/core/status.h"
 #include "komputed/v1/shared_memory_wire.h"
@@ -105,6 +106,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Open(const RemoteOptions
       credentials.get()));
   c->session_id_ = response.session_id();
   c->properties_ = PropertiesOf(response.device());
+  c->spin_ = WaitSpin(c->properties_.deviceType);
   if (response.idle_timeout_ms() > 0) {
     c->idle_timeout_ = absl::Milliseconds(response.idle_timeout_ms());
   }
@@ -187,7 +189,7 @@ std::optional<absl::StatusOr<v1::EvalResponse>> Connection::EvalSameHost(
     same_host_ = *std::move(opened);
   }
   bool sent = false;
-  absl::StatusOr<v1::EvalResponse> response = same_host_->Eval(request, timeout, &sent);
+  absl::StatusOr<v1::EvalResponse> response = same_host_->Eval(request, timeout, spin_, &sent);
   if (same_host_->broken()) same_host_.reset();  // opened again for the next eval
   if (!sent) return std::nullopt;                // it never reached the daemon
   return response;
@@ -292,7 +294,7 @@ std::shared_ptr<Connection::Pending> Connection::SubmitSameHost(const v1::EvalRe
 void Connection::ReadSubmitAnswers(SameHostChannel* channel) {
   for (;;) {
     uint64_t id = 0;
-    absl::StatusOr<v1::EvalResponse> answer = channel->NextSubmitAnswer(&id);
+    absl::StatusOr<v1::EvalResponse> answer = channel->NextSubmitAnswer(&id, spin_);
     if (id == 0) break;  // closed, or an answer that cannot be read: nothing more is trusted
     std::shared_ptr<Pending> pending;
     {
@@ -445,6 +447,7 @@ void Connection::Complete(Pending& p, absl::Status status, v1::EvalResponse resu
     p.status = std::move(status);
     p.result = std::move(result);
   }
+  p.finished.store(true, std::memory_order_release);
   p.cv.notify_all();
 }
 

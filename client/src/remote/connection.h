@@ -39,6 +39,7 @@ class Connection {
     std::mutex mu;
     std::condition_variable cv;
     bool done = false;
+    std::atomic<bool> finished{false};  // done, for a waiter that polls before it sleeps
     absl::Status status;
     komputed::v1::EvalResponse result;
   };
@@ -72,6 +73,9 @@ class Connection {
   // Nothing (the caller sends it over gRPC) otherwise, or when it could not be sent.
   std::optional<absl::StatusOr<komputed::v1::EvalResponse>> EvalSameHost(
       const komputed::v1::EvalRequest& request, absl::Duration timeout);
+  // How long a wait for the daemon's answer on the same-host channel polls before it sleeps
+  // (WaitSpin of the session's device).
+  absl::Duration spin() const { return spin_; }
   // Whether the daemon offered shared memory and the session still uses it.
   bool shares_memory() const { return shared_memory_usable_.load(); }
 
@@ -130,6 +134,7 @@ class Connection {
   std::unique_ptr<SameHostChannel> same_host_;  // guarded by channel_mu_; opened on first use
   bool channel_failed_ = false;                 // guarded by channel_mu_: it could not be opened
   VkPhysicalDeviceProperties properties_{};
+  absl::Duration spin_ = absl::ZeroDuration();
   absl::Duration idle_timeout_ = absl::Seconds(60);
   std::unique_ptr<BulkTransfer> bulk_;
 

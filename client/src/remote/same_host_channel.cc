@@ -16,14 +16,37 @@ namespace kp::internal::remote {
 
 namespace v1 = komputed::v1;
 
+namespace {
+
+// Receives a record waiting on `fd` into `buffer`, polling without sleep for up to `spin`: its
+// size, or -1 (errno EAGAIN) when none came in that time.
+ssize_t ReceiveSpinning(int fd, std::vector<char>& buffer, absl::Duration spin) {
+  if (spin <= absl::ZeroDuration()) {
+    errno = EAGAIN;
+    return -1;
+  }
+  const absl::Time until = absl::Now() + spin;
+  for (;;) {
+    const ssize_t n = recv(fd, buffer.data(), buffer.size(), MSG_DONTWAIT);
+    if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return n;
+    if (absl::Now() >= until) {
+      errno = EAGAIN;
+      return -1;
+    }
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<SameHostChannel>> SameHostChannel::Open(
     const std::string& socket_name, absl::string_view ticket, absl::Duration timeout) {
   absl::StatusOr<int> fd = v1::wire::ConnectSharedMemory(socket_name);
   if (!fd.ok()) return absl::UnavailableError(fd.status().message());
   auto channel = std::unique_ptr<SameHostChannel>(new SameHostChannel(*fd));
   bool sent = false;
-  absl::StatusOr<std::string> answer = channel->RoundTrip(
-      v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kBind, ticket), timeout, &sent);
+  absl::StatusOr<std::string> answer =
+      channel->RoundTrip(v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kBind, ticket),
+                         timeout, absl::ZeroDuration(), &sent);
   if (!answer.ok()) return answer.status();
   absl::StatusOr<std::string> bound = v1::wire::DecodeChannelReply(*answer);
   if (!bound.ok()) return bound.status();
@@ -43,7 +66,8 @@ bool SameHostChannel::Takes(const v1::EvalRequest& request) {
 }
 
 absl::StatusOr<std::string> SameHostChannel::RoundTrip(const std::string& record,
-                                                       absl::Duration timeout, bool* sent) {
+                                                       absl::Duration timeout, absl::Duration spin,
+                                                       bool* sent) {
   *sent = false;
   if (fd_ < 0) return absl::UnavailableError("the same-host channel is closed");
   if (send(fd_, record.data(), record.size(), MSG_NOSIGNAL) !=
@@ -56,6 +80,10 @@ absl::StatusOr<std::string> SameHostChannel::RoundTrip(const std::string& record
   *sent = true;
   const absl::Time deadline = absl::Now() + timeout;
   thread_local std::vector<char> buffer(v1::wire::kMaxChannelRecord + 1);
+  if (const ssize_t n = ReceiveSpinning(fd_, buffer, spin);
+      n > 0 && static_cast<size_t>(n) <= v1::wire::kMaxChannelRecord) {
+    return std::string(buffer.data(), static_cast<size_t>(n));
+  }
   for (;;) {
     const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
     pollfd p{fd_, POLLIN, 0};
@@ -77,10 +105,11 @@ absl::StatusOr<std::string> SameHostChannel::RoundTrip(const std::string& record
 }
 
 absl::StatusOr<v1::EvalResponse> SameHostChannel::Eval(const v1::EvalRequest& request,
-                                                       absl::Duration timeout, bool* sent) {
+                                                       absl::Duration timeout, absl::Duration spin,
+                                                       bool* sent) {
   absl::StatusOr<std::string> answer = RoundTrip(
       v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kEval, request.SerializeAsString()),
-      timeout, sent);
+      timeout, spin, sent);
   if (!answer.ok()) return answer.status();
   absl::StatusOr<std::string> payload = v1::wire::DecodeChannelReply(*answer);
   if (!payload.ok()) return payload.status();
@@ -102,13 +131,14 @@ absl::Status SameHostChannel::Submit(uint64_t id, const v1::EvalRequest& request
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::EvalResponse> SameHostChannel::NextSubmitAnswer(uint64_t* id) {
+absl::StatusOr<v1::EvalResponse> SameHostChannel::NextSubmitAnswer(uint64_t* id,
+                                                                   absl::Duration spin) {
   *id = 0;
   thread_local std::vector<char> buffer(v1::wire::kMaxChannelRecord + 1);
-  ssize_t n;
-  do {
-    n = fd_ < 0 ? 0 : recv(fd_, buffer.data(), buffer.size(), 0);
-  } while (n < 0 && errno == EINTR);
+  ssize_t n = fd_ < 0 ? 0 : ReceiveSpinning(fd_, buffer, spin);
+  while (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    n = recv(fd_, buffer.data(), buffer.size(), 0);
+  }
   if (n <= 0 || static_cast<size_t>(n) > v1::wire::kMaxChannelRecord) {
     return absl::UnavailableError("the same-host channel closed");
   }

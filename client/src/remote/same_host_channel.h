@@ -30,8 +30,10 @@ class SameHostChannel {
   // Sends `request` and waits up to `timeout` for its answer. UNAVAILABLE (`sent` false) when it
   // could not be sent: nothing reached the daemon, and the caller may send it another way. Once
   // sent, a missing answer is DEADLINE_EXCEEDED and the channel is unusable (broken() is true).
+  // The answer is polled for without sleeping for up to `spin` first (WaitSpin).
   absl::StatusOr<komputed::v1::EvalResponse> Eval(const komputed::v1::EvalRequest& request,
-                                                  absl::Duration timeout, bool* sent);
+                                                  absl::Duration timeout, absl::Duration spin,
+                                                  bool* sent);
   bool broken() const { return fd_ < 0; }
 
   // Pipelined use (one thread sends, another receives): sends a kSubmit of `request` tagged
@@ -40,7 +42,8 @@ class SameHostChannel {
   // Waits for the next answer to a submit: its id, and the response or the daemon's error.
   // UNAVAILABLE with id 0 once the channel is closed or shut down; DATA_LOSS with id 0 for a
   // malformed answer (ids start at 1).
-  absl::StatusOr<komputed::v1::EvalResponse> NextSubmitAnswer(uint64_t* id);
+  // Polls without sleeping for up to `spin` first.
+  absl::StatusOr<komputed::v1::EvalResponse> NextSubmitAnswer(uint64_t* id, absl::Duration spin);
   // Wakes a thread blocked in NextSubmitAnswer (it returns UNAVAILABLE); the descriptor stays
   // open until destruction.
   void Shutdown();
@@ -49,7 +52,7 @@ class SameHostChannel {
   explicit SameHostChannel(int fd) : fd_(fd) {}
   // Sends `record` and receives the answer's record within `timeout`.
   absl::StatusOr<std::string> RoundTrip(const std::string& record, absl::Duration timeout,
-                                        bool* sent);
+                                        absl::Duration spin, bool* sent);
   void Break();
 
   int fd_;

@@ -95,6 +95,10 @@ absl::Status RemoteSequence::Wait(absl::Duration timeout) {
   std::lock_guard<std::mutex> lock(mu_);
   if (in_flight_ == nullptr) return absl::OkStatus();
   auto p = in_flight_;
+  // Polled first, as an in-process wait polls its fence (the answer often comes within it).
+  const absl::Time spin_until = absl::Now() + std::min(timeout, connection_->spin());
+  while (!p->finished.load(std::memory_order_acquire) && absl::Now() < spin_until) {
+  }
   {
     std::unique_lock<std::mutex> plock(p->mu);
     bool done = p->cv.wait_for(plock, absl::ToChronoNanoseconds(timeout), [&] { return p->done; });
