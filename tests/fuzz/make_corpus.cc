@@ -14,6 +14,7 @@
 #include "glslc_script.h"
 #include "komputed/core/shader.h"
 #include "komputed/v1/komputed.pb.h"
+#include "komputed/v1/shared_memory_wire.h"
 #include "session_script.pb.h"
 #include "support/bytes.h"
 #include "support/requests.h"
@@ -387,6 +388,30 @@ void GlslPipeCorpus(const std::filesystem::path& dir) {
   }
 }
 
+// ----- fuzz_channel: whole records of the shared-memory socket, as a client sends them and as
+// the daemon answers.
+void ChannelCorpus(const std::filesystem::path& dir) {
+  namespace wire = v1::wire;
+  const std::string ticket(wire::kSharedMemoryTicketSize, 'a');
+  Write(dir, "bind", wire::EncodeChannelRequest(wire::ChannelOp::kBind, ticket));
+  v1::EvalRequest eval;
+  eval.set_sequence(4);
+  eval.set_stage_times(true);
+  v1::TensorData* upload = eval.add_uploads();
+  upload->set_handle(1);
+  upload->set_data(std::string(16, '\x01'));
+  Write(dir, "eval", wire::EncodeChannelRequest(wire::ChannelOp::kEval, eval.SerializeAsString()));
+  Write(dir, "submit", wire::EncodeChannelSubmit(7, eval.SerializeAsString()));
+  v1::EvalResponse response;
+  response.add_timestamps_ns(1);
+  response.add_timestamps_ns(2);
+  Write(dir, "answer", wire::EncodeChannelReply(absl::OkStatus(), response.SerializeAsString()));
+  Write(dir, "submit_answer",
+        wire::EncodeChannelSubmitReply(7, absl::OkStatus(), response.SerializeAsString()));
+  Write(dir, "refusal",
+        wire::EncodeChannelSubmitReply(8, absl::InvalidArgumentError("not an EvalRequest"), ""));
+}
+
 }  // namespace
 }  // namespace komputed::fuzz
 
@@ -401,5 +426,6 @@ int main(int argc, char** argv) {
   komputed::fuzz::SpirvCorpus(dir / "spirv");
   komputed::fuzz::GlslCorpus(dir / "glsl");
   komputed::fuzz::GlslPipeCorpus(dir / "glsl_pipe");
+  komputed::fuzz::ChannelCorpus(dir / "channel");
   return 0;
 }

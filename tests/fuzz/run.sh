@@ -13,12 +13,13 @@ build=$(cd "$1" && pwd)
 seconds=$2
 shift 2
 targets=("$@")
-if [[ ${#targets[@]} -eq 0 ]]; then targets=(session tensor_chunk spirv glsl glsl_pipe); fi
+if [[ ${#targets[@]} -eq 0 ]]; then targets=(session tensor_chunk spirv glsl glsl_pipe channel); fi
 
 # Per target: the longest input, and its dictionary (none: "").
-declare -A max_len=([session]=16384 [tensor_chunk]=16384 [spirv]=8196 [glsl]=4096 [glsl_pipe]=256)
+declare -A max_len=([session]=16384 [tensor_chunk]=16384 [spirv]=8196 [glsl]=4096 [glsl_pipe]=256
+                     [channel]=16384)
 declare -A dict=([session]=spirv.dict [tensor_chunk]="" [spirv]=spirv.dict [glsl]=glsl.dict
-                 [glsl_pipe]="")
+                 [glsl_pipe]="" [channel]="")
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:strict_string_checks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

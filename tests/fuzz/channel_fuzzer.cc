@@ -1,0 +1,101 @@
+// fuzz_channel: the records of the daemon's shared-memory socket (komputed/v1/shared_memory_wire.h)
+// that a same-host client sends and receives: channel requests (bind, eval, submit), their
+// answers, and shared-memory requests.
+//
+// The whole input is one record, read by every decoder. Checked, besides crashes and sanitizer
+// reports: a request that decodes encodes back to the same bytes (and a submit's id and request
+// likewise); a shared-memory request without its descriptor is always refused; the input is a
+// channel record exactly when it starts with the channel's magic. Then the input's bytes make an
+// answer (id, status, response) that must decode back to what was encoded, the status message cut
+// at 4096 bytes.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "komputed/v1/shared_memory_wire.h"
+
+namespace {
+
+namespace wire = komputed::v1::wire;
+
+void Check(bool condition, const char* what) {
+  if (!condition) {
+    std::fprintf(stderr, "fuzz check failed: %s\n", what);
+    std::abort();
+  }
+}
+
+void Requests(const std::string& record) {
+  wire::ChannelOp op;
+  absl::string_view payload;
+  if (wire::DecodeChannelRequest(record, &op, &payload).ok()) {
+    Check(op == wire::ChannelOp::kBind || op == wire::ChannelOp::kEval ||
+              op == wire::ChannelOp::kSubmit,
+          "a decoded request has a known op");
+    Check(wire::EncodeChannelRequest(op, payload) == record, "a request encodes back as it came");
+    Check(wire::IsChannelRecord(record), "a decoded request is a channel record");
+    if (op == wire::ChannelOp::kSubmit) {
+      uint64_t id = 0;
+      absl::string_view request;
+      const bool ok = wire::DecodeChannelSubmit(payload, &id, &request).ok();
+      Check(ok == (payload.size() >= sizeof(id)), "a submit decodes exactly when it holds an id");
+      if (ok) {
+        Check(wire::EncodeChannelSubmit(id, request) == record, "a submit encodes back");
+      }
+    }
+  }
+  uint32_t magic = 0;
+  if (record.size() >= sizeof(magic)) std::memcpy(&magic, record.data(), sizeof(magic));
+  const bool channel = wire::IsChannelRecord(record);
+  Check(channel == (record.size() >= sizeof(magic) &&
+                    wire::IsChannelRecord(std::string(reinterpret_cast<const char*>(&magic),
+                                                      sizeof(magic)))),
+        "a channel record is told by its first four bytes");
+  // No descriptor came with it: refused, whatever the bytes.
+  Check(!wire::ParseSharedMemory({record, {}}).ok(), "a shared-memory request without its fd");
+  // The answers' decoders take any bytes.
+  (void)wire::DecodeChannelReply(record);
+  uint64_t id = 0;
+  (void)wire::DecodeChannelSubmitReply(record, &id);
+}
+
+void Answers(FuzzedDataProvider& in) {
+  const uint64_t id = in.ConsumeIntegral<uint64_t>();
+  const auto code = static_cast<absl::StatusCode>(in.ConsumeIntegralInRange<int>(0, 16));
+  const std::string message = in.ConsumeRandomLengthString(8192);
+  const std::string response = in.ConsumeRemainingBytesAsString();
+  const absl::Status status(code, message);
+  const std::string cut = message.substr(0, 4096);
+
+  uint64_t decoded_id = 0;
+  absl::StatusOr<std::string> submit =
+      wire::DecodeChannelSubmitReply(wire::EncodeChannelSubmitReply(id, status, response),
+                                     &decoded_id);
+  Check(decoded_id == id, "a submit answer keeps its id");
+  Check(submit.status().code() == code, "a submit answer keeps its code");
+  if (status.ok()) {
+    Check(submit.ok() && *submit == response, "an OK submit answer keeps its response");
+  } else {
+    Check(submit.status().message() == cut, "a submit answer keeps its message, cut");
+  }
+  absl::StatusOr<std::string> eval =
+      wire::DecodeChannelReply(wire::EncodeChannelReply(status, response));
+  Check(eval.status().code() == code, "an answer keeps its code");
+  if (status.ok()) {
+    Check(eval.ok() && *eval == response, "an OK answer keeps its payload");
+  } else {
+    Check(eval.status().message() == cut, "an answer keeps its message, cut");
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Requests(std::string(reinterpret_cast<const char*>(data), size));
+  FuzzedDataProvider in(data, size);
+  Answers(in);
+  return 0;
+}
