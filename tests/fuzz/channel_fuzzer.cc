@@ -51,8 +51,8 @@ void Requests(const std::string& record) {
   if (record.size() >= sizeof(magic)) std::memcpy(&magic, record.data(), sizeof(magic));
   const bool channel = wire::IsChannelRecord(record);
   Check(channel == (record.size() >= sizeof(magic) &&
-                    wire::IsChannelRecord(std::string(reinterpret_cast<const char*>(&magic),
-                                                      sizeof(magic)))),
+                    wire::IsChannelRecord(
+                        std::string(reinterpret_cast<const char*>(&magic), sizeof(magic)))),
         "a channel record is told by its first four bytes");
   // No descriptor came with it: refused, whatever the bytes.
   Check(!wire::ParseSharedMemory({record, {}}).ok(), "a shared-memory request without its fd");
@@ -71,9 +71,8 @@ void Answers(FuzzedDataProvider& in) {
   const std::string cut = message.substr(0, 4096);
 
   uint64_t decoded_id = 0;
-  absl::StatusOr<std::string> submit =
-      wire::DecodeChannelSubmitReply(wire::EncodeChannelSubmitReply(id, status, response),
-                                     &decoded_id);
+  absl::StatusOr<std::string> submit = wire::DecodeChannelSubmitReply(
+      wire::EncodeChannelSubmitReply(id, status, response), &decoded_id);
   Check(decoded_id == id, "a submit answer keeps its id");
   Check(submit.status().code() == code, "a submit answer keeps its code");
   if (status.ok()) {
