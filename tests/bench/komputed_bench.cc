@@ -49,6 +49,8 @@
 //   KOMPUTED_BENCH_REMOTE_BULK_ITERS  iterations of each remote 256 MiB transfer (default 3)
 //   KOMPUTED_BENCH_ASYNC_DEPTH  sequences in flight in async_evals (default 16: enough to cover
 //                               a loopback round trip, as a pipelining client keeps)
+//   KOMPUTED_BENCH_EVAL_SPIN_US, KOMPUTED_BENCH_EVAL_INLINE_US  the in-process daemons'
+//                               --eval_spin and --eval_inline_wait (default: the daemon's)
 //   KOMPUTED_BENCH_STRICT=1     exit with status 1 when a ratio misses its target
 //   KOMPUTED_VALIDATION=1       Vulkan validation (core and the raw path share the instance)
 #include <benchmark/benchmark.h>
@@ -166,6 +168,8 @@ struct Config {
   bool remote = true;
   int64_t remote_bulk_iterations = 3;
   uint32_t async_depth = 16;
+  std::optional<double> eval_spin_us;    // the daemons' --eval_spin (unset: their default)
+  std::optional<double> eval_inline_us;  // the daemons' --eval_inline_wait
   // The share of the device's invocation slots that the bounded variants' dispatches may hold
   // (the daemon's --dispatch_share; its default).
   double dispatch_share = 0.75;
@@ -201,6 +205,8 @@ Config ReadConfig() {
   if (auto v = EnvNumber("KOMPUTED_BENCH_REMOTE_BULK_ITERS"); v && *v >= 1) {
     c.remote_bulk_iterations = static_cast<int64_t>(*v);
   }
+  c.eval_spin_us = EnvNumber("KOMPUTED_BENCH_EVAL_SPIN_US");
+  c.eval_inline_us = EnvNumber("KOMPUTED_BENCH_EVAL_INLINE_US");
   if (auto v = EnvNumber("KOMPUTED_BENCH_ASYNC_DEPTH"); v && *v >= 1) {
     c.async_depth = static_cast<uint32_t>(*v);
   }
@@ -719,6 +725,12 @@ absl::Status SetUp(Env& env) {
     rc.bulk_iterations = env.config.remote_bulk_iterations;
     rc.same_host_bulk_iterations = env.config.bulk_iterations;
     rc.async_depth = env.config.async_depth;
+    if (env.config.eval_spin_us.has_value()) {
+      rc.eval_spin = absl::Microseconds(*env.config.eval_spin_us);
+    }
+    if (env.config.eval_inline_us.has_value()) {
+      rc.eval_inline_wait = absl::Microseconds(*env.config.eval_inline_us);
+    }
     rc.gib_transfers = device.properties().deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
     KD_ASSIGN_OR_RETURN(env.remote,
                         komputed_bench::RemoteBench::Start(std::move(rc), env.mgr.get()));

@@ -260,6 +260,9 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
   options.listen = "127.0.0.1:0";
   options.devices = {s->config.physical_device};
   options.shared_memory = false;  // every byte through gRPC: the remote path's figures
+  if (s->config.eval_spin.has_value()) options.eval_spin = *s->config.eval_spin;
+  if (s->config.eval_inline_wait.has_value())
+    options.eval_inline_wait = *s->config.eval_inline_wait;
   auto server = komputed::server::Server::Start(options);
   if (!server.ok()) return server.status();
   s->server = *std::move(server);

@@ -8,10 +8,12 @@
 #include <cstdint>
 #include <kompute/Kompute.hpp>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 
 namespace komputed_bench {
@@ -50,6 +52,9 @@ struct RemoteConfig {
   int64_t same_host_bulk_iterations = 10;  // same-host 256 MiB transfers (as the in-process ones)
   uint32_t async_depth = 16;               // evals kept in flight by async_evals
   bool gib_transfers = false;              // also 1 GiB same-host transfers (GPUs)
+  // The daemons' --eval_spin and --eval_inline_wait (unset: their defaults).
+  std::optional<absl::Duration> eval_spin;
+  std::optional<absl::Duration> eval_inline_wait;
 };
 
 // Owns the daemon, the remote Manager and the objects of the remote and the in-process
