@@ -23,6 +23,7 @@
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "komputed/core/malloc_tuning.h"
 #include "server.h"
@@ -173,6 +174,10 @@ ABSL_FLAG(std::string, log_level, "info",
           "log level: trace, debug, info, warning, error, critical or off");
 
 int main(int argc, char** argv) {
+  // Abseil's mutexes check every acquisition against a process-wide lock graph in builds without
+  // NDEBUG, as Debian's is: a global lock and a hash lookup on every lock taken by the serving
+  // path. The test suites keep the checks; the daemon does not pay for them.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   // --help and --helpshort list the flags of this file (absl looks for komputed.cc by default).
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {

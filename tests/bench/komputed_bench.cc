@@ -75,6 +75,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "bench_common.h"
 #include "eval_stages.h"
@@ -1401,6 +1402,8 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
 }  // namespace
 
 int main(int argc, char** argv) {
+  // As the komputed binary does (server/main.cc): no lock-graph checks on every mutex.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 
