@@ -18,8 +18,9 @@ constexpr absl::Duration kMaxBlock = absl::Seconds(1);
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CompletionWaiter>> CompletionWaiter::Create(
-    std::shared_ptr<Device> device) {
+    std::shared_ptr<Device> device, absl::Duration spin) {
   auto waiter = std::unique_ptr<CompletionWaiter>(new CompletionWaiter(device));
+  waiter->spin_ = spin;
   if (device->timeline_supported()) {
     VkSemaphoreTypeCreateInfo ti{VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO};
     ti.semaphoreType = VK_SEMAPHORE_TYPE_TIMELINE;
@@ -62,6 +63,7 @@ void CompletionWaiter::Watch(std::shared_ptr<Sequence> sequence, absl::Time dead
   }
   absl::MutexLock lock(&mu_);
   entries_.push_back({std::move(sequence), completion, deadline, std::move(done)});
+  watched_.fetch_add(1, std::memory_order_release);
   Wake();
 }
 
@@ -70,13 +72,27 @@ size_t CompletionWaiter::pending() const {
   return entries_.size();
 }
 
-bool CompletionWaiter::Signalled(const Entry& e) const {
-  if (e.completion.timeline != VK_NULL_HANDLE) {
+bool CompletionWaiter::Signalled(const Sequence::Completion& c) const {
+  if (c.timeline != VK_NULL_HANDLE) {
     uint64_t value = 0;
-    VkResult r = vkGetSemaphoreCounterValue(device_->handle(), e.completion.timeline, &value);
-    return r != VK_SUCCESS || value >= e.completion.value;  // errors: let Wait report them
+    VkResult r = vkGetSemaphoreCounterValue(device_->handle(), c.timeline, &value);
+    return r != VK_SUCCESS || value >= c.value;  // errors: let Wait report them
   }
-  return vkGetFenceStatus(device_->handle(), e.completion.fence) != VK_NOT_READY;
+  return vkGetFenceStatus(device_->handle(), c.fence) != VK_NOT_READY;
+}
+
+bool CompletionWaiter::Poll(const std::vector<Sequence::Completion>& completions,
+                            absl::Duration spin) const {
+  if (spin <= absl::ZeroDuration()) return false;
+  const absl::Time until = absl::Now() + spin;
+  const uint64_t watched = watched_.load(std::memory_order_acquire);
+  do {
+    for (const Sequence::Completion& c : completions) {
+      if (Signalled(c)) return true;
+    }
+    if (watched_.load(std::memory_order_acquire) != watched) return true;
+  } while (absl::Now() < until);
+  return false;
 }
 
 void CompletionWaiter::Run() {
@@ -112,8 +128,14 @@ void CompletionWaiter::Run() {
     // runs its work on. New entries are seen within a slice.
     const bool oldest_only = device_->queue_count() == 1;
     const Sequence::Completion oldest = entries_.front().completion;
+    std::vector<Sequence::Completion> completions;
+    if (spin_ > absl::ZeroDuration()) {
+      for (const Entry& e : entries_) completions.push_back(e.completion);
+    }
     mu_.Unlock();
-    if (oldest_only) {
+    if (Poll(completions, std::min(spin_, until - now))) {
+      // Something completed or came while polling: no block.
+    } else if (oldest_only) {
       const int64_t ns =
           std::max<int64_t>(0, absl::ToInt64Nanoseconds(std::min(until - now, kOneQueueSlice)));
       if (oldest.timeline != VK_NULL_HANDLE) {
@@ -148,7 +170,7 @@ void CompletionWaiter::Run() {
     std::vector<std::pair<Entry, absl::Status>> finished;
     const absl::Time after = absl::Now();
     for (auto it = entries_.begin(); it != entries_.end();) {
-      if (Signalled(*it)) {
+      if (Signalled(it->completion)) {
         finished.emplace_back(std::move(*it), absl::OkStatus());
         it = entries_.erase(it);
       } else if (after >= it->deadline) {

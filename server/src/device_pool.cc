@@ -16,11 +16,15 @@
 namespace komputed::server {
 namespace {
 
-// Opens the device and starts the waiter that watches its submissions.
-absl::StatusOr<std::shared_ptr<DeviceInstance>> OpenInstance(const core::DeviceOptions& options) {
+// Opens the device and starts the waiter that watches its submissions, polling for up to `spin`
+// before it blocks on a GPU.
+absl::StatusOr<std::shared_ptr<DeviceInstance>> OpenInstance(const core::DeviceOptions& options,
+                                                             absl::Duration spin) {
   auto instance = std::make_shared<DeviceInstance>();
   KD_ASSIGN_OR_RETURN(instance->device, core::Device::Create(options));
-  KD_ASSIGN_OR_RETURN(instance->waiter, core::CompletionWaiter::Create(instance->device));
+  const bool cpu = instance->device->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+  KD_ASSIGN_OR_RETURN(instance->waiter, core::CompletionWaiter::Create(
+                                            instance->device, cpu ? absl::ZeroDuration() : spin));
   return instance;
 }
 
@@ -49,7 +53,9 @@ absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
   pooled->index_ = pool_index;
   pooled->info_ = info;
   pooled->options_ = options;
-  KD_ASSIGN_OR_RETURN(std::shared_ptr<DeviceInstance> instance, OpenInstance(options));
+  pooled->waiter_spin_ = server_options.eval_spin;
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<DeviceInstance> instance,
+                      OpenInstance(options, pooled->waiter_spin_));
   const core::Device& device = *instance->device;
   for (uint32_t i = 0; i < device.queue_count(); ++i) {
     const core::Queue& q = device.queue(i);
@@ -214,7 +220,7 @@ absl::Status PooledDevice::Recover() {
   std::shared_ptr<DeviceInstance> lost = instance();
   if (!lost->device->lost()) return absl::OkStatus();
   const absl::Time start = absl::Now();
-  KD_ASSIGN_OR_RETURN(std::shared_ptr<DeviceInstance> fresh, OpenInstance(options_));
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<DeviceInstance> fresh, OpenInstance(options_, waiter_spin_));
   {
     absl::MutexLock lock(&mu_);
     retired_.push_back(std::move(instance_));

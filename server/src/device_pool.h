@@ -123,7 +123,8 @@ class PooledDevice {
 
   uint32_t index_ = 0;
   core::PhysicalDeviceInfo info_;
-  core::DeviceOptions options_;  // how each instance is opened
+  core::DeviceOptions options_;                        // how each instance is opened
+  absl::Duration waiter_spin_ = absl::ZeroDuration();  // its waiter's polling (--eval_spin)
   // (queue family, index within the family) → device queue index (the same in every instance).
   absl::flat_hash_map<std::pair<uint32_t, uint32_t>, uint32_t> queue_index_;
   std::atomic<int64_t> memory_in_use_{0};

@@ -126,9 +126,8 @@ TEST(CompletionWaiter, CallsBackWhenComplete) {
   EXPECT_THAT(HostFloats(*w.b), ElementsAre(2, 4, 6));
 }
 
-TEST(CompletionWaiter, ManySubmissions) {
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
-                       CompletionWaiter::Create(TestDevice()));
+// Eight submissions watched at once all complete, each with its results.
+void ExpectManyComplete(CompletionWaiter* waiter) {
   constexpr int kCount = 8;
   std::vector<Work> works;
   std::vector<std::unique_ptr<Done>> dones;
@@ -148,6 +147,22 @@ TEST(CompletionWaiter, ManySubmissions) {
     EXPECT_THAT(HostFloats(*works[i].b), ElementsAre(1, 2, 3));
   }
   EXPECT_EQ(waiter->pending(), 0u);
+}
+
+TEST(CompletionWaiter, ManySubmissions) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
+                       CompletionWaiter::Create(TestDevice()));
+  ExpectManyComplete(waiter.get());
+}
+
+// Polling before each block (as the daemon's waiters do on GPUs) completes them alike.
+TEST(CompletionWaiter, ManySubmissionsWhilePolling) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
+                       CompletionWaiter::Create(TestDevice(), absl::Microseconds(200)));
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(round);
+    ExpectManyComplete(waiter.get());
+  }
 }
 
 TEST(CompletionWaiter, DeadlinePassed) {
