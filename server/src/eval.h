@@ -58,13 +58,12 @@ struct EvalResult {
   std::vector<Download> downloads;  // in the plan's order
   std::vector<uint64_t> timestamps_ns;
   uint64_t device_time_ns = 0;  // last timestamp - first; 0 with fewer than two
-  // Where the eval's time went (MonotonicNs), when the plan asked. `answered_ns` is set by
-  // whoever writes the answer.
+  // Where the eval's time went (MonotonicNs), when the plan asked; the moment it is answered is
+  // taken where the answer is written (wire::ToWire).
   struct Stages {
     uint64_t received_ns = 0;
     uint64_t submitted_ns = 0;
     uint64_t completed_ns = 0;
-    uint64_t answered_ns = 0;
     bool waited_inline = false;
   };
   std::optional<Stages> stages;

@@ -247,8 +247,7 @@ void ToWire(EvalResult result, v1::EvalResponse* response) {
     stages->set_received_ns(result.stages->received_ns);
     stages->set_submitted_ns(result.stages->submitted_ns);
     stages->set_completed_ns(result.stages->completed_ns);
-    stages->set_answered_ns(result.stages->answered_ns != 0 ? result.stages->answered_ns
-                                                            : MonotonicNs());
+    stages->set_answered_ns(MonotonicNs());
     stages->set_waited_inline(result.stages->waited_inline);
   }
 }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench_common.h"
+#include "eval.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "support/requests.h"
 #include "support/stubs.h"
@@ -17,17 +18,11 @@ namespace {
 
 namespace v1 = komputed::v1;
 namespace ts = komputed::test_support;
+using komputed::server::MonotonicNs;  // the clock of EvalStages
 
 constexpr uint64_t kTensor = 1;
 constexpr uint64_t kAlgorithm = 2;
 constexpr uint64_t kSequence = 3;
-
-// The clock of EvalStages (the host's CLOCK_MONOTONIC).
-uint64_t MonotonicNs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
 
 void Deadline(grpc::ClientContext& context) {
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
@@ -36,6 +31,15 @@ void Deadline(grpc::ClientContext& context) {
 // Fails with the call's name and status.
 std::string Failed(const char* what, const grpc::Status& st) {
   return absl::StrCat("tiny_eval/stages: ", what, ": ", st.error_message());
+}
+
+// Runs `call` with a fresh context and the deadline: empty when it succeeded, else what failed.
+template <typename Call>
+std::string Run(const char* what, Call call) {
+  grpc::ClientContext context;
+  Deadline(context);
+  const grpc::Status st = call(&context);
+  return st.ok() ? std::string() : Failed(what, st);
 }
 
 // The session and its objects; closes the session at the end.
@@ -54,65 +58,59 @@ class StagesSession {
 
   // Empty on success, else what failed.
   std::string Open(const std::vector<uint32_t>& spirv) {
-    grpc::Status st;
-    {
-      grpc::ClientContext context;
-      Deadline(context);
-      v1::OpenSessionRequest request;
-      request.set_client_name("komputed_bench stages");
-      v1::OpenSessionResponse response;
-      st = stubs_.sessions->OpenSession(&context, request, &response);
-      if (!st.ok()) return Failed("OpenSession", st);
-      id_ = response.session_id();
+    v1::OpenSessionRequest open;
+    open.set_client_name("komputed_bench stages");
+    v1::OpenSessionResponse opened;
+    std::string error = Run("OpenSession", [&](grpc::ClientContext* c) {
+      return stubs_.sessions->OpenSession(c, open, &opened);
+    });
+    if (!error.empty()) return error;
+    id_ = opened.session_id();
+
+    const v1::CreateTensorRequest tensor =
+        ts::FloatTensor(id_, kTensor, std::vector<float>(kTinyCount, 0.0f));
+    v1::CreateAlgorithmRequest algorithm;
+    algorithm.set_session_id(id_);
+    algorithm.set_handle(kAlgorithm);
+    algorithm.add_tensors(kTensor);
+    algorithm.set_spirv(
+        std::string(reinterpret_cast<const char*>(spirv.data()), spirv.size() * sizeof(uint32_t)));
+    algorithm.mutable_workgroup()->set_x(kTinyCount / kTinyLocalSize);
+    algorithm.mutable_workgroup()->set_y(1);
+    algorithm.mutable_workgroup()->set_z(1);
+    v1::CreateSequenceRequest sequence;
+    sequence.set_session_id(id_);
+    sequence.set_handle(kSequence);
+    v1::RecordRequest record;
+    record.set_session_id(id_);
+    record.set_sequence(kSequence);
+    *record.add_actions()->mutable_record() = ts::SyncDevice({kTensor});
+    *record.add_actions()->mutable_record() = ts::Dispatch(kAlgorithm);
+    *record.add_actions()->mutable_record() = ts::SyncLocal({kTensor});
+
+    v1::CreateTensorResponse tensor_made;
+    v1::CreateAlgorithmResponse algorithm_made;
+    v1::CreateSequenceResponse sequence_made;
+    v1::RecordResponse recorded;
+    error = Run("CreateTensor", [&](grpc::ClientContext* c) {
+      return stubs_.tensors->CreateTensor(c, tensor, &tensor_made);
+    });
+    if (error.empty()) {
+      error = Run("CreateAlgorithm", [&](grpc::ClientContext* c) {
+        return stubs_.algorithms->CreateAlgorithm(c, algorithm, &algorithm_made);
+      });
     }
-    {
-      grpc::ClientContext context;
-      Deadline(context);
-      const std::vector<float> zeros(kTinyCount, 0.0f);
-      v1::CreateTensorResponse response;
-      st = stubs_.tensors->CreateTensor(&context, ts::FloatTensor(id_, kTensor, zeros), &response);
-      if (!st.ok()) return Failed("CreateTensor", st);
+    if (error.empty()) {
+      error = Run("CreateSequence", [&](grpc::ClientContext* c) {
+        return stubs_.sequences->CreateSequence(c, sequence, &sequence_made);
+      });
     }
-    {
-      grpc::ClientContext context;
-      Deadline(context);
-      v1::CreateAlgorithmRequest request;
-      request.set_session_id(id_);
-      request.set_handle(kAlgorithm);
-      request.add_tensors(kTensor);
-      request.set_spirv(std::string(reinterpret_cast<const char*>(spirv.data()),
-                                    spirv.size() * sizeof(uint32_t)));
-      request.mutable_workgroup()->set_x(kTinyCount / kTinyLocalSize);
-      request.mutable_workgroup()->set_y(1);
-      request.mutable_workgroup()->set_z(1);
-      v1::CreateAlgorithmResponse response;
-      st = stubs_.algorithms->CreateAlgorithm(&context, request, &response);
-      if (!st.ok()) return Failed("CreateAlgorithm", st);
+    if (error.empty()) {
+      error = Run("Record", [&](grpc::ClientContext* c) {
+        return stubs_.sequences->Record(c, record, &recorded);
+      });
     }
-    {
-      grpc::ClientContext context;
-      Deadline(context);
-      v1::CreateSequenceRequest request;
-      request.set_session_id(id_);
-      request.set_handle(kSequence);
-      v1::CreateSequenceResponse response;
-      st = stubs_.sequences->CreateSequence(&context, request, &response);
-      if (!st.ok()) return Failed("CreateSequence", st);
-    }
-    {
-      grpc::ClientContext context;
-      Deadline(context);
-      v1::RecordRequest request;
-      request.set_session_id(id_);
-      request.set_sequence(kSequence);
-      *request.add_actions()->mutable_record() = ts::SyncDevice({kTensor});
-      *request.add_actions()->mutable_record() = ts::Dispatch(kAlgorithm);
-      *request.add_actions()->mutable_record() = ts::SyncLocal({kTensor});
-      v1::RecordResponse response;
-      st = stubs_.sequences->Record(&context, request, &response);
-      if (!st.ok()) return Failed("Record", st);
-    }
-    return "";
+    return error;
   }
 
   const std::string& id() const { return id_; }

@@ -443,11 +443,10 @@ grpc::Status Connection::CloseStreamLocked() {
 void Connection::Complete(Pending& p, absl::Status status, v1::EvalResponse result) {
   {
     std::lock_guard<std::mutex> lock(p.mu);
-    p.done = true;
+    p.done.store(true, std::memory_order_release);
     p.status = std::move(status);
     p.result = std::move(result);
   }
-  p.finished.store(true, std::memory_order_release);
   p.cv.notify_all();
 }
 

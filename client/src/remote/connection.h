@@ -38,8 +38,9 @@ class Connection {
   struct Pending {
     std::mutex mu;
     std::condition_variable cv;
-    bool done = false;
-    std::atomic<bool> finished{false};  // done, for a waiter that polls before it sleeps
+    // Set under `mu` (so that a waiter on `cv` cannot miss it); atomic so that a waiter may poll it
+    // before it sleeps.
+    std::atomic<bool> done{false};
     absl::Status status;
     komputed::v1::EvalResponse result;
   };

@@ -69,13 +69,9 @@ absl::StatusOr<std::string> SameHostChannel::RoundTrip(const std::string& record
                                                        absl::Duration timeout, absl::Duration spin,
                                                        bool* sent) {
   *sent = false;
-  if (fd_ < 0) return absl::UnavailableError("the same-host channel is closed");
-  if (send(fd_, record.data(), record.size(), MSG_NOSIGNAL) !=
-      static_cast<ssize_t>(record.size())) {
-    const int error = errno;
+  if (absl::Status status = Send(record); !status.ok()) {
     Break();
-    return absl::UnavailableError(
-        absl::StrCat("sending on the same-host channel: ", std::strerror(error)));
+    return status;
   }
   *sent = true;
   const absl::Time deadline = absl::Now() + timeout;
@@ -120,15 +116,18 @@ absl::StatusOr<v1::EvalResponse> SameHostChannel::Eval(const v1::EvalRequest& re
   return response;
 }
 
-absl::Status SameHostChannel::Submit(uint64_t id, const v1::EvalRequest& request) {
+absl::Status SameHostChannel::Send(const std::string& record) {
   if (fd_ < 0) return absl::UnavailableError("the same-host channel is closed");
-  const std::string record = v1::wire::EncodeChannelSubmit(id, request.SerializeAsString());
   if (send(fd_, record.data(), record.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(record.size())) {
     return absl::UnavailableError(
         absl::StrCat("sending on the same-host channel: ", std::strerror(errno)));
   }
   return absl::OkStatus();
+}
+
+absl::Status SameHostChannel::Submit(uint64_t id, const v1::EvalRequest& request) {
+  return Send(v1::wire::EncodeChannelSubmit(id, request.SerializeAsString()));
 }
 
 absl::StatusOr<v1::EvalResponse> SameHostChannel::NextSubmitAnswer(uint64_t* id,

@@ -50,6 +50,8 @@ class SameHostChannel {
 
  private:
   explicit SameHostChannel(int fd) : fd_(fd) {}
+  // Sends `record` whole; UNAVAILABLE (the channel left as it is) when it could not.
+  absl::Status Send(const std::string& record);
   // Sends `record` and receives the answer's record within `timeout`.
   absl::StatusOr<std::string> RoundTrip(const std::string& record, absl::Duration timeout,
                                         absl::Duration spin, bool* sent);

@@ -97,11 +97,12 @@ absl::Status RemoteSequence::Wait(absl::Duration timeout) {
   auto p = in_flight_;
   // Polled first, as an in-process wait polls its fence (the answer often comes within it).
   const absl::Time spin_until = absl::Now() + std::min(timeout, connection_->spin());
-  while (!p->finished.load(std::memory_order_acquire) && absl::Now() < spin_until) {
+  while (!p->done.load(std::memory_order_acquire) && absl::Now() < spin_until) {
   }
   {
     std::unique_lock<std::mutex> plock(p->mu);
-    bool done = p->cv.wait_for(plock, absl::ToChronoNanoseconds(timeout), [&] { return p->done; });
+    bool done =
+        p->cv.wait_for(plock, absl::ToChronoNanoseconds(timeout), [&] { return p->done.load(); });
     if (!done) {
       return absl::DeadlineExceededError(
           absl::StrCat("the submission did not complete within ", absl::FormatDuration(timeout)));
