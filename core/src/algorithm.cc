@@ -307,7 +307,7 @@ absl::StatusOr<std::shared_ptr<Algorithm::Pipeline>> Algorithm::Build(
     ai.pSetLayouts = &cancel_layout;
     KD_RETURN_IF_ERROR(device.Check(vkAllocateDescriptorSets(dev, &ai, &p->cancel_set),
                                     "vkAllocateDescriptorSets"));
-    VkDescriptorBufferInfo info{p->cancel->buffer(), 0, VK_WHOLE_SIZE};
+    VkDescriptorBufferInfo info{p->cancel->buffer(), p->cancel->offset(), kCancelWordBytes};
     VkWriteDescriptorSet write{VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
     write.dstSet = p->cancel_set;
     write.dstBinding = kCancelBinding;

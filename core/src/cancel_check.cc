@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "komputed/core/status.h"
 #include "spirv_edit.h"
 
@@ -504,22 +505,104 @@ uint64_t UncheckedWorkLimit(const Device& device) {
                                                                        : uint64_t{1} << 40;
 }
 
+// The words of one slab: slots slot_bytes apart, each slot's copies kCancelWordStrideBytes apart.
+struct CancelWord::Slab {
+  std::shared_ptr<Device> device;
+  std::shared_ptr<const void> slabs;  // the device's CancelSlabs, kept while this slab lives
+  Buffer buffer;                      // destroyed before the device
+  uint64_t slot_bytes = 0;
+  absl::Mutex mu;
+  std::vector<uint32_t> free ABSL_GUARDED_BY(mu);  // slots no word holds
+};
+
+namespace {
+
+constexpr char kCancelSlabsKey[] = "cancel word slabs";
+
+// The slabs of a device, filed with Device::Share: it lives while any slab does. Its members are
+// mutable because what Device::Share files is const; they are guarded by mu.
+struct CancelSlabs {
+  mutable absl::Mutex mu;
+  mutable std::vector<std::weak_ptr<CancelWord::Slab>> slabs ABSL_GUARDED_BY(mu);
+};
+
+// Words per slab: each slot where a descriptor may begin (the device's offset alignment, and at
+// least 16 bytes, so that a cache line's readers stay few), as many as fit in one stride.
+uint64_t SlotBytes(const Device& device) {
+  return std::max<uint64_t>(16, device.limits().minStorageBufferOffsetAlignment);
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<CancelWord>> CancelWord::Create(std::shared_ptr<Device> device) {
+  auto pool = std::static_pointer_cast<const CancelSlabs>(device->Shared(kCancelSlabsKey));
+  if (pool == nullptr) {
+    pool = std::static_pointer_cast<const CancelSlabs>(device->Share(
+        kCancelSlabsKey, std::shared_ptr<const CancelSlabs>(std::make_shared<CancelSlabs>())));
+  }
   auto word = std::shared_ptr<CancelWord>(new CancelWord());
-  word->device_ = std::move(device);
-  KD_ASSIGN_OR_RETURN(
-      word->buffer_,
-      Buffer::Create(*word->device_, kCancelWordBytes, VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
-                     VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
-                     // Device memory the host maps, where the GPU has one: new invocations see the
-                     // host's write there (cached host memory they did not see, on NVIDIA).
-                     VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "a cancel word"));
-  std::memset(word->buffer_.mapped(), 0, kCancelWordBytes);
+  absl::MutexLock lock(&pool->mu);
+  for (auto it = pool->slabs.begin(); it != pool->slabs.end() && word->slab_ == nullptr;) {
+    std::shared_ptr<Slab> slab = it->lock();
+    if (slab == nullptr) {
+      it = pool->slabs.erase(it);
+      continue;
+    }
+    absl::MutexLock slab_lock(&slab->mu);
+    if (!slab->free.empty()) {
+      word->slot_ = slab->free.back();
+      slab->free.pop_back();
+      word->slab_ = std::move(slab);
+    }
+    ++it;
+  }
+  if (word->slab_ == nullptr) {
+    auto slab = std::make_shared<Slab>();
+    slab->slot_bytes = SlotBytes(*device);
+    const uint64_t slots = std::max<uint64_t>(1, kCancelWordStrideBytes / slab->slot_bytes);
+    KD_ASSIGN_OR_RETURN(
+        slab->buffer,
+        Buffer::Create(*device, (slots - 1) * slab->slot_bytes + kCancelWordBytes,
+                       VK_BUFFER_USAGE_STORAGE_BUFFER_BIT,
+                       VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
+                       // Device memory the host maps, where the GPU has one: new invocations see
+                       // the host's write there (cached host memory they did not see, on NVIDIA).
+                       VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, "cancel words"));
+    std::memset(slab->buffer.mapped(), 0, slab->buffer.size());
+    slab->device = std::move(device);
+    slab->slabs = pool;
+    {
+      absl::MutexLock slab_lock(&slab->mu);
+      for (uint64_t s = slots - 1; s > 0; --s) slab->free.push_back(static_cast<uint32_t>(s));
+    }
+    pool->slabs.push_back(slab);
+    word->slot_ = 0;
+    word->slab_ = std::move(slab);
+  }
+  word->offset_ = word->slot_ * word->slab_->slot_bytes;
+  // A slot handed out before may have been set.
+  uint32_t* words = word->words();
+  for (uint32_t c = 0; c < kCancelWordCopies; ++c) {
+    std::atomic_ref<uint32_t>(words[c * (kCancelWordStrideBytes / 4)])
+        .store(0, std::memory_order_seq_cst);
+  }
   return word;
 }
 
+CancelWord::~CancelWord() {
+  if (slab_ == nullptr) return;
+  absl::MutexLock lock(&slab_->mu);
+  slab_->free.push_back(slot_);
+}
+
+VkBuffer CancelWord::buffer() const { return slab_->buffer.handle(); }
+
+uint32_t* CancelWord::words() const {
+  return reinterpret_cast<uint32_t*>(static_cast<char*>(slab_->buffer.mapped()) + offset_);
+}
+
 void CancelWord::Set() {
-  auto* words = static_cast<uint32_t*>(buffer_.mapped());
+  uint32_t* words = this->words();
   for (uint32_t c = 0; c < kCancelWordCopies; ++c) {
     std::atomic_ref<uint32_t>(words[c * (kCancelWordStrideBytes / 4)])
         .store(1, std::memory_order_seq_cst);
@@ -527,8 +610,7 @@ void CancelWord::Set() {
 }
 
 bool CancelWord::set() const {
-  return std::atomic_ref<uint32_t>(*static_cast<uint32_t*>(buffer_.mapped()))
-             .load(std::memory_order_seq_cst) != 0;
+  return std::atomic_ref<uint32_t>(*words()).load(std::memory_order_seq_cst) != 0;
 }
 
 }  // namespace komputed::core

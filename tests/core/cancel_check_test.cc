@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -294,6 +295,56 @@ TEST(CancelChecks, ASetWordSkipsEveryInvocation) {
   ASSERT_OK_AND_ASSIGN(std::vector<float> b, RunWithWord(Compile(kLoopsShader), word,
                                                          std::vector<float>(64, 1.0f), {16, 1, 1}));
   EXPECT_THAT(b, Each(-1.0f));
+}
+
+TEST(CancelWords, ShareASlabAndKeepToTheirOwnSlot) {
+  std::shared_ptr<Device> device = TestDevice();
+  // Words made together share their slab while it has room: distinct, aligned offsets.
+  std::vector<std::shared_ptr<CancelWord>> words;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<CancelWord> w, CancelWord::Create(device));
+    words.push_back(std::move(w));
+  }
+  const uint64_t alignment = device->limits().minStorageBufferOffsetAlignment;
+  absl::flat_hash_set<uint64_t> offsets;
+  for (const auto& w : words) {
+    EXPECT_EQ(w->offset() % alignment, 0u);
+    offsets.insert(w->offset());
+  }
+  EXPECT_EQ(offsets.size(), words.size());
+  if (alignment <= kCancelWordStrideBytes / 4) {
+    absl::flat_hash_set<VkBuffer> buffers;
+    for (const auto& w : words) buffers.insert(w->buffer());
+    EXPECT_LE(buffers.size(), 2u) << "four words fit in a slab (another one's last free slot)";
+  }
+  // Setting one stops dispatches that read it, and no other word.
+  words[1]->Set();
+  EXPECT_FALSE(words[0]->set());
+  EXPECT_TRUE(words[1]->set());
+  EXPECT_FALSE(words[2]->set());
+  const std::vector<float> a(64, 1.0f);
+  ASSERT_OK_AND_ASSIGN(std::vector<float> stopped,
+                       RunWithWord(Compile(kLoopsShader), words[1], a, {16, 1, 1}));
+  EXPECT_THAT(stopped, Each(-1.0f));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> ran,
+                       RunWithWord(Compile(kLoopsShader), words[2], a, {16, 1, 1}));
+  EXPECT_THAT(ran, Each(testing::Ne(-1.0f)));
+  // A set word's slot, once the word is gone, is handed out again clear.
+  const VkBuffer buffer = words[1]->buffer();
+  const uint64_t offset = words[1]->offset();
+  words[1].reset();
+  std::vector<std::shared_ptr<CancelWord>> more;
+  std::shared_ptr<CancelWord> again;
+  for (int i = 0; i < 256 && again == nullptr; ++i) {
+    ASSERT_OK_AND_ASSIGN(std::shared_ptr<CancelWord> w, CancelWord::Create(device));
+    if (w->buffer() == buffer && w->offset() == offset) again = w;
+    more.push_back(std::move(w));
+  }
+  ASSERT_NE(again, nullptr) << "the freed slot was not handed out again";
+  EXPECT_FALSE(again->set());
+  ASSERT_OK_AND_ASSIGN(std::vector<float> after,
+                       RunWithWord(Compile(kLoopsShader), again, a, {16, 1, 1}));
+  EXPECT_THAT(after, Each(testing::Ne(-1.0f)));
 }
 
 // Busy work that counts the invocations that ran their loop to its end.

@@ -73,21 +73,39 @@ absl::StatusOr<std::optional<uint64_t>> LoopFreeInstructionBound(absl::Span<cons
 // LoopFreeInstructionBound times its workgroups times maxComputeWorkGroupInvocations.
 uint64_t UncheckedWorkLimit(const Device& device);
 
-// The word that AddCancelChecks' shaders read: a small host-visible, host-coherent storage buffer
-// that the host sets while a dispatch runs. Thread-safe.
+// The word that AddCancelChecks' shaders read, set by the host while a dispatch runs. Thread-safe.
+//
+// Words are slots of shared host-visible, host-coherent storage buffers (slabs) of the device:
+// a word's kCancelWordCopies copies sit kCancelWordStrideBytes apart, and the copies of up to
+// kCancelWordStrideBytes / (the device's minStorageBufferOffsetAlignment) words interleave in one
+// slab, so that a word costs that fraction of kCancelWordBytes. A descriptor binds a word as
+// {buffer(), offset(), kCancelWordBytes}. A slot is cleared when it is handed out and returns to
+// its slab when the word goes (no dispatch can read it then: its algorithms hold the word).
 class CancelWord {
  public:
   static absl::StatusOr<std::shared_ptr<CancelWord>> Create(std::shared_ptr<Device> device);
+  ~CancelWord();
+  CancelWord(const CancelWord&) = delete;
+  CancelWord& operator=(const CancelWord&) = delete;
 
-  VkBuffer buffer() const { return buffer_.handle(); }
+  VkBuffer buffer() const;
+  // Where the word's block (kCancelWordBytes long) begins in buffer().
+  uint64_t offset() const { return offset_; }
   // Stops every instrumented dispatch that reads this word, now and later.
   void Set();
   bool set() const;
 
+  struct Slab;  // cancel_check.cc
+
  private:
   CancelWord() = default;
-  std::shared_ptr<Device> device_;
-  Buffer buffer_;  // destroyed before the device
+  // The first copy of the word in the slab's mapping; the others follow every
+  // kCancelWordStrideBytes.
+  uint32_t* words() const;
+
+  std::shared_ptr<Slab> slab_;  // holds the device
+  uint32_t slot_ = 0;
+  uint64_t offset_ = 0;
 };
 
 }  // namespace komputed::core
