@@ -46,7 +46,10 @@ Metrics::Metrics()
   // The series whose label values are known in advance start at zero, so that rate() and
   // increase() see their first events.
   for (const char* reason : {"idle", "drain"}) sessions_reaped_total(reason);
-  for (const char* direction : {"upload", "download"}) bytes_transferred_total(direction);
+  for (const char* direction : {"upload", "download"}) {
+    bytes_transferred_total(direction);
+    execute_messages_total(direction);
+  }
   for (const char* result : {"ok", "error"}) {
     shader_compilations_total(result);
     shader_validations_total(result);

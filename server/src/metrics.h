@@ -77,6 +77,14 @@ inline const prometheus::Histogram::BucketBoundaries kRpcDurationBuckets = {
           "Tensor data moved between clients and the daemon, in bytes: Eval uploads and "         \
           "downloads, CreateTensor data, WriteTensor and ReadTensor chunks.",                     \
           "direction")                                                                            \
+  COUNTER(execute_messages_total, "komputed_execute_messages_total",                              \
+          "Execute stream messages: requests read (upload) and events written (download). A "     \
+          "client that batches sends several evals in one request, and gets several events in "   \
+          "one.",                                                                                 \
+          "direction")                                                                            \
+  COUNTER(execute_evals_total, "komputed_execute_evals_total",                                    \
+          "Evals that came on Execute streams (several to a request, from a client that "         \
+          "batches).")                                                                            \
   GAUGE(execute_queued_bytes, "komputed_execute_queued_bytes",                                    \
         "Bytes of Execute events waiting to be written to their clients (being written "          \
         "included), all streams together; each stream holds at most --execute_window events.")    \

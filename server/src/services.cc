@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "komputed/v1/execute_wire.h"
 #include "session_wire.h"
 #include "status.h"
 #include "tensor_io.h"
@@ -295,12 +296,15 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
  public:
   ExecuteReactor(SessionManager* sessions, const Authenticator* auth,
                  const grpc::CallbackServerContext* context, absl::StatusOr<Caller> caller,
-                 int window, prometheus::Gauge* queued_bytes)
+                 int window, Metrics* metrics)
       : sessions_(sessions),
         auth_(auth),
         context_(context),
         window_(window),
-        queued_bytes_gauge_(queued_bytes) {
+        queued_bytes_gauge_(&metrics->execute_queued_bytes()),
+        requests_read_(&metrics->execute_messages_total("upload")),
+        events_written_(&metrics->execute_messages_total("download")),
+        evals_(&metrics->execute_evals_total()) {
     if (!caller.ok()) {
       {
         absl::MutexLock lock(&mu_);
@@ -320,7 +324,24 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
       reads_done_ = true;
       next = NextStepLocked();
     } else {
-      Submit(request_.eval());  // reads everything it needs from request_
+      if (request_.batched_events()) {
+        absl::MutexLock lock(&mu_);
+        batched_events_ = true;
+      }
+      const size_t evals = 1 + static_cast<size_t>(request_.more_evals_size());
+      requests_read_->Increment();
+      evals_->Increment(static_cast<double>(evals));
+      if (evals > v1::wire::kMaxExecuteBatch) {
+        const absl::Status refused = absl::InvalidArgumentError(
+            absl::StrCat("an Execute request carries ", evals, " evals; at most ",
+                         v1::wire::kMaxExecuteBatch, " in one request"));
+        Refuse(request_.eval(), refused);
+        for (const v1::EvalRequest& eval : request_.more_evals()) Refuse(eval, refused);
+      } else {
+        // Each reads everything it needs from request_ before the next read replaces it.
+        Submit(request_.eval());
+        for (const v1::EvalRequest& eval : request_.more_evals()) Submit(eval);
+      }
       absl::MutexLock lock(&mu_);
       read_paused_ = true;  // the next read starts now if the window has room, else later
       next = NextStepLocked();
@@ -366,6 +387,18 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
     std::shared_ptr<v1::ExecuteEvent> event;
     uint64_t bytes = 0;
   };
+
+  // Answers one eval of a refused request with `why`, running nothing.
+  void Refuse(const v1::EvalRequest& eval, const absl::Status& why) {
+    auto event = std::make_shared<v1::ExecuteEvent>();
+    event->set_request_id(eval.request_id());
+    {
+      absl::MutexLock lock(&mu_);
+      ++pending_;
+    }
+    LogFailure("Execute", eval.session_id(), "", why);
+    Complete(std::move(event), why);
+  }
 
   // Runs one eval; its event is queued from the completion callback (possibly at once).
   void Submit(const v1::EvalRequest& eval) {
@@ -473,6 +506,14 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
       current_ = std::move(events_.front().event);
       current_bytes_ = events_.front().bytes;
       events_.pop_front();
+      // The events that are ready go together to a client that reads batches.
+      while (batched_events_ && !events_.empty() &&
+             static_cast<size_t>(current_->more_events_size()) + 1 < v1::wire::kMaxExecuteBatch &&
+             current_bytes_ + events_.front().bytes <= v1::wire::kMaxExecuteBatchBytes) {
+        current_->add_more_events()->Swap(events_.front().event.get());
+        current_bytes_ += events_.front().bytes;
+        events_.pop_front();
+      }
       step.write = current_.get();
     } else if (reads_done_ && pending_ == 0) {
       finished_ = true;
@@ -486,7 +527,10 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   // Makes the gRPC calls that NextStepLocked decided, outside the lock. (A read and a write may
   // both be decided: neither lets the stream finish before the other has started.)
   void Take(const Step& step) {
-    if (step.write != nullptr) StartWrite(step.write);
+    if (step.write != nullptr) {
+      events_written_->Increment();
+      StartWrite(step.write);
+    }
     if (step.read) StartRead(&request_);
     if (step.finish) Finish(step.status);
   }
@@ -496,9 +540,12 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   const grpc::CallbackServerContext* const context_;  // valid until OnDone
   const int window_;
   prometheus::Gauge* const queued_bytes_gauge_;  // komputed_execute_queued_bytes, all streams
-  Caller caller_;                                // as the stream opened: counts its errors
-  v1::ExecuteRequest request_;                   // the read in progress
-  std::shared_ptr<Session> session_;             // set by the first request that names a session
+  prometheus::Counter* const requests_read_;     // komputed_execute_messages_total
+  prometheus::Counter* const events_written_;
+  prometheus::Counter* const evals_;  // komputed_execute_evals_total
+  Caller caller_;                     // as the stream opened: counts its errors
+  v1::ExecuteRequest request_;        // the read in progress
+  std::shared_ptr<Session> session_;  // set by the first request that names a session
 
   absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;  // evals submitted whose event is not queued yet
@@ -510,6 +557,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool dropping_ ABSL_GUARDED_BY(mu_) = false;  // cancelled or broken: events are dropped
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool batched_events_ ABSL_GUARDED_BY(mu_) = false;  // the client reads more_events
 };
 
 }  // namespace
@@ -545,6 +593,7 @@ grpc::ServerUnaryReactor* SessionsService::OpenSession(grpc::CallbackServerConte
       static_cast<uint64_t>(absl::ToInt64Milliseconds(ctx_.options->session_idle_timeout)));
   response->set_max_message_bytes(static_cast<uint64_t>(ctx_.options->max_message_bytes));
   response->set_direct_address(ctx_.options->advertise_address);
+  response->set_execute_batches(true);
   if (!(*session)->shared_memory_ticket().empty()) {
     response->set_shared_memory_socket(ctx_.sessions->shared_memory_socket());
     response->set_shared_memory_ticket((*session)->shared_memory_ticket());
@@ -776,7 +825,7 @@ grpc::ServerUnaryReactor* SequencesService::GetTimestamps(grpc::CallbackServerCo
 grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent>* SequencesService::Execute(
     grpc::CallbackServerContext* context) {
   return new ExecuteReactor(ctx_.sessions, ctx_.auth, context, ctx_.auth->Authenticate(*context),
-                            ctx_.options->execute_window, &ctx_.metrics->execute_queued_bytes());
+                            ctx_.options->execute_window, ctx_.metrics);
 }
 
 }  // namespace komputed::server

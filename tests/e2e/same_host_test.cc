@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <kompute/Kompute.hpp>
 #include <map>
 #include <string>
@@ -138,50 +139,90 @@ TEST(SameHost, TensorsLiveInSharedMemoryAndNoByteCrossesTheSocket) {
   EXPECT_EQ(MappingsAfterRelease(d.daemon().pid()), 0);
 }
 
+// kLanes sequences of `mgr`, each evaluated once, then kRounds rounds in which every lane is in
+// flight at once (evalAsync of each, then evalAwait of each, with new input every round).
+constexpr int kLanes = 8;
+constexpr int kRounds = 40;
+void EvalLanesAtOnce(kp::Manager& mgr, const std::function<void()>& before_rounds) {
+  struct Lane {
+    std::shared_ptr<kp::TensorT<float>> a, b;
+    std::shared_ptr<kp::Sequence> seq;
+  };
+  std::vector<Lane> lanes;
+  for (int l = 0; l < kLanes; ++l) {
+    Lane lane;
+    lane.a = mgr.tensorT<float>(std::vector<float>(64, static_cast<float>(l)));
+    lane.b = mgr.tensorT<float>(std::vector<float>(64, 0.0f));
+    auto algo =
+        mgr.algorithm({lane.a, lane.b}, kp::compileSource(kScaleShader), kp::Workgroup{1, 1, 1});
+    lane.seq = mgr.sequence();
+    lane.seq->record<kp::OpTensorSyncDevice>({lane.a})
+        ->record<kp::OpAlgoDispatch>(algo)
+        ->record<kp::OpTensorSyncLocal>({lane.b});
+    lane.seq->eval();  // the first eval creates the objects (over gRPC)
+    lanes.push_back(std::move(lane));
+  }
+  before_rounds();
+  for (int round = 0; round < kRounds; ++round) {
+    for (int l = 0; l < kLanes; ++l) {
+      lanes[l].a->data()[l] = static_cast<float>(round * 100 + l);
+      lanes[l].seq->evalAsync();
+    }
+    for (int l = 0; l < kLanes; ++l) {
+      lanes[l].seq->evalAwait();
+      ASSERT_EQ(lanes[l].b->data()[l], 2.0f * static_cast<float>(round * 100 + l))
+          << "lane " << l << " round " << round;
+    }
+  }
+}
+
 TEST(SameHost, AsyncEvalsArePipelinedOnTheChannelNotTheStream) {
   SocketDaemon d;
   ASSERT_TRUE(d.daemon().started());
-  constexpr int kLanes = 8;
-  constexpr int kRounds = 40;
-  double channel_evals = 0;
+  double before = 0, channel_evals = 0;
   {
     kp::Manager mgr{d.address()};
-    struct Lane {
-      std::shared_ptr<kp::TensorT<float>> a, b;
-      std::shared_ptr<kp::Sequence> seq;
-    };
-    std::vector<Lane> lanes;
-    for (int l = 0; l < kLanes; ++l) {
-      Lane lane;
-      lane.a = mgr.tensorT<float>(std::vector<float>(64, static_cast<float>(l)));
-      lane.b = mgr.tensorT<float>(std::vector<float>(64, 0.0f));
-      auto algo =
-          mgr.algorithm({lane.a, lane.b}, kp::compileSource(kScaleShader), kp::Workgroup{1, 1, 1});
-      lane.seq = mgr.sequence();
-      lane.seq->record<kp::OpTensorSyncDevice>({lane.a})
-          ->record<kp::OpAlgoDispatch>(algo)
-          ->record<kp::OpTensorSyncLocal>({lane.b});
-      lane.seq->eval();  // the first eval creates the objects (over gRPC)
-      lanes.push_back(std::move(lane));
-    }
-    const double before = Samples::From(d.daemon()).Get("komputed_same_host_evals_total");
-    // Every lane in flight at once, each awaited and submitted again with new input.
-    for (int round = 0; round < kRounds; ++round) {
-      for (int l = 0; l < kLanes; ++l) {
-        lanes[l].a->data()[l] = static_cast<float>(round * 100 + l);
-        lanes[l].seq->evalAsync();
-      }
-      for (int l = 0; l < kLanes; ++l) {
-        lanes[l].seq->evalAwait();
-        ASSERT_EQ(lanes[l].b->data()[l], 2.0f * static_cast<float>(round * 100 + l))
-            << "lane " << l << " round " << round;
-      }
-    }
+    EvalLanesAtOnce(
+        mgr, [&] { before = Samples::From(d.daemon()).Get("komputed_same_host_evals_total"); });
     channel_evals = Samples::From(d.daemon()).Get("komputed_same_host_evals_total") - before;
   }
   EXPECT_GE(channel_evals, kLanes * kRounds);
   // No Execute stream was opened (a stream is counted when it ends, as the session closes).
   EXPECT_EQ(Samples::From(d.daemon()).Sum("komputed_rpcs_total", {{"method", "Execute"}}), 0);
+}
+
+TEST(ExecuteBatches, AsyncEvalsOnTheStreamGoSeveralToAMessage) {
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.started());
+  ScopedEnv no_channel("KOMPUTED_SHARED_MEMORY", std::string("0"));  // the stream, not the channel
+  for (const bool batches : {true, false}) {
+    SCOPED_TRACE(batches ? "batches" : "KOMPUTED_EXECUTE_BATCHES=0");
+    ScopedEnv setting("KOMPUTED_EXECUTE_BATCHES", std::string(batches ? "1" : "0"));
+    const Samples start = Samples::From(daemon);
+    {
+      kp::Manager mgr{daemon.address()};
+      EvalLanesAtOnce(mgr, [] {});
+    }
+    const Samples end = Samples::From(daemon);
+    auto grew = [&](const std::string& name, const std::map<std::string, std::string>& labels) {
+      return end.Get(name, labels) - start.Get(name, labels);
+    };
+    const double evals = grew("komputed_execute_evals_total", {});
+    const double requests = grew("komputed_execute_messages_total", {{"direction", "upload"}});
+    const double events = grew("komputed_execute_messages_total", {{"direction", "download"}});
+    std::printf("%s: %.0f evals in %.0f requests and %.0f event messages\n",
+                batches ? "batches" : "no batches", evals, requests, events);
+    EXPECT_EQ(evals, kLanes * kRounds);
+    if (batches) {
+      // Eight evals go out at once each round: while the client's writer sends one request, the
+      // others gather for the next.
+      EXPECT_LT(requests, evals);
+      EXPECT_LE(events, evals);
+    } else {
+      EXPECT_EQ(requests, evals);
+      EXPECT_EQ(events, evals);
+    }
+  }
 }
 
 TEST(SameHost, TurnedOffByTheClientTheDataGoesOverGrpc) {

@@ -33,6 +33,8 @@ const std::map<std::string, std::string> kTable = {
     {"komputed_device_recoveries_total", "counter"},
     // Served, not on the dashboard.
     {"komputed_execute_queued_bytes", "gauge"},
+    {"komputed_execute_messages_total", "counter"},
+    {"komputed_execute_evals_total", "counter"},
     {"komputed_shared_memory_tensors_total", "counter"},
     {"komputed_same_host_evals_total", "counter"},
 };

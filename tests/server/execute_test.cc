@@ -69,6 +69,82 @@ TEST_F(ExecuteTest, EachRequestGetsOneEventWithItsData) {
   EXPECT_THAT(events.at(7).message(), HasSubstr("sequence 999"));
 }
 
+// Reads every event of the stream until it ends, its more_events included; counts the messages.
+std::map<uint64_t, v1::ExecuteEvent> ReadAll(
+    grpc::ClientReaderWriter<v1::ExecuteRequest, v1::ExecuteEvent>& stream, int* messages,
+    int* batched) {
+  std::map<uint64_t, v1::ExecuteEvent> events;
+  v1::ExecuteEvent event;
+  while (stream.Read(&event)) {
+    ++*messages;
+    *batched += event.more_events_size();
+    for (const v1::ExecuteEvent& more : event.more_events()) {
+      EXPECT_EQ(more.more_events_size(), 0) << "a batched event carries more of its own";
+      EXPECT_TRUE(events.emplace(more.request_id(), more).second) << "twice: " << more.request_id();
+    }
+    event.clear_more_events();
+    EXPECT_TRUE(events.emplace(event.request_id(), event).second)
+        << "twice: " << event.request_id();
+  }
+  return events;
+}
+
+TEST_F(ExecuteTest, ARequestCarriesSeveralEvalsAndEventsComeTogetherWhenAsked) {
+  v1::OpenSessionRequest open;
+  v1::OpenSessionResponse opened;
+  grpc::ClientContext open_context;
+  ASSERT_TRUE(client_->sessions->OpenSession(&open_context, open, &opened).ok());
+  EXPECT_TRUE(opened.execute_batches()) << "the daemon says it takes batches";
+
+  for (const bool batched : {true, false}) {
+    SCOPED_TRACE(batched ? "events batched" : "one event per message");
+    grpc::ClientContext ctx;
+    auto stream = client_->sequences->Execute(&ctx);
+    // One request: the four pipelines and an eval of a sequence that does not exist.
+    v1::ExecuteRequest request = Request(100, 0);
+    for (int p = 1; p < 4; ++p) *request.add_more_evals() = Request(100 + p, p).eval();
+    v1::EvalRequest* bad = request.add_more_evals();
+    bad->set_session_id(session_);
+    bad->set_sequence(999);
+    bad->set_request_id(7);
+    request.set_batched_events(batched);
+    ASSERT_TRUE(stream->Write(request));
+    stream->WritesDone();
+    int messages = 0, more = 0;
+    std::map<uint64_t, v1::ExecuteEvent> events = ReadAll(*stream, &messages, &more);
+    EXPECT_THAT(stream->Finish(), IsOk());
+    ASSERT_EQ(events.size(), 5u);
+    for (int p = 0; p < 4; ++p) ExpectResult(events.at(100 + p), p);
+    EXPECT_EQ(events.at(7).code(), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+    EXPECT_EQ(messages + more, 5);
+    if (!batched) {
+      EXPECT_EQ(more, 0) << "events came together to a client that did not ask";
+    }
+  }
+}
+
+TEST_F(ExecuteTest, ARequestOfTooManyEvalsFailsEachOfThemAndRunsNone) {
+  grpc::ClientContext ctx;
+  auto stream = client_->sequences->Execute(&ctx);
+  v1::ExecuteRequest request = Request(1, 0);
+  for (uint64_t id = 2; id <= 65; ++id) *request.add_more_evals() = Request(id, 1).eval();
+  request.set_batched_events(true);
+  ASSERT_TRUE(stream->Write(request));
+  // The stream still serves after the refusal.
+  ASSERT_TRUE(stream->Write(Request(66, 2)));
+  stream->WritesDone();
+  int messages = 0, more = 0;
+  std::map<uint64_t, v1::ExecuteEvent> events = ReadAll(*stream, &messages, &more);
+  EXPECT_THAT(stream->Finish(), IsOk());
+  ASSERT_EQ(events.size(), 66u);
+  for (uint64_t id = 1; id <= 65; ++id) {
+    EXPECT_EQ(events.at(id).code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+    EXPECT_THAT(events.at(id).message(), HasSubstr("65 evals; at most 64"));
+  }
+  ExpectResult(events.at(66), 2);
+  std::printf("66 events in %d messages\n", messages);
+}
+
 TEST_F(ExecuteTest, ManyEvalsInFlightStayCorrect) {
   grpc::ClientContext ctx;
   auto stream = client_->sequences->Execute(&ctx);

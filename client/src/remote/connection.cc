@@ -9,6 +9,7 @@
 #include "backend.h"
 #include "komputed/core/malloc_tuning.h"
 #include "komputed/core/status.h"
+#include "komputed/v1/execute_wire.h"
 #include "komputed/v1/shared_memory_wire.h"
 #include "remote/credentials.h"
 #include "remote/rpc.h"
@@ -109,6 +110,12 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Open(const RemoteOptions
   c->spin_ = WaitSpin(c->properties_.deviceType);
   if (response.idle_timeout_ms() > 0) {
     c->idle_timeout_ = absl::Milliseconds(response.idle_timeout_ms());
+  }
+  c->execute_batches_ = response.execute_batches();
+  if (response.max_message_bytes() > 0) c->max_message_bytes_ = response.max_message_bytes();
+  if (const char* env = std::getenv("KOMPUTED_EXECUTE_BATCHES");
+      env != nullptr && absl::string_view(env) == "0") {
+    c->execute_batches_ = false;
   }
   c->shared_memory_socket_ = response.shared_memory_socket();
   c->shared_memory_ticket_ = response.shared_memory_ticket();
@@ -346,25 +353,68 @@ absl::StatusOr<std::shared_ptr<Connection::Pending>> Connection::ExecuteAsync(
   uint64_t id = next_request_.fetch_add(1);
   request.set_request_id(id);
   auto pending = std::make_shared<Pending>();
+  bool ended;
   {
     std::lock_guard<std::mutex> plock(pending_mu_);
-    pending_[id] = pending;
+    ended = stream_ended_;
+    if (!ended) pending_[id] = pending;
   }
-  v1::ExecuteRequest message;
-  *message.mutable_eval() = std::move(request);
-  if (!stream_->Write(message)) {
+  if (!ended && execute_batches_) {
+    // The writer sends it, with whatever else gathers meanwhile; the reader completes it (or
+    // fails it, should the stream end first).
     {
-      std::lock_guard<std::mutex> plock(pending_mu_);
-      pending_.erase(id);
+      std::lock_guard<std::mutex> olock(out_mu_);
+      outgoing_.push_back(std::move(request));
     }
-    // Why it broke (the daemon unreachable, or refusing the stream), where the stream says.
-    const grpc::Status why = CloseStreamLocked();
-    if (!why.ok() && why.error_code() != grpc::StatusCode::CANCELLED) {
-      return FromGrpcStatusWithHint(why, "the Execute stream to the daemon broke");
-    }
-    return absl::UnavailableError("the Execute stream to the daemon broke");
+    out_cv_.notify_all();  // the writer (the reader waits on it only once the writer stops)
+    return pending;
   }
-  return pending;
+  if (!ended) {
+    v1::ExecuteRequest message;
+    *message.mutable_eval() = std::move(request);
+    if (stream_->Write(message)) return pending;
+    std::lock_guard<std::mutex> plock(pending_mu_);
+    pending_.erase(id);
+  }
+  // Why it broke (the daemon unreachable, or refusing the stream), where the stream says; the
+  // next eval opens a new one.
+  const grpc::Status why = CloseStreamLocked();
+  if (!why.ok() && why.error_code() != grpc::StatusCode::CANCELLED) {
+    return FromGrpcStatusWithHint(why, "the Execute stream to the daemon broke");
+  }
+  return absl::UnavailableError("the Execute stream to the daemon broke");
+}
+
+void Connection::WriteStream(Stream* stream) {
+  std::unique_lock<std::mutex> lock(out_mu_);
+  for (;;) {
+    out_cv_.wait(lock, [this] { return stop_writer_ || !outgoing_.empty(); });
+    if (stop_writer_) break;
+    v1::ExecuteRequest message;
+    message.set_batched_events(true);
+    *message.mutable_eval() = std::move(outgoing_.front());
+    outgoing_.pop_front();
+    // Within the daemon's message limit with room to spare (a request larger than the batch's
+    // bytes goes alone).
+    const uint64_t batch_bytes =
+        std::min<uint64_t>(v1::wire::kMaxExecuteBatchBytes, max_message_bytes_ / 2);
+    uint64_t bytes = message.eval().ByteSizeLong();
+    while (!outgoing_.empty() &&
+           static_cast<size_t>(message.more_evals_size()) + 1 < v1::wire::kMaxExecuteBatch &&
+           bytes + outgoing_.front().ByteSizeLong() + 16 <= batch_bytes) {
+      bytes += outgoing_.front().ByteSizeLong() + 16;  // and its field's tag and length
+      *message.add_more_evals() = std::move(outgoing_.front());
+      outgoing_.pop_front();
+    }
+    lock.unlock();
+    const bool written = stream->Write(message);
+    lock.lock();
+    // A broken stream ends its reads too: the reader fails what is pending, these included.
+    if (!written) break;
+  }
+  outgoing_.clear();
+  writer_running_ = false;
+  out_cv_.notify_all();
 }
 
 void Connection::StartKeepAlive() {
@@ -401,14 +451,25 @@ void Connection::StopKeepAlive() {
 void Connection::OpenStreamLocked() {
   stream_context_ = std::make_unique<grpc::ClientContext>();
   stream_ = sequences_->Execute(stream_context_.get());
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    stream_ended_ = false;
+  }
+  if (execute_batches_) {
+    {
+      std::lock_guard<std::mutex> lock(out_mu_);
+      stop_writer_ = false;
+      writer_running_ = true;
+    }
+    writer_ = std::thread([this, stream = stream_.get()] { WriteStream(stream); });
+  }
   reader_ = std::thread([this, stream = stream_.get()] {
-    v1::ExecuteEvent event;
-    while (stream->Read(&event)) {
+    auto deliver = [this](v1::ExecuteEvent& event) {
       std::shared_ptr<Pending> p;
       {
         std::lock_guard<std::mutex> lock(pending_mu_);
         auto it = pending_.find(event.request_id());
-        if (it == pending_.end()) continue;
+        if (it == pending_.end()) return;
         p = it->second;
         pending_.erase(it);
       }
@@ -416,16 +477,37 @@ void Connection::OpenStreamLocked() {
                FromGrpcStatusWithHint(
                    grpc::Status(static_cast<grpc::StatusCode>(event.code()), event.message())),
                std::move(*event.mutable_result()));
+    };
+    v1::ExecuteEvent event;
+    while (stream->Read(&event)) {
+      deliver(event);
+      for (v1::ExecuteEvent& more : *event.mutable_more_events()) deliver(more);
     }
-    // The stream ended: whatever is still pending failed.
+    // The stream ended. With a writer thread, the reader finishes the stream once the writer has
+    // stopped, so that what was pending fails with the reason (no daemon to connect to, say).
+    absl::Status why = absl::UnavailableError("the Execute stream to the daemon ended");
+    std::optional<grpc::Status> finished;
+    if (execute_batches_) {
+      {
+        std::unique_lock<std::mutex> lock(out_mu_);
+        stop_writer_ = true;
+        out_cv_.notify_all();
+        out_cv_.wait(lock, [this] { return !writer_running_; });
+      }
+      finished = stream->Finish();
+      if (!finished->ok() && finished->error_code() != grpc::StatusCode::CANCELLED) {
+        why = FromGrpcStatusWithHint(*finished, "the Execute stream to the daemon ended");
+      }
+    }
+    // Whatever is still pending failed, and nothing more is taken on this stream.
     std::map<uint64_t, std::shared_ptr<Pending>> orphans;
     {
       std::lock_guard<std::mutex> lock(pending_mu_);
+      stream_ended_ = true;
+      stream_status_ = std::move(finished);
       orphans.swap(pending_);
     }
-    for (auto& [id, p] : orphans) {
-      Complete(*p, absl::UnavailableError("the Execute stream to the daemon ended"), {});
-    }
+    for (auto& [id, p] : orphans) Complete(*p, why, {});
   });
 }
 
@@ -433,8 +515,20 @@ grpc::Status Connection::CloseStreamLocked() {
   if (stream_ == nullptr) return grpc::Status::OK;
   // A stream that has ended already (the daemon gone, or refusing it) keeps its status.
   stream_context_->TryCancel();
+  {
+    std::lock_guard<std::mutex> lock(out_mu_);
+    stop_writer_ = true;
+  }
+  out_cv_.notify_all();
+  if (writer_.joinable()) writer_.join();
   if (reader_.joinable()) reader_.join();
-  grpc::Status status = stream_->Finish();
+  std::optional<grpc::Status> finished;
+  {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    finished = std::move(stream_status_);
+    stream_status_.reset();
+  }
+  grpc::Status status = finished.has_value() ? *std::move(finished) : stream_->Finish();
   stream_.reset();
   stream_context_.reset();
   return status;

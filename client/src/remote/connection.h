@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -144,15 +145,29 @@ class Connection {
   std::vector<komputed::v1::Command> deferred_;  // guarded by deferred_mu_
   bool closed_ = false;                          // guarded by deferred_mu_
 
-  std::mutex stream_mu_;  // guards stream_, its context and writes
+  using Stream = grpc::ClientReaderWriter<komputed::v1::ExecuteRequest, komputed::v1::ExecuteEvent>;
+  // The stream's writer thread (a daemon that takes batches): sends what has gathered in
+  // outgoing_ since its last write in one request, until told to stop or the stream breaks.
+  void WriteStream(Stream* stream);
+
+  std::mutex stream_mu_;  // guards stream_, its context, its threads and (without batches) writes
   std::unique_ptr<grpc::ClientContext> stream_context_;
-  std::unique_ptr<
-      grpc::ClientReaderWriter<komputed::v1::ExecuteRequest, komputed::v1::ExecuteEvent>>
-      stream_;
+  std::unique_ptr<Stream> stream_;
   std::thread reader_;
+  std::thread writer_;                    // with batches
+  bool execute_batches_ = false;          // the daemon takes several evals in one Execute request
+  uint64_t max_message_bytes_ = 4 << 20;  // the daemon's largest accepted message
   std::atomic<uint64_t> next_request_{1};
   std::mutex pending_mu_;
   std::map<uint64_t, std::shared_ptr<Pending>> pending_;  // guarded by pending_mu_
+  bool stream_ended_ = false;  // guarded by pending_mu_: the reader has failed what was pending
+  // Guarded by pending_mu_: the status of a stream that its reader finished (with batches).
+  std::optional<grpc::Status> stream_status_;
+  std::mutex out_mu_;
+  std::condition_variable out_cv_;
+  std::deque<komputed::v1::EvalRequest> outgoing_;  // guarded by out_mu_: not sent yet
+  bool stop_writer_ = false;                        // guarded by out_mu_
+  bool writer_running_ = false;                     // guarded by out_mu_
 
   std::mutex keepalive_mu_;
   std::condition_variable keepalive_cv_;
