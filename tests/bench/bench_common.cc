@@ -95,6 +95,7 @@ void RunKpAsync(benchmark::State& state, std::vector<KpTiny>& lanes, const char*
       lane.sequence->evalAsync();
     }
     size_t next = 0;
+    const ProcessUsage before = ProcessUsage::Now();
     for (auto _ : state) {
       KpTiny& lane = lanes[next];
       lane.sequence->evalAwait();
@@ -109,6 +110,10 @@ void RunKpAsync(benchmark::State& state, std::vector<KpTiny>& lanes, const char*
       next = next + 1 == k ? 0 : next + 1;
     }
     state.SetItemsProcessed(state.iterations());
+    if (state.iterations() > 0) {
+      state.counters[kProcessCpuPerEval] = (ProcessUsage::Now().cpu_seconds - before.cpu_seconds) *
+                                           1e6 / static_cast<double>(state.iterations());
+    }
   } catch (const kp::Error& e) {
     state.SkipWithError(absl::StrCat(what, ": ", e.what()).c_str());
   }

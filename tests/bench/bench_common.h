@@ -81,7 +81,9 @@ void RunKpTiny(benchmark::State& state, KpTiny& tiny, const char* what);
 
 // Pipelined asynchronous evals: every lane's sequence is evalAsync'ed, then each iteration awaits
 // the oldest (round robin), checks its result and submits it again, so that lanes.size() evals
-// are always in flight. One item per completed eval.
+// are always in flight. One item per completed eval; the counter kProcessCpuPerEval is the
+// process's CPU time (every thread: client, an in-process daemon, the driver's) per eval, in us.
+inline constexpr char kProcessCpuPerEval[] = "process_cpu_us";
 void RunKpAsync(benchmark::State& state, std::vector<KpTiny>& lanes, const char* what);
 
 // `bytes` (a multiple of 4) through kp: eval<OpTensorSyncDevice> / eval<OpTensorSyncLocal> on an

@@ -1302,8 +1302,17 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   std::cout << "tcp loopback 256 MiB: " << GBps(tcp) << "\n";
   std::cout << "tiny eval, mean: in-process " << Micros(tiny_in) << ", remote "
             << Micros(tiny_remote) << " (in-process + ping " << Micros(Sum(tiny_in, ping)) << ")\n";
+  const auto async_unbatched = r.MeanItemsPerSecond(kb::kAsyncRemoteUnbatched);
+  auto cpu_per_eval = [&](const char* name) {
+    const std::optional<double> v = r.MeanCounter(name, kb::kProcessCpuPerEval);
+    return v.has_value() ? absl::StrFormat("%.1f us", *v) : std::string("n/a");
+  };
   std::cout << "async evals (" << g_env->config.async_depth << " in flight): in-process "
-            << PerSecond(async_in) << ", remote " << PerSecond(async_remote) << "\n";
+            << PerSecond(async_in) << ", remote " << PerSecond(async_remote)
+            << ", remote without batches " << PerSecond(async_unbatched) << "\n";
+  std::cout << "process CPU per async eval: in-process " << cpu_per_eval(kb::kAsyncInprocess)
+            << ", remote " << cpu_per_eval(kb::kAsyncRemote) << ", remote without batches "
+            << cpu_per_eval(kb::kAsyncRemoteUnbatched) << " (client and daemon together)\n";
   std::cout << "upload 256 MiB: remote " << GBps(up_remote) << ", kp in-process "
             << GBps(r.MeanBytesPerSecond(kUploadKp)) << "\n";
   std::cout << "download 256 MiB: remote " << GBps(down_remote) << ", kp in-process "
@@ -1338,6 +1347,8 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   met &= PrintRatio("tls/plain (remote tiny eval)", Ratio(tiny_tls, tiny_remote), true, 1.20);
   met &= PrintRatio("remote/in-process (async evals per second)", Ratio(async_remote, async_in),
                     false, 0.5);
+  PrintInfoRatio("batched/unbatched (remote async evals per second)",
+                 Ratio(async_remote, async_unbatched));
   met &= PrintRatio("remote/tcp_loopback (upload 256 MiB throughput)", Ratio(up_remote, tcp), false,
                     0.50);
   met &= PrintRatio("remote/tcp_loopback (download 256 MiB throughput)", Ratio(down_remote, tcp),

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -201,6 +202,8 @@ struct RemoteBench::State {
   KpTiny tiny_remote;
   std::vector<KpTiny> async_inprocess;
   std::vector<KpTiny> async_remote;
+  std::unique_ptr<kp::Manager> remote_unbatched;  // KOMPUTED_EXECUTE_BATCHES=0 as it opened
+  std::vector<KpTiny> async_remote_unbatched;
   // The same-host daemon (a Unix socket, shared memory) and its client.
   std::unique_ptr<komputed::server::Server> same_host_server;
   std::unique_ptr<kp::Manager> same_host;
@@ -213,6 +216,8 @@ RemoteBench::RemoteBench(std::unique_ptr<State> state) : s_(std::move(state)) {}
 RemoteBench::~RemoteBench() {
   if (s_ == nullptr) return;
   s_->async_remote.clear();
+  s_->async_remote_unbatched.clear();
+  s_->remote_unbatched.reset();
   s_->async_same_host.clear();
   s_->tiny_same_host = KpTiny{};
   s_->same_host.reset();
@@ -339,15 +344,29 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
     s->same_host = std::make_unique<kp::Manager>(s->same_host_server->address());
     s->tiny_same_host = MakeKpTiny(*s->same_host, s->config.tiny_spirv);
     s->tiny_same_host.sequence->eval();
+    {
+      // The client reads the setting as its session opens.
+      const char* was = std::getenv("KOMPUTED_EXECUTE_BATCHES");
+      const std::string saved = was != nullptr ? was : "";
+      setenv("KOMPUTED_EXECUTE_BATCHES", "0", 1);
+      s->remote_unbatched = std::make_unique<kp::Manager>(s->address);
+      if (was != nullptr) {
+        setenv("KOMPUTED_EXECUTE_BATCHES", saved.c_str(), 1);
+      } else {
+        unsetenv("KOMPUTED_EXECUTE_BATCHES");
+      }
+    }
     for (uint32_t i = 0; i < s->config.async_depth; ++i) {
       s->async_inprocess.push_back(MakeKpTiny(*inprocess, s->config.tiny_spirv));
       s->async_remote.push_back(MakeKpTiny(*s->remote, s->config.tiny_spirv));
+      s->async_remote_unbatched.push_back(MakeKpTiny(*s->remote_unbatched, s->config.tiny_spirv));
       s->async_same_host.push_back(MakeKpTiny(*s->same_host, s->config.tiny_spirv));
     }
     for (KpTiny& t : s->async_same_host) t.sequence->eval();
     // Warm up: every remote sequence sent once (its recording travels with its first eval).
     s->tiny_remote.sequence->eval();
     for (KpTiny& t : s->async_remote) t.sequence->eval();
+    for (KpTiny& t : s->async_remote_unbatched) t.sequence->eval();
   } catch (const kp::Error& e) {
     return absl::Status(static_cast<absl::StatusCode>(e.code()), e.what());
   }
@@ -472,6 +491,14 @@ void RemoteBench::RegisterLatencyBenchmarks() {
   benchmark::RegisterBenchmark(
       kAsyncRemote,
       [s](benchmark::State& state) { RunKpAsync(state, s->async_remote, kAsyncRemote); })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(kAsyncRemoteUnbatched,
+                               [s](benchmark::State& state) {
+                                 RunKpAsync(state, s->async_remote_unbatched,
+                                            kAsyncRemoteUnbatched);
+                               })
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);

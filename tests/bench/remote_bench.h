@@ -33,6 +33,9 @@ inline constexpr char kTinyEvalToken[] = "tiny_eval/remote_token";
 inline constexpr char kTinyEvalTls[] = "tiny_eval/remote_tls";
 inline constexpr char kAsyncInprocess[] = "async_evals/inprocess";
 inline constexpr char kAsyncRemote[] = "async_evals/remote";
+// The same with the Execute stream's batches turned off in the client (KOMPUTED_EXECUTE_BATCHES=0):
+// one eval per request, one event per message.
+inline constexpr char kAsyncRemoteUnbatched[] = "async_evals/remote_unbatched";
 inline constexpr char kUploadRemote[] = "upload_256MiB/remote";
 inline constexpr char kDownloadRemote[] = "download_256MiB/remote";
 // The same on a daemon reached over a Unix socket, the tensors' host data in shared memory.
