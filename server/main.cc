@@ -104,9 +104,10 @@ ABSL_FLAG(uint64_t, grpc_memory_bytes, uint64_t{1} << 30,
           "pressure it shrinks flow-control windows, past it streams are cancelled "
           "(RESOURCE_EXHAUSTED); at least 4 times --max_message_bytes; 0: no bound");
 ABSL_FLAG(int, execute_window, 64,
-          "requests of one Execute stream that may be evaluating or waiting for their event to "
-          "be written; while it is full the stream's next request is not read (gRPC's flow "
-          "control holds the client back)");
+          "evals of one Execute stream that may be evaluating or waiting for their event to be "
+          "written; while it is full the stream's next request is not read (gRPC's flow "
+          "control holds the client back); a request read carries at most 64 evals, so a "
+          "stream may hold up to 63 beyond it");
 ABSL_FLAG(std::string, tenants_file, "",
           "YAML file of the tenants allowed to call (name, token_sha256, certificate_names, "
           "admin, quota); read again on SIGHUP and when it changes; empty: no tenants (callers "

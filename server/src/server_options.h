@@ -96,8 +96,9 @@ struct ServerOptions {
   // cancels streams (RESOURCE_EXHAUSTED) rather than grow. 0: no bound; else at least
   // 4 * max_message_bytes.
   uint64_t grpc_memory_bytes = uint64_t{1} << 30;
-  // Execute: requests of one stream that are being evaluated or whose events are not written yet,
-  // at most. While the window is full the stream's next request is not read, so that a client
+  // Execute: evals of one stream that are being evaluated or whose events are not written yet,
+  // at most (a request carries up to 64 evals: one read when the window had room may take it up
+  // to 63 past). While the window is full the stream's next request is not read, so that a client
   // that does not read its events is held back by gRPC's flow control instead of growing the
   // daemon's memory.
   int execute_window = 64;
