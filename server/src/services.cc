@@ -276,12 +276,17 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
 
 // Execute: each request runs like Eval; its event is written when it completes.
 //
-// Backpressure: the stream's window (ServerOptions::execute_window) bounds its requests that are
-// being evaluated (pending_) or whose events wait to be written (events_, and current_ while it is
-// written). The next request is read only while the window has room: a full window leaves the
-// read unstarted (read_paused_) until a completion or a finished write makes room, so that a
-// client that sends without reading its events is held back by gRPC's flow control, and the
-// daemon holds at most a window of events per stream.
+// Backpressure: the stream's window (ServerOptions::execute_window) bounds its evals that are
+// being evaluated (pending_) or whose events wait to be written (events_, and the current_events_
+// of the write in flight). The next request is read only while the window has room: a full window
+// leaves the read unstarted (read_paused_) until a completion or a finished write makes room, so
+// that a client that sends without reading its events is held back by gRPC's flow control, and
+// the daemon holds at most a window of events per stream, and up to kMaxExecuteBatch - 1 more
+// from the request read last.
+//
+// Batches: a request carries up to kMaxExecuteBatch evals (eval and more_evals), each submitted
+// in order as if it had come alone; a client that set batched_events gets the events that are
+// ready when a write starts in one message (more_events), within batch_bytes_.
 //
 // Lifetime: the reactor owns everything the stream needs and is deleted in OnDone, which gRPC
 // calls only after Finish. Finish is called only once (a) the client has stopped sending (half
@@ -296,11 +301,13 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
  public:
   ExecuteReactor(SessionManager* sessions, const Authenticator* auth,
                  const grpc::CallbackServerContext* context, absl::StatusOr<Caller> caller,
-                 int window, Metrics* metrics)
+                 int window, uint64_t max_message_bytes, Metrics* metrics)
       : sessions_(sessions),
         auth_(auth),
         context_(context),
         window_(window),
+        // Events written together stay well inside the daemon's own send limit.
+        batch_bytes_(std::min<uint64_t>(v1::wire::kMaxExecuteBatchBytes, max_message_bytes / 2)),
         queued_bytes_gauge_(&metrics->execute_queued_bytes()),
         requests_read_(&metrics->execute_messages_total("upload")),
         events_written_(&metrics->execute_messages_total("download")),
@@ -356,6 +363,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
       writing_ = false;
       Unqueue(current_bytes_);
       current_bytes_ = 0;
+      current_events_ = 0;
       current_.reset();
       if (!ok) Drop();  // the stream is broken: nobody will read further events
       next = NextStepLocked();
@@ -484,8 +492,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
 
   // Whether another request fits in the window. A dropping stream reads on: its reads fail at once.
   bool RoomLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    const size_t held =
-        static_cast<size_t>(pending_) + events_.size() + static_cast<size_t>(writing_);
+    const size_t held = static_cast<size_t>(pending_) + events_.size() + current_events_;
     return dropping_ || held < static_cast<size_t>(window_);
   }
 
@@ -506,12 +513,16 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
       current_ = std::move(events_.front().event);
       current_bytes_ = events_.front().bytes;
       events_.pop_front();
-      // The events that are ready go together to a client that reads batches.
-      while (batched_events_ && !events_.empty() &&
-             static_cast<size_t>(current_->more_events_size()) + 1 < v1::wire::kMaxExecuteBatch &&
-             current_bytes_ + events_.front().bytes <= v1::wire::kMaxExecuteBatchBytes) {
+      current_events_ = 1;
+      // The events that are ready go together to a client that reads batches (each packed one
+      // also costs its field's tag and length).
+      uint64_t packed = current_bytes_;
+      while (batched_events_ && !events_.empty() && current_events_ < v1::wire::kMaxExecuteBatch &&
+             packed + events_.front().bytes + 16 <= batch_bytes_) {
         current_->add_more_events()->Swap(events_.front().event.get());
         current_bytes_ += events_.front().bytes;
+        packed += events_.front().bytes + 16;
+        ++current_events_;
         events_.pop_front();
       }
       step.write = current_.get();
@@ -539,6 +550,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   const Authenticator* const auth_;
   const grpc::CallbackServerContext* const context_;  // valid until OnDone
   const int window_;
+  const uint64_t batch_bytes_;                   // bytes of the events written together, at most
   prometheus::Gauge* const queued_bytes_gauge_;  // komputed_execute_queued_bytes, all streams
   prometheus::Counter* const requests_read_;     // komputed_execute_messages_total
   prometheus::Counter* const events_written_;
@@ -552,6 +564,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   std::deque<Queued> events_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<v1::ExecuteEvent> current_ ABSL_GUARDED_BY(mu_);  // the write in flight
   uint64_t current_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t current_events_ ABSL_GUARDED_BY(mu_) = 0;  // in the write in flight
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;  // the next read waits for room in the window
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
@@ -825,7 +838,8 @@ grpc::ServerUnaryReactor* SequencesService::GetTimestamps(grpc::CallbackServerCo
 grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent>* SequencesService::Execute(
     grpc::CallbackServerContext* context) {
   return new ExecuteReactor(ctx_.sessions, ctx_.auth, context, ctx_.auth->Authenticate(*context),
-                            ctx_.options->execute_window, ctx_.metrics);
+                            ctx_.options->execute_window,
+                            static_cast<uint64_t>(ctx_.options->max_message_bytes), ctx_.metrics);
 }
 
 }  // namespace komputed::server

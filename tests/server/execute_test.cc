@@ -145,6 +145,45 @@ TEST_F(ExecuteTest, ARequestOfTooManyEvalsFailsEachOfThemAndRunsNone) {
   std::printf("66 events in %d messages\n", messages);
 }
 
+// A daemon whose messages are small: events written together stay within its send limit (a
+// write past it would fail and end the stream).
+class ExecuteSmallMessagesTest : public ExecuteTest {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions o = ExecuteTest::Options();
+    o.max_message_bytes = 48 << 10;  // three 16 KiB events would not fit in one
+    return o;
+  }
+};
+
+TEST_F(ExecuteSmallMessagesTest, EventsWrittenTogetherStayWithinTheMessageLimit) {
+  grpc::ClientContext ctx;
+  auto stream = client_->sequences->Execute(&ctx);
+  constexpr int kRounds = 30;
+  int more = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    const uint64_t base = 1000 + 10 * round;
+    for (int p = 0; p < 4; ++p) {  // a request each: two would not fit in one message either
+      v1::ExecuteRequest request = Request(base + p, p);
+      request.set_batched_events(true);
+      ASSERT_TRUE(stream->Write(request)) << "round " << round;
+    }
+    std::map<uint64_t, v1::ExecuteEvent> events;
+    v1::ExecuteEvent event;
+    while (events.size() < 4) {
+      ASSERT_TRUE(stream->Read(&event)) << "the stream ended in round " << round;
+      more += event.more_events_size();
+      for (const v1::ExecuteEvent& m : event.more_events()) events.emplace(m.request_id(), m);
+      event.clear_more_events();
+      events.emplace(event.request_id(), event);
+    }
+    for (int p = 0; p < 4; ++p) ExpectResult(events.at(base + p), p);
+  }
+  stream->WritesDone();
+  EXPECT_THAT(stream->Finish(), IsOk());
+  EXPECT_EQ(more, 0) << "16 KiB events went together under a 24 KiB batch";
+}
+
 TEST_F(ExecuteTest, ManyEvalsInFlightStayCorrect) {
   grpc::ClientContext ctx;
   auto stream = client_->sequences->Execute(&ctx);

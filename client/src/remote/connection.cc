@@ -522,6 +522,12 @@ grpc::Status Connection::CloseStreamLocked() {
   out_cv_.notify_all();
   if (writer_.joinable()) writer_.join();
   if (reader_.joinable()) reader_.join();
+  {
+    // What was queued but never sent was registered before the reader failed what was pending
+    // (it failed these too): none of it may go out on the next stream.
+    std::lock_guard<std::mutex> lock(out_mu_);
+    outgoing_.clear();
+  }
   std::optional<grpc::Status> finished;
   {
     std::lock_guard<std::mutex> lock(pending_mu_);
