@@ -346,8 +346,11 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
         for (const v1::EvalRequest& eval : request_.more_evals()) Refuse(eval, refused);
       } else {
         // Each reads everything it needs from request_ before the next read replaces it.
-        Submit(request_.eval());
-        for (const v1::EvalRequest& eval : request_.more_evals()) Submit(eval);
+        // Each request is authenticated again: a token revoked by a reload of the tenants file
+        // ends the stream's work from its next request on, not only new calls.
+        const absl::StatusOr<Caller> caller = auth_->Authenticate(*context_);
+        Submit(request_.eval(), caller);
+        for (const v1::EvalRequest& eval : request_.more_evals()) Submit(eval, caller);
       }
       absl::MutexLock lock(&mu_);
       read_paused_ = true;  // the next read starts now if the window has room, else later
@@ -408,17 +411,15 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
     Complete(std::move(event), why);
   }
 
-  // Runs one eval; its event is queued from the completion callback (possibly at once).
-  void Submit(const v1::EvalRequest& eval) {
+  // Runs one eval as the caller `now` (the request's); its event is queued from the completion
+  // callback (possibly at once).
+  void Submit(const v1::EvalRequest& eval, const absl::StatusOr<Caller>& now) {
     auto event = std::make_shared<v1::ExecuteEvent>();
     event->set_request_id(eval.request_id());
     {
       absl::MutexLock lock(&mu_);
       ++pending_;
     }
-    // Each request is authenticated again: a token revoked by a reload of the tenants file ends
-    // the stream's work from its next request on, not only new calls.
-    absl::StatusOr<Caller> now = auth_->Authenticate(*context_);
     absl::StatusOr<std::shared_ptr<Session>> session =
         now.ok() ? Bind(eval.session_id(), *now) : now.status();
     if (!session.ok()) {
