@@ -342,6 +342,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
         const absl::Status refused = absl::InvalidArgumentError(
             absl::StrCat("an Execute request carries ", evals, " evals; at most ",
                          v1::wire::kMaxExecuteBatch, " in one request"));
+        LogFailure("Execute", request_.eval().session_id(), "", refused);  // once, not per eval
         Refuse(request_.eval(), refused);
         for (const v1::EvalRequest& eval : request_.more_evals()) Refuse(eval, refused);
       } else {
@@ -407,7 +408,6 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
       absl::MutexLock lock(&mu_);
       ++pending_;
     }
-    LogFailure("Execute", eval.session_id(), "", why);
     Complete(std::move(event), why);
   }
 
