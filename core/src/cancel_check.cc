@@ -281,8 +281,7 @@ absl::Status Rewriter::Rewrite(const CancelCheckOptions& options) {
     if (op == kOpCapability && inst.size() >= 2 && inst[1] == kCapabilityVulkanMemoryModel) {
       vulkan_memory_model = true;
     }
-    if (op == kOpExtension && std::vector<uint32_t>(inst.begin() + 1, inst.end()) ==
-                                  Literal("SPV_KHR_storage_buffer_storage_class")) {
+    if (op == kOpExtension && LiteralString(inst, 1) == "SPV_KHR_storage_buffer_storage_class") {
       has_storage_buffer_ext = true;
     }
     if (op == kOpEntryPoint && inst.size() >= 3 && inst[1] == kGLCompute) {

@@ -1,5 +1,7 @@
 #include "spirv_edit.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace komputed::core::spirv {
@@ -33,10 +35,31 @@ std::vector<uint32_t> Literal(absl::string_view s) {
   return words;
 }
 
+std::string LiteralString(const Inst& inst, size_t from) {
+  std::string s;
+  for (size_t i = from; i < inst.size(); ++i) {
+    for (int b = 0; b < 4; ++b) {
+      const char c = static_cast<char>((inst[i] >> (8 * b)) & 0xff);
+      if (c == '\0') return s;
+      s.push_back(c);
+    }
+  }
+  return s;
+}
+
 size_t InterfaceStart(const Inst& entry_point) {
+  // The name ends with the first word that holds a NUL byte: the bytes after the NUL are padding,
+  // which a module need not zero (the validator does not check them). A name without a NUL
+  // leaves no interface.
+  auto holds_nul = [](uint32_t word) {
+    for (int b = 0; b < 4; ++b) {
+      if (((word >> (8 * b)) & 0xff) == 0) return true;
+    }
+    return false;
+  };
   size_t at = 3;
-  while (at < entry_point.size() && (entry_point[at] >> 24) != 0) ++at;
-  return at + 1;
+  while (at < entry_point.size() && !holds_nul(entry_point[at])) ++at;
+  return std::min(at + 1, entry_point.size());
 }
 
 absl::Status EditableModule::Parse(absl::Span<const uint32_t> spirv) {

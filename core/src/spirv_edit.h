@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -63,6 +64,9 @@ void Append(Inst& inst, std::initializer_list<uint32_t> operands);
 std::vector<uint32_t> Literal(absl::string_view s);
 // Where an OpEntryPoint's interface ids begin (after its NUL-terminated name).
 size_t InterfaceStart(const Inst& entry_point);
+// The literal string of `inst` that begins at word `from`: its bytes up to the first NUL (or the
+// instruction's end), whatever the padding after the NUL holds.
+std::string LiteralString(const Inst& inst, size_t from);
 
 struct Block {
   uint32_t label = 0;

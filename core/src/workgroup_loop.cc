@@ -224,9 +224,7 @@ absl::Status Looper::Run() {
     const uint32_t op = Opcode(inst);
     if (op == kOpEntryPoint && inst.size() >= 4) {
       ++entry_points;
-      if (inst[1] == kGLCompute &&
-          std::vector<uint32_t>(inst.begin() + 3, inst.begin() + InterfaceStart(inst)) ==
-              Literal("main")) {
+      if (inst[1] == kGLCompute && LiteralString(inst, 3) == "main") {
         entry_point = &inst;
         entry_ = inst[2];
       }

@@ -267,6 +267,26 @@ TEST(WorkgroupLoop, BadOptionsAndModulesAreRefused) {
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+// A string literal's padding after its NUL need not be zero: the validator takes "main" padded
+// with a non-zero byte, and the rewrites read the name and the interface after it as it does.
+TEST(WorkgroupLoop, AnEntryPointNamePaddedWithGarbageIsReadAsTheValidatorReadsIt) {
+  std::vector<uint32_t> spirv = Compile(kIdsShader);
+  size_t at = 5;
+  while (at < spirv.size() && (spirv[at] & 0xffff) != 15) at += spirv[at] >> 16;  // OpEntryPoint
+  ASSERT_LT(at, spirv.size());
+  ASSERT_EQ(spirv[at + 3], 0x6e69616du);  // "main"
+  ASSERT_EQ(spirv[at + 4], 0u);           // its NUL and padding
+  spirv[at + 4] = 0xfd000000u;            // the NUL, then a padding byte that is not zero
+  const uint32_t api = TestDevice()->properties().apiVersion;
+  ASSERT_OK(ValidateSpirv(spirv, api));
+  ASSERT_OK_AND_ASSIGN(LoopedModule looped, LoopOverWorkgroups(spirv, {{9, 2, 3}, 4}));
+  absl::Status valid = ValidateSpirv(looped.spirv, api);
+  EXPECT_TRUE(valid.ok()) << valid;
+  ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> stoppable, AddCancelChecks(spirv));
+  valid = ValidateSpirv(stoppable, api);
+  EXPECT_TRUE(valid.ok()) << valid;
+}
+
 TEST(WorkgroupLoop, ADeviceOfGivenSlotsLoopsLargeDispatchesByItself) {
   DeviceOptions options;
   options.dispatch_share = 0.5;

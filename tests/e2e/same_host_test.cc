@@ -217,7 +217,6 @@ TEST(ExecuteBatches, AsyncEvalsOnTheStreamGoSeveralToAMessage) {
       // Eight evals go out at once each round: while the client's writer sends one request, the
       // others gather for the next.
       EXPECT_LT(requests, evals);
-      EXPECT_LE(events, evals);
     } else {
       EXPECT_EQ(requests, evals);
       EXPECT_EQ(events, evals);
