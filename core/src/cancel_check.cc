@@ -579,12 +579,7 @@ absl::StatusOr<std::shared_ptr<CancelWord>> CancelWord::Create(std::shared_ptr<D
     word->slab_ = std::move(slab);
   }
   word->offset_ = word->slot_ * word->slab_->slot_bytes;
-  // A slot handed out before may have been set.
-  uint32_t* words = word->words();
-  for (uint32_t c = 0; c < kCancelWordCopies; ++c) {
-    std::atomic_ref<uint32_t>(words[c * (kCancelWordStrideBytes / 4)])
-        .store(0, std::memory_order_seq_cst);
-  }
+  word->Store(0);  // a slot handed out before may have been set
   return word;
 }
 
@@ -600,13 +595,15 @@ uint32_t* CancelWord::words() const {
   return reinterpret_cast<uint32_t*>(static_cast<char*>(slab_->buffer.mapped()) + offset_);
 }
 
-void CancelWord::Set() {
+void CancelWord::Store(uint32_t value) {
   uint32_t* words = this->words();
   for (uint32_t c = 0; c < kCancelWordCopies; ++c) {
     std::atomic_ref<uint32_t>(words[c * (kCancelWordStrideBytes / 4)])
-        .store(1, std::memory_order_seq_cst);
+        .store(value, std::memory_order_seq_cst);
   }
 }
+
+void CancelWord::Set() { Store(1); }
 
 bool CancelWord::set() const {
   return std::atomic_ref<uint32_t>(*words()).load(std::memory_order_seq_cst) != 0;

@@ -35,11 +35,11 @@ std::vector<uint32_t> Literal(absl::string_view s) {
   return words;
 }
 
-std::string LiteralString(const Inst& inst, size_t from) {
+std::string LiteralString(absl::Span<const uint32_t> words, size_t from) {
   std::string s;
-  for (size_t i = from; i < inst.size(); ++i) {
+  for (size_t i = from; i < words.size(); ++i) {
     for (int b = 0; b < 4; ++b) {
-      const char c = static_cast<char>((inst[i] >> (8 * b)) & 0xff);
+      const char c = static_cast<char>((words[i] >> (8 * b)) & 0xff);
       if (c == '\0') return s;
       s.push_back(c);
     }
@@ -48,18 +48,9 @@ std::string LiteralString(const Inst& inst, size_t from) {
 }
 
 size_t InterfaceStart(const Inst& entry_point) {
-  // The name ends with the first word that holds a NUL byte: the bytes after the NUL are padding,
-  // which a module need not zero (the validator does not check them). A name without a NUL
-  // leaves no interface.
-  auto holds_nul = [](uint32_t word) {
-    for (int b = 0; b < 4; ++b) {
-      if (((word >> (8 * b)) & 0xff) == 0) return true;
-    }
-    return false;
-  };
-  size_t at = 3;
-  while (at < entry_point.size() && !holds_nul(entry_point[at])) ++at;
-  return std::min(at + 1, entry_point.size());
+  // The name's words: up to the one that holds its NUL, whatever padding follows the NUL there.
+  // A name without a NUL leaves no interface.
+  return std::min(3 + LiteralString(entry_point, 3).size() / 4 + 1, entry_point.size());
 }
 
 absl::Status EditableModule::Parse(absl::Span<const uint32_t> spirv) {

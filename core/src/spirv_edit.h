@@ -64,9 +64,10 @@ void Append(Inst& inst, std::initializer_list<uint32_t> operands);
 std::vector<uint32_t> Literal(absl::string_view s);
 // Where an OpEntryPoint's interface ids begin (after its NUL-terminated name).
 size_t InterfaceStart(const Inst& entry_point);
-// The literal string of `inst` that begins at word `from`: its bytes up to the first NUL (or the
-// instruction's end), whatever the padding after the NUL holds.
-std::string LiteralString(const Inst& inst, size_t from);
+// The literal string of an instruction's `words` that begins at word `from`: its bytes up to the
+// first NUL (or the words' end), whatever the padding after the NUL holds, as the validator
+// reads it.
+std::string LiteralString(absl::Span<const uint32_t> words, size_t from);
 
 struct Block {
   uint32_t label = 0;

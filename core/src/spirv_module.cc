@@ -5,6 +5,8 @@
 #include <spirv/unified1/spirv.hpp11>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/types/span.h"
+#include "spirv_edit.h"
 
 namespace komputed::core {
 namespace {
@@ -25,19 +27,6 @@ uint64_t SatAdd(uint64_t a, uint64_t b) {
 uint64_t SatMul(uint64_t a, uint64_t b) {
   if (a == 0 || b == 0) return 0;
   return a > SpirvModule::kUnknown / b ? SpirvModule::kUnknown : a * b;
-}
-
-// A literal string of an instruction: the bytes of words [from, end) up to the first NUL.
-std::string LiteralString(const uint32_t* words, size_t from, size_t end) {
-  std::string s;
-  for (size_t i = from; i < end; ++i) {
-    for (int b = 0; b < 4; ++b) {
-      const char c = static_cast<char>((words[i] >> (8 * b)) & 0xff);
-      if (c == '\0') return s;
-      s.push_back(c);
-    }
-  }
-  return s;
 }
 
 // Calls f(opcode, words, word_count) for each instruction after the header; stops at the first
@@ -334,10 +323,11 @@ SpirvModule SpirvModule::Parse(absl::Span<const uint32_t> spirv) {
         if (n >= 2) m.capabilities_.push_back(w[1]);
         return;
       case spv::Op::OpExtension:
-        m.extensions_.push_back(LiteralString(w, 1, n));
+        m.extensions_.push_back(spirv::LiteralString(absl::MakeConstSpan(w, n), 1));
         return;
       case spv::Op::OpExtInstImport:
-        if (n >= 3) m.ext_inst_imports_.push_back(LiteralString(w, 2, n));
+        if (n >= 3)
+          m.ext_inst_imports_.push_back(spirv::LiteralString(absl::MakeConstSpan(w, n), 2));
         return;
       case spv::Op::OpMemoryModel:
         if (n >= 3) {
@@ -350,14 +340,16 @@ SpirvModule SpirvModule::Parse(absl::Span<const uint32_t> spirv) {
         }
         return;
       case spv::Op::OpEntryPoint:
-        if (n >= 4) m.entry_points_.push_back({w[1], w[2], LiteralString(w, 3, n)});
+        if (n >= 4)
+          m.entry_points_.push_back(
+              {w[1], w[2], spirv::LiteralString(absl::MakeConstSpan(w, n), 3)});
         return;
       case spv::Op::OpExecutionMode:
       case spv::Op::OpExecutionModeId:
         if (n >= 6) modes.push_back({w[1], w[2], {w[3], w[4], w[5]}});
         return;
       case spv::Op::OpName:
-        if (n >= 3) names[w[1]] = LiteralString(w, 2, n);
+        if (n >= 3) names[w[1]] = spirv::LiteralString(absl::MakeConstSpan(w, n), 2);
         return;
       case spv::Op::OpDecorate: {
         if (n < 3) return;

@@ -307,7 +307,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
         context_(context),
         window_(window),
         // Events written together stay well inside the daemon's own send limit.
-        batch_bytes_(std::min<uint64_t>(v1::wire::kMaxExecuteBatchBytes, max_message_bytes / 2)),
+        batch_bytes_(v1::wire::ExecuteBatchBytes(max_message_bytes)),
         queued_bytes_gauge_(&metrics->execute_queued_bytes()),
         requests_read_(&metrics->execute_messages_total("upload")),
         events_written_(&metrics->execute_messages_total("download")),
@@ -400,26 +400,22 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
     uint64_t bytes = 0;
   };
 
-  // Answers one eval of a refused request with `why`, running nothing.
-  void Refuse(const v1::EvalRequest& eval, const absl::Status& why) {
+  // The event of `eval`, counted as pending until Complete takes it.
+  std::shared_ptr<v1::ExecuteEvent> Pend(const v1::EvalRequest& eval) {
     auto event = std::make_shared<v1::ExecuteEvent>();
     event->set_request_id(eval.request_id());
-    {
-      absl::MutexLock lock(&mu_);
-      ++pending_;
-    }
-    Complete(std::move(event), why);
+    absl::MutexLock lock(&mu_);
+    ++pending_;
+    return event;
   }
+
+  // Answers one eval of a refused request with `why`, running nothing.
+  void Refuse(const v1::EvalRequest& eval, const absl::Status& why) { Complete(Pend(eval), why); }
 
   // Runs one eval as the caller `now` (the request's); its event is queued from the completion
   // callback (possibly at once).
   void Submit(const v1::EvalRequest& eval, const absl::StatusOr<Caller>& now) {
-    auto event = std::make_shared<v1::ExecuteEvent>();
-    event->set_request_id(eval.request_id());
-    {
-      absl::MutexLock lock(&mu_);
-      ++pending_;
-    }
+    std::shared_ptr<v1::ExecuteEvent> event = Pend(eval);
     absl::StatusOr<std::shared_ptr<Session>> session =
         now.ok() ? Bind(eval.session_id(), *now) : now.status();
     if (!session.ok()) {
@@ -517,12 +513,12 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
       current_events_ = 1;
       // The events that are ready go together to a client that reads batches (each packed one
       // also costs its field's tag and length).
-      uint64_t packed = current_bytes_;
       while (batched_events_ && !events_.empty() && current_events_ < v1::wire::kMaxExecuteBatch &&
-             packed + events_.front().bytes + 16 <= batch_bytes_) {
+             current_bytes_ + current_events_ * v1::wire::kExecuteBatchEntryBytes +
+                     events_.front().bytes <=
+                 batch_bytes_) {
         current_->add_more_events()->Swap(events_.front().event.get());
         current_bytes_ += events_.front().bytes;
-        packed += events_.front().bytes + 16;
         ++current_events_;
         events_.pop_front();
       }

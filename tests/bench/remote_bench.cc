@@ -13,7 +13,6 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -25,6 +24,7 @@
 #include "eval_stages.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "server.h"
+#include "support/scoped_env.h"
 #include "support/test_certs.h"
 #include "tenants.h"
 
@@ -346,15 +346,8 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
     s->tiny_same_host.sequence->eval();
     {
       // The client reads the setting as its session opens.
-      const char* was = std::getenv("KOMPUTED_EXECUTE_BATCHES");
-      const std::string saved = was != nullptr ? was : "";
-      setenv("KOMPUTED_EXECUTE_BATCHES", "0", 1);
+      const komputed::test_support::ScopedEnv unbatched("KOMPUTED_EXECUTE_BATCHES", "0");
       s->remote_unbatched = std::make_unique<kp::Manager>(s->address);
-      if (was != nullptr) {
-        setenv("KOMPUTED_EXECUTE_BATCHES", saved.c_str(), 1);
-      } else {
-        unsetenv("KOMPUTED_EXECUTE_BATCHES");
-      }
     }
     for (uint32_t i = 0; i < s->config.async_depth; ++i) {
       s->async_inprocess.push_back(MakeKpTiny(*inprocess, s->config.tiny_spirv));

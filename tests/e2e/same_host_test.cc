@@ -27,6 +27,7 @@
 #include "support/daemon_process.h"
 #include "support/metrics.h"
 #include "support/process.h"
+#include "support/raw_channel.h"
 #include "support/scoped_env.h"
 #include "support/stubs.h"
 
@@ -34,6 +35,7 @@ namespace {
 
 namespace v1 = komputed::v1;
 using komputed::test_support::DaemonProcess;
+using komputed::test_support::RawChannel;
 using komputed::test_support::Samples;
 using komputed::test_support::ScopedEnv;
 using komputed::test_support::Spawn;
@@ -471,78 +473,6 @@ TEST_F(SameHostWire, TensorsTakeOnlyTheirOwnRegionsAsTheyFit) {
   }
   EXPECT_EQ(MappingsAfterRelease(d_.daemon().pid()), 0);
 }
-
-// A connection to the daemon's shared-memory socket, for channel records by hand.
-class RawChannel {
- public:
-  explicit RawChannel(const std::string& name) {
-    absl::StatusOr<int> fd = v1::wire::ConnectSharedMemory(name);
-    connected_ = fd.ok();
-    fd_ = fd.ok() ? *fd : -1;
-  }
-  ~RawChannel() { close(fd_); }
-  bool connected() const { return connected_; }
-
-  // Sends `record` (with `fd` when not -1) and returns the decoded answer; UNAVAILABLE when the
-  // daemon closed the connection without one.
-  absl::StatusOr<std::string> Ask(const std::string& record, int fd = -1) {
-    iovec iov{const_cast<char*>(record.data()), record.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    if (fd >= 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    }
-    if (sendmsg(fd_, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(record.size())) {
-      return absl::UnavailableError("send failed");
-    }
-    return Answer();
-  }
-  absl::StatusOr<std::string> Answer() {
-    absl::StatusOr<std::string> record = Record();
-    if (!record.ok()) return record.status();
-    return v1::wire::DecodeChannelReply(*record);
-  }
-  // The next record as it came.
-  absl::StatusOr<std::string> Record() {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, 10000) <= 0) return absl::DeadlineExceededError("no answer");
-    std::string buf(v1::wire::kMaxChannelRecord + 1, '\0');
-    const ssize_t n = recv(fd_, buf.data(), buf.size(), 0);
-    if (n <= 0) return absl::UnavailableError("closed");
-    buf.resize(static_cast<size_t>(n));
-    return buf;
-  }
-  bool Send(const std::string& record) {
-    return send(fd_, record.data(), record.size(), MSG_NOSIGNAL) ==
-           static_cast<ssize_t>(record.size());
-  }
-  // The next submit answer: its status (or response bytes), and its id in `id`.
-  absl::StatusOr<std::string> SubmitAnswer(uint64_t* id) {
-    *id = 0;
-    absl::StatusOr<std::string> record = Record();
-    if (!record.ok()) return record.status();
-    return v1::wire::DecodeChannelSubmitReply(*record, id);
-  }
-  // Whether the daemon has closed the connection.
-  bool Closed() {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, 10000) <= 0) return false;
-    char c;
-    return recv(fd_, &c, 1, MSG_DONTWAIT) == 0;
-  }
-
- private:
-  int fd_ = -1;
-  bool connected_ = false;
-};
 
 std::string EvalRecord(const v1::EvalRequest& request) {
   return v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kEval, request.SerializeAsString());

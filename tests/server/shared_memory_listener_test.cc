@@ -4,9 +4,6 @@
 #include "shared_memory_listener.h"
 
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <functional>
 #include <memory>
@@ -19,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "komputed/v1/shared_memory_wire.h"
+#include "support/raw_channel.h"
 
 namespace komputed::server {
 namespace {
@@ -26,39 +24,7 @@ namespace {
 namespace wire = v1::wire;
 
 using Done = std::function<void(absl::StatusOr<std::string>)>;
-
-// One channel connection, as a client holds it.
-class Channel {
- public:
-  explicit Channel(const std::string& name) {
-    absl::StatusOr<int> fd = wire::ConnectSharedMemory(name);
-    fd_ = fd.ok() ? *fd : -1;
-  }
-  ~Channel() {
-    if (fd_ >= 0) close(fd_);
-  }
-  bool connected() const { return fd_ >= 0; }
-
-  bool Send(const std::string& record) {
-    return send(fd_, record.data(), record.size(), MSG_NOSIGNAL) ==
-           static_cast<ssize_t>(record.size());
-  }
-  // The next record, or an error once `wait` has passed without one.
-  absl::StatusOr<std::string> Next(absl::Duration wait = absl::Seconds(10)) {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(wait))) <= 0) {
-      return absl::DeadlineExceededError("no record came");
-    }
-    std::string buf(wire::kMaxChannelRecord + 1, '\0');
-    const ssize_t n = recv(fd_, buf.data(), buf.size(), 0);
-    if (n <= 0) return absl::UnavailableError("the listener closed the channel");
-    buf.resize(static_cast<size_t>(n));
-    return buf;
-  }
-
- private:
-  int fd_ = -1;
-};
+using test_support::RawChannel;
 
 class HeldEvals {
  public:
@@ -119,23 +85,20 @@ TEST(SharedMemoryListenerTest, AtMostSixtyFourSubmitsAreInFlightOnAChannel) {
   absl::StatusOr<std::unique_ptr<SharedMemoryListener>> listener =
       SharedMemoryListener::Start(evals.Handlers(ticket), 1);
   ASSERT_TRUE(listener.ok()) << listener.status();
-  Channel c((*listener)->name());
+  RawChannel c((*listener)->name());
   ASSERT_TRUE(c.connected());
-  ASSERT_TRUE(c.Send(wire::EncodeChannelRequest(wire::ChannelOp::kBind, ticket)));
-  absl::StatusOr<std::string> bound = c.Next();
+  absl::StatusOr<std::string> bound =
+      c.Ask(wire::EncodeChannelRequest(wire::ChannelOp::kBind, ticket));
   ASSERT_TRUE(bound.ok()) << bound.status();
-  ASSERT_TRUE(wire::DecodeChannelReply(*bound).ok());
 
   // The limit, all held: no answer yet; then two more, each refused at once with its id.
   constexpr uint64_t kLimit = wire::kMaxChannelSubmits;
   for (uint64_t id = 1; id <= kLimit + 2; ++id) {
     ASSERT_TRUE(c.Send(wire::EncodeChannelSubmit(id, "request " + std::to_string(id))));
   }
+  uint64_t id = 0;
   for (uint64_t want : {kLimit + 1, kLimit + 2}) {
-    absl::StatusOr<std::string> record = c.Next();
-    ASSERT_TRUE(record.ok()) << record.status();
-    uint64_t id = 0;
-    absl::StatusOr<std::string> answer = wire::DecodeChannelSubmitReply(*record, &id);
+    absl::StatusOr<std::string> answer = c.SubmitAnswer(&id);
     EXPECT_EQ(id, want);
     EXPECT_EQ(answer.status().code(), absl::StatusCode::kResourceExhausted) << answer.status();
     EXPECT_NE(answer.status().message().find("64 submits at once"), std::string::npos)
@@ -143,31 +106,25 @@ TEST(SharedMemoryListenerTest, AtMostSixtyFourSubmitsAreInFlightOnAChannel) {
   }
   ASSERT_TRUE(evals.AwaitHeld(kLimit));
   EXPECT_EQ(evals.held(), kLimit) << "the refused submits reached the daemon";
-  EXPECT_EQ(c.Next(absl::Milliseconds(100)).status().code(), absl::StatusCode::kDeadlineExceeded)
+  EXPECT_EQ(c.Record(absl::Milliseconds(100)).status().code(), absl::StatusCode::kDeadlineExceeded)
       << "an answer came for a submit still held";
 
   // One answered gives its place to the next submit: that one is taken, the one after refused.
   evals.Answer(4);
-  absl::StatusOr<std::string> record = c.Next();
-  ASSERT_TRUE(record.ok()) << record.status();
-  uint64_t id = 0;
-  absl::StatusOr<std::string> answer = wire::DecodeChannelSubmitReply(*record, &id);
+  absl::StatusOr<std::string> answer = c.SubmitAnswer(&id);
   EXPECT_EQ(id, 5u);
   ASSERT_TRUE(answer.ok()) << answer.status();
   EXPECT_EQ(*answer, "request 5");
   ASSERT_TRUE(c.Send(wire::EncodeChannelSubmit(100, "request 100")));
   ASSERT_TRUE(evals.AwaitHeld(kLimit + 1));
   ASSERT_TRUE(c.Send(wire::EncodeChannelSubmit(101, "request 101")));
-  record = c.Next();
-  ASSERT_TRUE(record.ok()) << record.status();
-  answer = wire::DecodeChannelSubmitReply(*record, &id);
+  answer = c.SubmitAnswer(&id);
   EXPECT_EQ(id, 101u);
   EXPECT_EQ(answer.status().code(), absl::StatusCode::kResourceExhausted) << answer.status();
 
   // Another channel of the same session has places of its own.
-  Channel other((*listener)->name());
-  ASSERT_TRUE(other.Send(wire::EncodeChannelRequest(wire::ChannelOp::kBind, ticket)));
-  ASSERT_TRUE(other.Next().ok());
+  RawChannel other((*listener)->name());
+  ASSERT_TRUE(other.Ask(wire::EncodeChannelRequest(wire::ChannelOp::kBind, ticket)).ok());
   ASSERT_TRUE(other.Send(wire::EncodeChannelSubmit(1, "other")));
   EXPECT_TRUE(evals.AwaitHeld(kLimit + 2));
   evals.AnswerAll();

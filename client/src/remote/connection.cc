@@ -396,13 +396,13 @@ void Connection::WriteStream(Stream* stream) {
     outgoing_.pop_front();
     // Within the daemon's message limit with room to spare (a request larger than the batch's
     // bytes goes alone).
-    const uint64_t batch_bytes =
-        std::min<uint64_t>(v1::wire::kMaxExecuteBatchBytes, max_message_bytes_ / 2);
+    const uint64_t batch_bytes = v1::wire::ExecuteBatchBytes(max_message_bytes_);
     uint64_t bytes = message.eval().ByteSizeLong();
     while (!outgoing_.empty() &&
-           static_cast<size_t>(message.more_evals_size()) + 1 < v1::wire::kMaxExecuteBatch &&
-           bytes + outgoing_.front().ByteSizeLong() + 16 <= batch_bytes) {
-      bytes += outgoing_.front().ByteSizeLong() + 16;  // and its field's tag and length
+           static_cast<size_t>(message.more_evals_size()) + 1 < v1::wire::kMaxExecuteBatch) {
+      const uint64_t more = outgoing_.front().ByteSizeLong() + v1::wire::kExecuteBatchEntryBytes;
+      if (bytes + more > batch_bytes) break;
+      bytes += more;
       *message.add_more_evals() = std::move(outgoing_.front());
       outgoing_.pop_front();
     }

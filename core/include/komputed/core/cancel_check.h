@@ -102,6 +102,8 @@ class CancelWord {
   // The first copy of the word in the slab's mapping; the others follow every
   // kCancelWordStrideBytes.
   uint32_t* words() const;
+  // Writes `value` to every copy of the word.
+  void Store(uint32_t value);
 
   std::shared_ptr<Slab> slab_;  // holds the device
   uint32_t slot_ = 0;
