@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <cstdint>
-#include <cstring>
 #include <string>
 
 #include "absl/status/status.h"
@@ -31,21 +30,7 @@ class RawChannel {
   // Sends `record` (with `fd` when not -1) and returns the decoded answer; UNAVAILABLE when the
   // daemon closed the connection without one.
   absl::StatusOr<std::string> Ask(const std::string& record, int fd = -1) {
-    iovec iov{const_cast<char*>(record.data()), record.size()};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    if (fd >= 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof(control);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    }
-    if (sendmsg(fd_, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(record.size())) {
+    if (!v1::wire::SendRecord(fd_, record.data(), record.size(), fd)) {
       return absl::UnavailableError("send failed");
     }
     return Answer();

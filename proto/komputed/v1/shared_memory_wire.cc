@@ -66,6 +66,24 @@ absl::StatusOr<int> ConnectSharedMemory(const std::string& socket_name) {
   return s;
 }
 
+bool SendRecord(int connection, const void* data, size_t size, int fd) {
+  iovec iov{const_cast<void*>(data), size};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  return sendmsg(connection, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(size);
+}
+
 absl::Status PassSharedMemory(const std::string& socket_name, absl::string_view ticket,
                               uint64_t region, int fd, uint64_t size, absl::Duration timeout) {
   if (ticket.size() != kSharedMemoryTicketSize) {
@@ -84,19 +102,7 @@ absl::Status PassSharedMemory(const std::string& socket_name, absl::string_view 
   std::memcpy(request.ticket, ticket.data(), kSharedMemoryTicketSize);
   request.region = region;
   request.size = size;
-  iovec iov{&request, sizeof(request)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  if (sendmsg(s, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(request))) {
+  if (!SendRecord(s, &request, sizeof(request), fd)) {
     return absl::UnavailableError(Errno("passing shared memory"));
   }
   pollfd p{s, POLLIN, 0};

@@ -40,6 +40,10 @@ absl::StatusOr<int> ConnectSharedMemory(const std::string& socket_name);
 absl::Status PassSharedMemory(const std::string& socket_name, absl::string_view ticket,
                               uint64_t region, int fd, uint64_t size, absl::Duration timeout);
 
+// Sends `size` bytes at `data` as one record on `connection`, with the descriptor `fd` when it is
+// not -1 (SCM_RIGHTS); false unless the whole record went.
+bool SendRecord(int connection, const void* data, size_t size, int fd);
+
 // Daemon: a listening SOCK_SEQPACKET socket at the abstract name `socket_name` (non-blocking,
 // close-on-exec), or the error.
 absl::StatusOr<int> ListenSharedMemory(const std::string& socket_name);
