@@ -386,6 +386,9 @@ absl::StatusOr<std::shared_ptr<Connection::Pending>> Connection::ExecuteAsync(
 }
 
 void Connection::WriteStream(Stream* stream) {
+  // Within the daemon's message limit with room to spare (a request larger than the batch's bytes
+  // goes alone).
+  const uint64_t batch_bytes = v1::wire::ExecuteBatchBytes(max_message_bytes_);
   std::unique_lock<std::mutex> lock(out_mu_);
   for (;;) {
     out_cv_.wait(lock, [this] { return stop_writer_ || !outgoing_.empty(); });
@@ -394,9 +397,6 @@ void Connection::WriteStream(Stream* stream) {
     message.set_batched_events(true);
     *message.mutable_eval() = std::move(outgoing_.front());
     outgoing_.pop_front();
-    // Within the daemon's message limit with room to spare (a request larger than the batch's
-    // bytes goes alone).
-    const uint64_t batch_bytes = v1::wire::ExecuteBatchBytes(max_message_bytes_);
     uint64_t bytes = message.eval().ByteSizeLong();
     while (!outgoing_.empty() &&
            static_cast<size_t>(message.more_evals_size()) + 1 < v1::wire::kMaxExecuteBatch) {
