@@ -278,6 +278,10 @@ int main(int argc, char** argv) {
   options.invocation_slots = absl::GetFlag(FLAGS_invocation_slots);
   options.build_threads = absl::GetFlag(FLAGS_build_threads);
 
+  // A write to a reader that went away (a log piped to a program that exited) is an error for
+  // the write, not the end of the daemon.
+  signal(SIGPIPE, SIG_IGN);
+
   // Every thread started from here on inherits the blocked signals; main takes them with sigwait.
   sigset_t stop_signals;
   sigemptyset(&stop_signals);

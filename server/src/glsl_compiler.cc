@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -52,8 +53,10 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlslInChild(const std::string& comp
                                                          absl::string_view source,
                                                          absl::string_view name,
                                                          const GlslCompileLimits& limits) {
+  // The child's stdin is one end of a socket pair, not a pipe: a send with MSG_NOSIGNAL to a child
+  // that exited early fails with EPIPE instead of raising SIGPIPE in the caller's process.
   int in[2], out[2], err[2];
-  if (pipe2(in, O_CLOEXEC) != 0) return Errno("pipe");
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, in) != 0) return Errno("socketpair");
   Fd in_read(in[0]), in_write(in[1]);
   if (pipe2(out, O_CLOEXEC) != 0) return Errno("pipe");
   Fd out_read(out[0]), out_write(out[1]);
@@ -84,7 +87,6 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlslInChild(const std::string& comp
   in_read.Close();
   out_write.Close();
   err_write.Close();
-  fcntl(in_write.get(), F_SETFL, O_NONBLOCK);
 
   std::string spirv, messages;
   size_t written = 0;
@@ -109,8 +111,8 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlslInChild(const std::string& comp
     if (ready < 0 && errno != EINTR) break;
     if (ready <= 0) continue;
     if (in_at >= 0 && (fds[in_at].revents & (POLLOUT | POLLERR | POLLHUP))) {
-      // MSG_NOSIGNAL does not apply to pipes: SIGPIPE is ignored by the server (Server::Start).
-      const ssize_t n = write(in_write.get(), source.data() + written, source.size() - written);
+      const ssize_t n = send(in_write.get(), source.data() + written, source.size() - written,
+                             MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) written += static_cast<size_t>(n);
       if (n < 0 && errno != EAGAIN) written = source.size();  // the child is gone
       if (written == source.size()) in_write.Close();         // end of the source

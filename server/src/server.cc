@@ -268,8 +268,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
       return absl::InvalidArgumentError(absl::StrCat("the GLSL compiler ", options.glsl_compiler,
                                                      " is not an executable program"));
     }
-    // The compiler's stdin is a pipe: a child that exits early must not kill the daemon.
-    signal(SIGPIPE, SIG_IGN);
   }
   auto server = std::unique_ptr<Server>(new Server(std::move(options)));
   Server* const s = server.get();

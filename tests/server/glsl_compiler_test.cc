@@ -2,6 +2,7 @@
 // doubles itself 21 times) fails that one request within the bound, and the daemon keeps serving.
 #include "glsl_compiler.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -118,6 +119,24 @@ TEST(GlslCompiler, AMissingCompilerIsAnError) {
   ASSERT_FALSE(spirv.ok());
   EXPECT_EQ(spirv.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(spirv.status().message(), HasSubstr("could not be started"));
+}
+
+// A compiler that exits without reading its source fails the compile, and the caller's process
+// lives on with SIGPIPE at its default action: 4 MiB of source do not fit in the socket's buffer,
+// so sends go on after the child is gone (found in a run where no test had ignored SIGPIPE).
+TEST(GlslCompiler, ACompilerThatExitsWithoutReadingRaisesNoSignal) {
+  struct sigaction previous {};
+  struct sigaction default_action {};
+  default_action.sa_handler = SIG_DFL;
+  ASSERT_EQ(sigaction(SIGPIPE, &default_action, &previous), 0);
+  const std::string source(4 << 20, ' ');
+  for (int i = 0; i < 3; ++i) {
+    auto spirv = CompileGlslInChild("/nonexistent/komputed_glslc", source, "large", Tight());
+    EXPECT_EQ(spirv.status().code(), absl::StatusCode::kInternal) << spirv.status();
+    spirv = CompileGlslInChild("/bin/true", source, "large", Tight());
+    EXPECT_FALSE(spirv.ok());
+  }
+  sigaction(SIGPIPE, &previous, nullptr);
 }
 
 // Through the daemon: the bomb fails its CreateAlgorithm, and the daemon serves the next call.
