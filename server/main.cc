@@ -60,6 +60,10 @@ ABSL_FLAG(std::vector<std::string>, devices, {},
           "comma-separated Vulkan device indices to serve (e.g. 0,2); empty: every device");
 ABSL_FLAG(absl::Duration, session_idle_timeout, absl::Seconds(60),
           "close a session after this long with no call and no open Execute stream");
+ABSL_FLAG(absl::Duration, sequence_release_after, absl::Seconds(10),
+          "a sequence neither recorded nor submitted for this long gives its command buffer "
+          "back to the driver (its memory: on some drivers hundreds of KiB), and records the same "
+          "commands again at its next submission; 0: kept while the sequence lives");
 ABSL_FLAG(absl::Duration, eval_timeout, absl::Seconds(600),
           "bound on an eval's wait for the device when the request gives no timeout_ms");
 ABSL_FLAG(absl::Duration, eval_inline_wait, absl::Milliseconds(2),
@@ -236,6 +240,7 @@ int main(int argc, char** argv) {
     options.devices.push_back(index);
   }
   options.session_idle_timeout = absl::GetFlag(FLAGS_session_idle_timeout);
+  options.sequence_release_after = absl::GetFlag(FLAGS_sequence_release_after);
   options.eval_timeout = absl::GetFlag(FLAGS_eval_timeout);
   options.eval_inline_wait = absl::GetFlag(FLAGS_eval_inline_wait);
   options.eval_spin = absl::GetFlag(FLAGS_eval_spin);

@@ -386,8 +386,9 @@ Workgroup Algorithm::dispatched() const {
   return pipeline_->workgroup;
 }
 
-std::shared_ptr<const void> Algorithm::RecordDispatch(VkCommandBuffer cb,
-                                                      uint64_t* generation) const {
+std::shared_ptr<const void> Algorithm::RecordDispatch(VkCommandBuffer cb, uint64_t* generation,
+                                                      const std::vector<uint8_t>* push_constants,
+                                                      std::vector<uint8_t>* used) const {
   absl::MutexLock lock(&mu_);
   const Pipeline& p = *pipeline_;
   vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p.shared->pipeline.get());
@@ -401,11 +402,13 @@ std::shared_ptr<const void> Algorithm::RecordDispatch(VkCommandBuffer cb,
   }
   if (p.push_constant_range > 0) {
     // The whole range, the algorithm's values first: the rest of the shader's block reads zero.
+    const std::vector<uint8_t>& source =
+        push_constants != nullptr ? *push_constants : spec_.push_constants;
     std::vector<uint8_t> values(p.push_constant_range, 0);
-    std::copy_n(spec_.push_constants.begin(),
-                std::min<size_t>(spec_.push_constants.size(), values.size()), values.begin());
+    std::copy_n(source.begin(), std::min<size_t>(source.size(), values.size()), values.begin());
     vkCmdPushConstants(cb, p.shared->layout.get(), VK_SHADER_STAGE_COMPUTE_BIT, 0,
                        p.push_constant_range, values.data());
+    if (used != nullptr) *used = source;
   }
   vkCmdDispatch(cb, p.workgroup.x, p.workgroup.y, p.workgroup.z);
   if (generation != nullptr) *generation = generation_;

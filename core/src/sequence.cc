@@ -93,20 +93,10 @@ absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(std::shared_ptr<Devic
   s->queue_ = queue;
   s->total_timestamps_ = total_timestamps;
   VkDevice dev = device->handle();
-
-  VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
-  pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
-  pi.queueFamilyIndex = q.family;
-  VkCommandPool pool = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(
-      device->Check(vkCreateCommandPool(dev, &pi, nullptr, &pool), "vkCreateCommandPool"));
-  s->pool_ = CommandPoolHandle(dev, pool);
-  VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
-  ai.commandPool = pool;
-  ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
-  ai.commandBufferCount = 1;
-  KD_RETURN_IF_ERROR(
-      device->Check(vkAllocateCommandBuffers(dev, &ai, &s->cb_), "vkAllocateCommandBuffers"));
+  {
+    absl::MutexLock lock(&s->mu_);
+    KD_RETURN_IF_ERROR(s->AllocateLocked());
+  }
   VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   VkFence fence = VK_NULL_HANDLE;
   KD_RETURN_IF_ERROR(device->Check(vkCreateFence(dev, &fi, nullptr, &fence), "vkCreateFence"));
@@ -184,7 +174,71 @@ Sequence::~Sequence() {
 
 absl::Status Sequence::ValidateLocked(const Op& op) const { return ValidateOp(op, *device_); }
 
+absl::Status Sequence::AllocateLocked() {
+  if (pool_) return absl::OkStatus();
+  const VkDevice dev = device_->handle();
+  VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+  pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+  pi.queueFamilyIndex = device_->queue(queue_).family;
+  VkCommandPool pool = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(
+      device_->Check(vkCreateCommandPool(dev, &pi, nullptr, &pool), "vkCreateCommandPool"));
+  CommandPoolHandle handle(dev, pool);
+  VkCommandBufferAllocateInfo ai{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
+  ai.commandPool = pool;
+  ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
+  ai.commandBufferCount = 1;
+  VkCommandBuffer cb = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(
+      device_->Check(vkAllocateCommandBuffers(dev, &ai, &cb), "vkAllocateCommandBuffers"));
+  pool_ = std::move(handle);
+  cb_ = cb;
+  return absl::OkStatus();
+}
+
+bool Sequence::Release(absl::Time unused_since) {
+  absl::MutexLock lock(&mu_);
+  if (running_ || recording_ || !pool_ || last_used_ >= unused_since) return false;
+  // Not running: the last submission was waited for, so the device is done with the buffer.
+  pool_ = CommandPoolHandle();
+  cb_ = VK_NULL_HANDLE;
+  return true;
+}
+
+bool Sequence::IsReleased() const {
+  absl::MutexLock lock(&mu_);
+  return !pool_;
+}
+
+absl::Status Sequence::ReplayLocked() {
+  std::vector<Op> ops = std::move(cb_ops_);
+  std::vector<Recorded> keep = std::move(cb_keep_);
+  const bool host_steps = host_steps_;
+  absl::Status s = BeginLocked();
+  if (s.ok()) {
+    size_t dispatch = 0;
+    for (Op& op : ops) {
+      const std::vector<uint8_t>* push_constants =
+          op.kind == OpKind::kDispatch ? &keep[dispatch++].push_constants : nullptr;
+      RecordLocked(op, push_constants);
+    }
+    recording_ = false;
+    s = device_->Check(vkEndCommandBuffer(cb_), "vkEndCommandBuffer");
+  }
+  host_steps_ = host_steps;
+  if (!s.ok()) {
+    // Released again: the next submission tries once more, with the same commands.
+    recording_ = false;
+    pool_ = CommandPoolHandle();
+    cb_ = VK_NULL_HANDLE;
+    cb_keep_ = std::move(keep);
+  }
+  cb_ops_ = std::move(ops);
+  return s;
+}
+
 absl::Status Sequence::BeginLocked() {
+  KD_RETURN_IF_ERROR(AllocateLocked());
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   KD_RETURN_IF_ERROR(device_->Check(vkBeginCommandBuffer(cb_, &bi), "vkBeginCommandBuffer"));
   recording_ = true;
@@ -200,7 +254,7 @@ absl::Status Sequence::BeginLocked() {
   return absl::OkStatus();
 }
 
-void Sequence::RecordLocked(Op& op) {
+void Sequence::RecordLocked(Op& op, const std::vector<uint8_t>* push_constants) {
   VkCommandBuffer cb = cb_;
   switch (op.kind) {
     case OpKind::kSyncDevice:
@@ -224,9 +278,10 @@ void Sequence::RecordLocked(Op& op) {
     case OpKind::kDispatch: {
       GlobalBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_ACCESS_TRANSFER_WRITE_BIT,
                     VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, kAnyShaderAccess);
-      uint64_t generation = 0;
-      cb_keep_.push_back(
-          {op.algorithm.get(), op.algorithm->RecordDispatch(cb, &generation), generation});
+      Recorded& r = cb_keep_.emplace_back();
+      r.algorithm = op.algorithm.get();
+      r.pipeline =
+          op.algorithm->RecordDispatch(cb, &r.generation, push_constants, &r.push_constants);
       break;
     }
     case OpKind::kBarrier: {
@@ -254,6 +309,7 @@ absl::Status Sequence::Record(Op op) {
     KD_RETURN_IF_ERROR(op.algorithm->SetPushConstants(*op.push_constants));
   }
   if (!recording_) KD_RETURN_IF_ERROR(BeginLocked());
+  last_used_ = absl::Now();
   RecordLocked(op);
   cb_ops_.push_back(op);
   all_ops_.push_back(std::move(op));
@@ -266,6 +322,7 @@ absl::Status Sequence::Submit(std::shared_ptr<TensorInitBatch> prologue) {
     return absl::FailedPreconditionError("the sequence is already running; await it first");
   }
   if (!recording_ && cb_ops_.empty()) return absl::OkStatus();
+  last_used_ = absl::Now();
   for (const Recorded& r : cb_keep_) {
     if (r.algorithm->generation() != r.generation) {
       return absl::FailedPreconditionError(
@@ -276,6 +333,7 @@ absl::Status Sequence::Submit(std::shared_ptr<TensorInitBatch> prologue) {
     KD_RETURN_IF_ERROR(device_->Check(vkEndCommandBuffer(cb_), "vkEndCommandBuffer"));
     recording_ = false;
   }
+  if (!pool_) KD_RETURN_IF_ERROR(ReplayLocked());
   if (device_->lost()) {
     return absl::UnavailableError(absl::StrCat("device ", device_->info().index, " was lost"));
   }
@@ -299,6 +357,7 @@ absl::Status Sequence::Wait(absl::Duration timeout) {
   if (absl::IsDeadlineExceeded(s)) return s;
   running_ = false;
   prologue_.reset();
+  last_used_ = absl::Now();  // idle from the submission's end
   if (!s.ok()) return s;
   FinishLocked();
   return absl::OkStatus();
@@ -365,7 +424,10 @@ absl::Status Sequence::Rerecord() {
   if (running_) return absl::FailedPreconditionError("cannot rerecord: the sequence is running");
   std::vector<Op> ops = all_ops_;
   for (Op& op : ops) KD_RETURN_IF_ERROR(ValidateLocked(op));
-  KD_RETURN_IF_ERROR(device_->Check(vkResetCommandBuffer(cb_, 0), "vkResetCommandBuffer"));
+  if (pool_) {
+    KD_RETURN_IF_ERROR(device_->Check(vkResetCommandBuffer(cb_, 0), "vkResetCommandBuffer"));
+  }
+  last_used_ = absl::Now();
   recording_ = false;
   cb_ops_.clear();
   cb_keep_.clear();

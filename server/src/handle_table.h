@@ -44,6 +44,12 @@ class HandleTable {
     return it->second;
   }
 
+  // Calls fn(handle, value) for every entry.
+  template <typename Fn>
+  void ForEach(Fn fn) const {
+    for (const auto& [handle, value] : entries_) fn(handle, value);
+  }
+
   // After CheckNew(handle) was OK.
   void Insert(uint64_t handle, T value) { entries_.insert_or_assign(handle, std::move(value)); }
 

@@ -49,6 +49,10 @@ inline const prometheus::Histogram::BucketBoundaries kRpcDurationBuckets = {
           "Sessions that the daemon closed itself, by reason: idle (no call and no stream for "   \
           "the idle timeout), drain (still open when the daemon stopped).",                       \
           "reason")                                                                               \
+  COUNTER(sequences_released_total, "komputed_sequences_released_total",                          \
+          "Command buffers that idle sequences gave back to the driver "                          \
+          "(--sequence_release_after); each is recorded again at its sequence's next "            \
+          "submission.")                                                                          \
   COUNTER(shared_memory_tensors_total, "komputed_shared_memory_tensors_total",                    \
           "Tensors made over shared memory that a same-host client passed: their host data "      \
           "never crosses a socket.")                                                              \

@@ -227,6 +227,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.session_idle_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the session idle timeout must be positive");
   }
+  if (options.sequence_release_after < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--sequence_release_after must be zero (never) or positive");
+  }
   if (options.eval_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the eval timeout must be positive");
   }

@@ -40,6 +40,9 @@ struct ServerOptions {
   std::vector<uint32_t> devices;
   // A session with no call and no open Execute stream (or eval in flight) for this long is closed.
   absl::Duration session_idle_timeout = absl::Seconds(60);
+  // A sequence neither recorded nor submitted for this long gives its command buffer back to the
+  // driver (its memory), and records it again at its next submission; zero: kept while it lives.
+  absl::Duration sequence_release_after = absl::Seconds(10);
   // Bound on an eval's wait for the device when the request gives none.
   absl::Duration eval_timeout = absl::Seconds(600);
   // The kernel watchdog (watchdog.h): a submission that runs longer is stopped and its session

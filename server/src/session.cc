@@ -132,6 +132,20 @@ void Session::Close() {
   // The tables are freed here, outside the lock; the waiter keeps what is still in flight.
 }
 
+size_t Session::ReleaseIdleSequences(absl::Time unused_since) {
+  std::vector<std::shared_ptr<core::Sequence>> sequences;
+  {
+    absl::MutexLock lock(&mu_);
+    sequences_.ForEach([&](uint64_t, const std::shared_ptr<SequenceEntry>& entry) {
+      sequences.push_back(entry->sequence);
+    });
+  }
+  // Outside the session's lock: each sequence's own lock keeps a release from meeting its use.
+  size_t released = 0;
+  for (const auto& sequence : sequences) released += sequence->Release(unused_since) ? 1 : 0;
+  return released;
+}
+
 void Session::ReleaseSequence(const std::shared_ptr<SequenceEntry>& entry) const {
   if (entry == nullptr || !entry->sequence->IsRunning()) return;
   // Freed on the waiter's thread once the submission has completed (the watchdog bounds how long

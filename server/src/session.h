@@ -109,6 +109,9 @@ class Session {
 
   // Frees every object (idempotent). Later calls fail with NOT_FOUND.
   void Close();
+  // Gives back the command buffers of the sequences neither recorded nor submitted since
+  // `unused_since` (core::Sequence::Release); returns how many.
+  size_t ReleaseIdleSequences(absl::Time unused_since);
 
   absl::Status CreateTensor(const TensorRequest& request);
   absl::Status DestroyTensor(uint64_t handle);

@@ -355,9 +355,16 @@ std::vector<std::shared_ptr<Session>> SessionManager::List(const Caller& caller)
 absl::Time SessionManager::ReapOnce() {
   const absl::Time now = absl::Now();
   absl::Time next = now + std::min(options_.session_idle_timeout, kMaxReapInterval);
-  std::vector<std::shared_ptr<Session>> idle;
+  const absl::Duration release_after = options_.sequence_release_after;
+  // Sequences are looked at twice per release_after: each goes within 1.5 times it of its last use.
+  if (release_after > absl::ZeroDuration()) next = std::min(next, now + release_after / 2);
+  std::vector<std::shared_ptr<Session>> idle, open;
   {
     absl::MutexLock lock(&mu_);
+    if (release_after > absl::ZeroDuration()) {
+      open.reserve(sessions_.size());
+      for (const auto& [id, session] : sessions_) open.push_back(session);
+    }
     for (auto it = sessions_.begin(); it != sessions_.end();) {
       Session& s = *it->second;
       if (s.users() > 0) {  // a call, stream or eval in progress; Get cannot start one now
@@ -374,6 +381,9 @@ absl::Time SessionManager::ReapOnce() {
       ++it;
     }
   }
+  size_t released = 0;
+  for (const auto& session : open) released += session->ReleaseIdleSequences(now - release_after);
+  if (released > 0) metrics_->sequences_released_total().Increment(static_cast<double>(released));
   for (const auto& session : idle) {
     const absl::Duration idle_for = now - session->last_activity();
     Free(*session, "idle");

@@ -624,6 +624,68 @@ TEST(Sequence, ClearKeepsTheCommandBufferWithoutHostSteps) {
   EXPECT_FALSE(seq->IsRunning());
 }
 
+// A released command buffer is recorded again at the next submission with what was recorded:
+// the same push constants (not the algorithm's values since), the same host steps (none after a
+// Clear), and timestamps; a sequence that is running or recording keeps its buffer.
+TEST(Sequence, ReleasedCommandBufferRunsTheSameCommands) {
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> a, Floats({1, 2, 3}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> b, Floats({0, 0, 0}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> c, Floats({0, 0, 0}));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<Algorithm> affine,
+                       MakeAlgorithm(kAffineShader, a, b, Bytes(2.0f, 0.0f)));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> seq, Sequence::Create(TestDevice(), 0, 8));
+  ASSERT_OK(seq->Record(op::Dispatch{affine, Bytes(2.0f, 1.0f)}));
+  EXPECT_FALSE(seq->Release());  // recording
+  ASSERT_OK(seq->Record(op::SyncToHost{{b}}));
+  ASSERT_OK(seq->Record(op::Copy{{b, c}}));
+  ASSERT_OK(seq->Submit());
+  EXPECT_FALSE(seq->Release());  // running
+  ASSERT_OK(seq->Wait(kTimeout));
+  EXPECT_THAT(HostFloats(*c), ElementsAre(3, 5, 7));
+
+  // Not unused since a moment before its last submission: kept.
+  EXPECT_FALSE(seq->Release(absl::Now() - absl::Seconds(60)));
+  EXPECT_FALSE(seq->IsReleased());
+
+  // Another sequence changes the algorithm's push constants; this one keeps its own.
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> other, Sequence::Create(TestDevice(), 0, 0));
+  ASSERT_OK(other->Record(op::Dispatch{affine, Bytes(10.0f, 0.0f)}));
+  ASSERT_OK(other->Eval(kTimeout));
+  EXPECT_TRUE(seq->Release());
+  EXPECT_TRUE(seq->IsReleased());
+  EXPECT_FALSE(seq->Release());  // nothing left to give back
+  SetHostFloats(*c, {0, 0, 0});
+  ASSERT_OK(seq->Eval(kTimeout));
+  EXPECT_FALSE(seq->IsReleased());
+  EXPECT_THAT(HostFloats(*b), ElementsAre(3, 5, 7));
+  EXPECT_THAT(HostFloats(*c), ElementsAre(3, 5, 7));  // the copy's host step ran
+  EXPECT_THAT(seq->Timestamps(), SizeIs(4));
+
+  // After a Clear the kept commands run without host steps, released or not.
+  ASSERT_OK(seq->Clear());
+  EXPECT_TRUE(seq->Release());
+  SetHostFloats(*c, {0, 0, 0});
+  ASSERT_OK(seq->Eval(kTimeout));
+  EXPECT_THAT(HostFloats(*c), ElementsAre(0, 0, 0));
+  ASSERT_OK_AND_ASSIGN(std::vector<float> on_device, DeviceFloats(c));
+  EXPECT_THAT(on_device, ElementsAre(3, 5, 7));
+
+  // A rebuild is refused after a release as before it, and Rerecord works from a released buffer.
+  EXPECT_TRUE(seq->Release());
+  AlgorithmSpec spec = affine->spec();
+  spec.push_constants = Bytes(1.0f, 0.0f);
+  ASSERT_OK(affine->Rebuild(spec));
+  EXPECT_THAT(seq->Submit(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("rerecord")));
+  ASSERT_OK(seq->Record(op::Dispatch{affine}));
+  ASSERT_OK(seq->Record(op::SyncToHost{{b}}));
+  ASSERT_OK(seq->End());
+  EXPECT_TRUE(seq->Release());
+  ASSERT_OK(seq->Rerecord());
+  ASSERT_OK(seq->Eval(kTimeout));
+  EXPECT_THAT(HostFloats(*b), ElementsAre(1, 2, 3));
+}
+
 // End (Kompute's end()) closes the recording: what was recorded runs; the next Record starts anew.
 TEST(Sequence, EndClosesTheRecording) {
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<Tensor> a, Floats({1, 2}));

@@ -10,6 +10,7 @@
 namespace komputed::server::testing {
 namespace {
 
+using ::testing::Each;
 using ::testing::HasSubstr;
 
 TEST_F(ServerTest, PingEchoesThePayload) {
@@ -261,6 +262,64 @@ TEST_F(ShortIdleTest, KeepAliveKeepsTheSessionAlive) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_EQ(Sessions().sessions_size(), 1);
+}
+
+// A daemon whose idle sequences give their command buffers back after 300 ms.
+class SequenceReleaseTest : public ServerTest {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions options = ServerTest::Options();
+    options.sequence_release_after = absl::Milliseconds(300);
+    return options;
+  }
+  double Released() { return server_->metrics().sequences_released_total().Value(); }
+  // Polls the counter until it reaches `at_least`; bounded.
+  bool WaitForReleased(double at_least) {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (Released() < at_least) {
+      if (absl::Now() >= until) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
+  }
+};
+
+// An idle sequence gives its command buffer back while its session and its Execute stream stay
+// open, and its next evals (unary and on the stream) run the same commands; a sequence in use is
+// not given back.
+TEST_F(SequenceReleaseTest, AnIdleSequenceGivesBackItsCommandBufferAndStillRuns) {
+  const std::string s = Open();
+  MakePipeline(s, 1, 64, 3.0f);
+  MakePipeline(s, 11, 64, 5.0f);
+  ExpectPipelineWorks(s, 1, 64, 3.0f);
+  grpc::ClientContext ctx;
+  auto stream = client_->sequences->Execute(&ctx);
+
+  // Sequence 14 is evaluated every 10 ms, until sequence 4 has been given back and 500 ms more.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::Time busy_until = absl::InfiniteFuture();
+  while (absl::Now() < busy_until && absl::Now() < deadline) {
+    ExpectPipelineWorks(s, 11, 64, 5.0f);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (busy_until == absl::InfiniteFuture() && Released() >= 1) {
+      busy_until = absl::Now() + absl::Milliseconds(500);
+    }
+  }
+  ASSERT_NE(busy_until, absl::InfiniteFuture()) << "sequence 4 was not given back";
+  EXPECT_EQ(Released(), 1);
+
+  ExpectPipelineWorks(s, 1, 64, 3.0f);  // recorded again
+  ASSERT_TRUE(WaitForReleased(3));      // both idle now: 4 once more, and 14
+  v1::ExecuteRequest req;
+  *req.mutable_eval() = PipelineEval(s, 11, std::vector<float>(64, 2.0f));
+  ASSERT_TRUE(stream->Write(req));
+  v1::ExecuteEvent event;
+  ASSERT_TRUE(stream->Read(&event));
+  ASSERT_EQ(event.code(), 0) << event.message();
+  ASSERT_EQ(event.result().downloads_size(), 1);
+  EXPECT_THAT(Floats(event.result().downloads(0).data()), Each(10.0f));
+  stream->WritesDone();
+  EXPECT_THAT(stream->Finish(), IsOk());
 }
 
 }  // namespace

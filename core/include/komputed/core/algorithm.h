@@ -86,8 +86,12 @@ class Algorithm {
 
   // Records bind + push constants + dispatch (the caller adds barriers). The returned token keeps
   // the pipeline (and its tensors) alive while the recording exists, across rebuilds;
-  // `generation` says which build was recorded.
-  std::shared_ptr<const void> RecordDispatch(VkCommandBuffer cb, uint64_t* generation) const;
+  // `generation` says which build was recorded. The push constants are the algorithm's, or
+  // `push_constants` when not null (recording again what was recorded before); `used` (when not
+  // null) receives the values recorded.
+  std::shared_ptr<const void> RecordDispatch(VkCommandBuffer cb, uint64_t* generation,
+                                             const std::vector<uint8_t>* push_constants = nullptr,
+                                             std::vector<uint8_t>* used = nullptr) const;
 
  private:
   struct Pipeline;

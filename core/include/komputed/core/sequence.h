@@ -98,6 +98,15 @@ class Sequence {
   // Records every op recorded since the last Clear again (after an algorithm rebuild).
   absl::Status Rerecord();
 
+  // Gives back the command buffer and its pool (the driver's memory for the commands) while the
+  // sequence is neither running nor recording; the next Submit records the same commands again
+  // first (the same tensors, algorithm builds and push constants, and after a Clear still without
+  // host steps), and the next Record starts in a new buffer as it would have. Only a sequence
+  // last recorded or submitted before `unused_since`. Returns whether anything was given back.
+  bool Release(absl::Time unused_since = absl::InfiniteFuture());
+  // Whether the command buffer has been given back (Release) and not yet made again.
+  bool IsReleased() const;
+
   bool IsRunning() const;
   // The operations in the command buffer: what a submission runs (after a Clear, without their
   // host steps).
@@ -123,8 +132,14 @@ class Sequence {
  private:
   Sequence() = default;
   absl::Status ValidateLocked(const Op& op) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the command pool and buffer when they were given back (or never made).
+  absl::Status AllocateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records cb_ops_ again into a new command buffer, ended; on error the sequence stays released.
+  absl::Status ReplayLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status BeginLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RecordLocked(Op& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `push_constants` (not null): a dispatch's values as recorded before (ReplayLocked).
+  void RecordLocked(Op& op, const std::vector<uint8_t>* push_constants = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::shared_ptr<Device> device_;
@@ -132,18 +147,20 @@ class Sequence {
   uint32_t total_timestamps_ = 0;
 
   mutable absl::Mutex mu_;
-  CommandPoolHandle pool_;
-  VkCommandBuffer cb_ = VK_NULL_HANDLE;  // freed with pool_
+  CommandPoolHandle pool_ ABSL_GUARDED_BY(mu_);               // empty while released
+  VkCommandBuffer cb_ ABSL_GUARDED_BY(mu_) = VK_NULL_HANDLE;  // freed with pool_
   FenceHandle fence_;
   QueryPoolHandle query_pool_;
   SemaphoreHandle timeline_;
   uint64_t timeline_value_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<Op> all_ops_ ABSL_GUARDED_BY(mu_);  // since the last Clear
-  std::vector<Op> cb_ops_ ABSL_GUARDED_BY(mu_);   // in the command buffer
+  absl::Time last_used_ ABSL_GUARDED_BY(mu_) = absl::Now();  // the last Record, Submit, Rerecord
+  std::vector<Op> all_ops_ ABSL_GUARDED_BY(mu_);             // since the last Clear
+  std::vector<Op> cb_ops_ ABSL_GUARDED_BY(mu_);              // in the command buffer
   struct Recorded {
-    const Algorithm* algorithm;
+    const Algorithm* algorithm = nullptr;
     std::shared_ptr<const void> pipeline;  // keeps the recorded pipeline alive
-    uint64_t generation;                   // the build that was recorded
+    uint64_t generation = 0;               // the build that was recorded
+    std::vector<uint8_t> push_constants;   // the values recorded
   };
   std::vector<Recorded> cb_keep_ ABSL_GUARDED_BY(mu_);              // one per recorded dispatch
   std::shared_ptr<TensorInitBatch> prologue_ ABSL_GUARDED_BY(mu_);  // of the submission in flight
