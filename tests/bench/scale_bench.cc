@@ -42,6 +42,7 @@
 #include "absl/time/time.h"
 #include "bench_common.h"
 #include "support/daemon_process.h"
+#include "support/metrics.h"
 
 ABSL_FLAG(int, sessions, 256, "sessions, each a kp::Manager with a connection of its own");
 ABSL_FLAG(double, seconds, 5, "how long every session evaluates at once");
@@ -50,6 +51,7 @@ namespace komputed_bench {
 namespace {
 
 using komputed::test_support::DaemonProcess;
+using komputed::test_support::Samples;
 
 // A field of /proc/PID/status ("VmRSS", "Threads"): its number (kB for sizes), or -1.
 int64_t ProcStatus(pid_t pid, const std::string& field) {
@@ -161,8 +163,9 @@ int Run() {
   absl::SleepFor(absl::Seconds(16));
   const Memory released = memory();
   std::printf(
-      "daemon RSS with every session idle for 16 s (command buffers given back): %lld KiB, "
+      "daemon RSS with every session idle for 16 s (%.0f command buffers given back): %lld KiB, "
       "%.1f KiB per session; own memory %.1f KiB per session  target <= 64\n",
+      Samples::From(daemon).Get("komputed_sequences_released_total"),
       static_cast<long long>(released.rss), static_cast<double>(released.rss - rss0) / sessions,
       static_cast<double>(released.own - start.own) / sessions);
   std::printf("daemon threads: %lld idle, %lld with the sessions\n",
