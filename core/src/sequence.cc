@@ -228,7 +228,6 @@ absl::Status Sequence::ReplayLocked() {
   host_steps_ = host_steps;
   if (!s.ok()) {
     // Released again: the next submission tries once more, with the same commands.
-    recording_ = false;
     pool_ = CommandPoolHandle();
     cb_ = VK_NULL_HANDLE;
     cb_keep_ = std::move(keep);
@@ -322,7 +321,6 @@ absl::Status Sequence::Submit(std::shared_ptr<TensorInitBatch> prologue) {
     return absl::FailedPreconditionError("the sequence is already running; await it first");
   }
   if (!recording_ && cb_ops_.empty()) return absl::OkStatus();
-  last_used_ = absl::Now();
   for (const Recorded& r : cb_keep_) {
     if (r.algorithm->generation() != r.generation) {
       return absl::FailedPreconditionError(

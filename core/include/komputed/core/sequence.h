@@ -153,9 +153,11 @@ class Sequence {
   QueryPoolHandle query_pool_;
   SemaphoreHandle timeline_;
   uint64_t timeline_value_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time last_used_ ABSL_GUARDED_BY(mu_) = absl::Now();  // the last Record, Submit, Rerecord
-  std::vector<Op> all_ops_ ABSL_GUARDED_BY(mu_);             // since the last Clear
-  std::vector<Op> cb_ops_ ABSL_GUARDED_BY(mu_);              // in the command buffer
+  // The last Record or Rerecord, or the end of the last submission (Wait: a submission keeps the
+  // sequence running, which Release refuses, until then).
+  absl::Time last_used_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  std::vector<Op> all_ops_ ABSL_GUARDED_BY(mu_);  // since the last Clear
+  std::vector<Op> cb_ops_ ABSL_GUARDED_BY(mu_);   // in the command buffer
   struct Recorded {
     const Algorithm* algorithm = nullptr;
     std::shared_ptr<const void> pipeline;  // keeps the recorded pipeline alive
