@@ -19,4 +19,6 @@ bool TuneMallocForBulkTransfers() {
   return applied;
 }
 
+bool GiveFreePagesBack() { return malloc_trim(0) == 1; }
+
 }  // namespace komputed::core

@@ -51,6 +51,8 @@
 //                               a loopback round trip, as a pipelining client keeps)
 //   KOMPUTED_BENCH_EVAL_SPIN_US, KOMPUTED_BENCH_EVAL_INLINE_US  the in-process daemons'
 //                               --eval_spin and --eval_inline_wait (default: the daemon's)
+//   KOMPUTED_BENCH_MAX_KERNEL_TIME_MS, KOMPUTED_BENCH_DAEMON_DISPATCH_SHARE  the in-process
+//                               daemons' --max_kernel_time (0: no watchdog) and --dispatch_share
 //   KOMPUTED_BENCH_STRICT=1     exit with status 1 when a ratio misses its target
 //   KOMPUTED_VALIDATION=1       Vulkan validation (core and the raw path share the instance)
 #include <benchmark/benchmark.h>
@@ -169,8 +171,10 @@ struct Config {
   bool remote = true;
   int64_t remote_bulk_iterations = 3;
   uint32_t async_depth = 16;
-  std::optional<double> eval_spin_us;    // the daemons' --eval_spin (unset: their default)
-  std::optional<double> eval_inline_us;  // the daemons' --eval_inline_wait
+  std::optional<double> eval_spin_us;           // the daemons' --eval_spin (unset: their default)
+  std::optional<double> eval_inline_us;         // the daemons' --eval_inline_wait
+  std::optional<double> max_kernel_time_ms;     // the daemons' --max_kernel_time
+  std::optional<double> daemon_dispatch_share;  // the daemons' --dispatch_share
   // The share of the device's invocation slots that the bounded variants' dispatches may hold
   // (the daemon's --dispatch_share; its default).
   double dispatch_share = 0.75;
@@ -207,6 +211,8 @@ Config ReadConfig() {
     c.remote_bulk_iterations = static_cast<int64_t>(*v);
   }
   c.eval_spin_us = EnvNumber("KOMPUTED_BENCH_EVAL_SPIN_US");
+  c.max_kernel_time_ms = EnvNumber("KOMPUTED_BENCH_MAX_KERNEL_TIME_MS");
+  c.daemon_dispatch_share = EnvNumber("KOMPUTED_BENCH_DAEMON_DISPATCH_SHARE");
   c.eval_inline_us = EnvNumber("KOMPUTED_BENCH_EVAL_INLINE_US");
   if (auto v = EnvNumber("KOMPUTED_BENCH_ASYNC_DEPTH"); v && *v >= 1) {
     c.async_depth = static_cast<uint32_t>(*v);
@@ -732,6 +738,10 @@ absl::Status SetUp(Env& env) {
     if (env.config.eval_inline_us.has_value()) {
       rc.eval_inline_wait = absl::Microseconds(*env.config.eval_inline_us);
     }
+    if (env.config.max_kernel_time_ms.has_value()) {
+      rc.max_kernel_time = absl::Milliseconds(*env.config.max_kernel_time_ms);
+    }
+    rc.dispatch_share = env.config.daemon_dispatch_share;
     rc.gib_transfers = device.properties().deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
     KD_ASSIGN_OR_RETURN(env.remote,
                         komputed_bench::RemoteBench::Start(std::move(rc), env.mgr.get()));

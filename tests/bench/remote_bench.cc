@@ -266,6 +266,10 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
   options.devices = {s->config.physical_device};
   options.shared_memory = false;  // every byte through gRPC: the remote path's figures
   if (s->config.eval_spin.has_value()) options.eval_spin = *s->config.eval_spin;
+  if (s->config.max_kernel_time.has_value()) {
+    options.max_kernel_time = *s->config.max_kernel_time;
+  }
+  if (s->config.dispatch_share.has_value()) options.dispatch_share = *s->config.dispatch_share;
   if (s->config.eval_inline_wait.has_value())
     options.eval_inline_wait = *s->config.eval_inline_wait;
   auto server = komputed::server::Server::Start(options);

@@ -58,6 +58,9 @@ struct RemoteConfig {
   // The daemons' --eval_spin and --eval_inline_wait (unset: their defaults).
   std::optional<absl::Duration> eval_spin;
   std::optional<absl::Duration> eval_inline_wait;
+  // The daemons' --max_kernel_time (zero: no watchdog) and --dispatch_share.
+  std::optional<absl::Duration> max_kernel_time;
+  std::optional<double> dispatch_share;
 };
 
 // Owns the daemon, the remote Manager and the objects of the remote and the in-process

@@ -10,4 +10,10 @@ namespace komputed::core {
 // GLIBC_TUNABLES is set (the user tunes malloc). Returns whether it was applied.
 bool TuneMallocForBulkTransfers();
 
+// Gives the whole free pages inside malloc's heaps back to the kernel (glibc's malloc_trim): for
+// after many objects were freed at once, whose memory the raised trim threshold would otherwise
+// keep resident for later allocations. Takes each heap's lock while it walks it (milliseconds
+// for a large heap): call it from housekeeping, not per request. Returns whether any memory went.
+bool GiveFreePagesBack();
+
 }  // namespace komputed::core
