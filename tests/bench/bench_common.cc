@@ -43,15 +43,19 @@ bool MatchesPattern(const float* data, uint64_t count) {
   return data[count - 1] == Pattern(count - 1);
 }
 
-KpTiny MakeKpTiny(kp::Manager& mgr, const std::vector<uint32_t>& tiny_spirv) {
+KpTiny MakeKpTiny(kp::Manager& mgr, const std::vector<uint32_t>& tiny_spirv, bool dispatch) {
   KpTiny t;
+  t.dispatch = dispatch;
   t.tensor = mgr.tensor(std::vector<float>(kTinyCount, 0.0f));
   const std::vector<std::shared_ptr<kp::Tensor>> params = {t.tensor};
-  t.algorithm = mgr.algorithm(params, tiny_spirv, kp::Workgroup{kTinyCount / kTinyLocalSize, 1, 1});
   t.sequence = mgr.sequence();
-  t.sequence->record<kp::OpTensorSyncDevice>(params)
-      ->record<kp::OpAlgoDispatch>(t.algorithm)
-      ->record<kp::OpTensorSyncLocal>(params);
+  t.sequence->record<kp::OpTensorSyncDevice>(params);
+  if (dispatch) {
+    t.algorithm =
+        mgr.algorithm(params, tiny_spirv, kp::Workgroup{kTinyCount / kTinyLocalSize, 1, 1});
+    t.sequence->record<kp::OpAlgoDispatch>(t.algorithm);
+  }
+  t.sequence->record<kp::OpTensorSyncLocal>(params);
   return t;
 }
 
@@ -64,7 +68,7 @@ void RunKpTiny(benchmark::State& state, KpTiny& t, const char* what) {
       const TinyStep step(i++);
       data[step.k] = step.v;
       seq.eval();
-      if (data[step.k] != step.expected()) {
+      if (data[step.k] != t.Expected(step)) {
         state.SkipWithError(absl::StrCat(what, ": wrong result").c_str());
         break;
       }
@@ -100,7 +104,7 @@ void RunKpAsync(benchmark::State& state, std::vector<KpTiny>& lanes, const char*
       KpTiny& lane = lanes[next];
       lane.sequence->evalAwait();
       float* data = lane.tensor->data();
-      if (data[steps[next].k] != steps[next].expected()) {
+      if (data[steps[next].k] != lane.Expected(steps[next])) {
         state.SkipWithError(absl::StrCat(what, ": wrong result").c_str());
         break;
       }

@@ -66,15 +66,19 @@ struct ProcessUsage {
 void SetTransferCounters(benchmark::State& state, const ProcessUsage& before, uint64_t bytes);
 
 // The tiny sequence through kp: a tensor of kTinyCount floats, the x*2+1 algorithm over it and a
-// sequence recorded once with sync to device, dispatch, sync to host.
+// sequence recorded once with sync to device, dispatch, sync to host; without `dispatch`, only the
+// two syncs (the data comes back as it went: work that takes the device next to no time).
 struct KpTiny {
   std::shared_ptr<kp::TensorT<float>> tensor;
   std::shared_ptr<kp::Algorithm> algorithm;
   std::shared_ptr<kp::Sequence> sequence;
+  bool dispatch = true;
+  // What an element written as `step.v` reads after an eval.
+  float Expected(const TinyStep& step) const { return dispatch ? step.expected() : step.v; }
 };
 
 // Throws kp::Error.
-KpTiny MakeKpTiny(kp::Manager& mgr, const std::vector<uint32_t>& tiny_spirv);
+KpTiny MakeKpTiny(kp::Manager& mgr, const std::vector<uint32_t>& tiny_spirv, bool dispatch = true);
 
 // One sequence->eval() per iteration, each writing one input and checking one output.
 void RunKpTiny(benchmark::State& state, KpTiny& tiny, const char* what);

@@ -30,6 +30,8 @@
 //  6. tiny_eval/{inprocess,remote}: the tiny sequence's eval() through kp in-process and remote.
 //  7. async_evals/{inprocess,remote}: K tiny sequences kept in flight with evalAsync, awaited
 //     round robin with evalAwait and submitted again; items_per_second = completed evals.
+//     async_copies/{inprocess,remote,same_host}: the same with sequences that only sync up and
+//     back, on which the device spends next to no time (the serving path alone).
 //  8. upload_256MiB/remote, download_256MiB/remote: as the kp ones, through the remote Manager.
 //
 // After the run it prints ratios taken from the run's own results: kp/raw and core/raw;
@@ -1417,6 +1419,18 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
                     1.5);
   met &= PrintRatio("same-host/in-process (async evals per second)",
                     if_shared(Ratio(async_same, async_in)), false, 0.5);
+
+  // The async evals of copy-only sequences: the serving path without the device's time.
+  const auto copies_in = r.MeanItemsPerSecond(kb::kAsyncCopyInprocess);
+  const auto copies_remote = r.MeanItemsPerSecond(kb::kAsyncCopyRemote);
+  const auto copies_same = r.MeanItemsPerSecond(kb::kAsyncCopySameHost);
+  std::cout << "async evals of copy-only sequences (" << g_env->config.async_depth
+            << " in flight): in-process " << PerSecond(copies_in) << ", remote "
+            << PerSecond(copies_remote) << ", same host " << PerSecond(copies_same) << "\n";
+  PrintInfoRatio("remote/in-process (async copy-only evals per second)",
+                 Ratio(copies_remote, copies_in));
+  PrintInfoRatio("same-host/in-process (async copy-only evals per second)",
+                 Ratio(copies_same, copies_in));
   return met;
 }
 

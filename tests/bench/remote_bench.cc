@@ -209,12 +209,18 @@ struct RemoteBench::State {
   std::unique_ptr<kp::Manager> same_host;
   KpTiny tiny_same_host;
   std::vector<KpTiny> async_same_host;
+  // Copy-only lanes (kAsyncCopy*).
+  std::vector<KpTiny> copies_inprocess;
+  std::vector<KpTiny> copies_remote;
+  std::vector<KpTiny> copies_same_host;
 };
 
 RemoteBench::RemoteBench(std::unique_ptr<State> state) : s_(std::move(state)) {}
 
 RemoteBench::~RemoteBench() {
   if (s_ == nullptr) return;
+  s_->copies_remote.clear();
+  s_->copies_same_host.clear();
   s_->async_remote.clear();
   s_->async_remote_unbatched.clear();
   s_->remote_unbatched.reset();
@@ -234,6 +240,7 @@ RemoteBench::~RemoteBench() {
     server->reset();
   }
   s_->async_inprocess.clear();
+  s_->copies_inprocess.clear();
   s_->tiny_inprocess = KpTiny{};
   s_->ping_stub.reset();
   s_->ping_channel.reset();
@@ -358,8 +365,13 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
       s->async_remote.push_back(MakeKpTiny(*s->remote, s->config.tiny_spirv));
       s->async_remote_unbatched.push_back(MakeKpTiny(*s->remote_unbatched, s->config.tiny_spirv));
       s->async_same_host.push_back(MakeKpTiny(*s->same_host, s->config.tiny_spirv));
+      s->copies_inprocess.push_back(MakeKpTiny(*inprocess, {}, /*dispatch=*/false));
+      s->copies_remote.push_back(MakeKpTiny(*s->remote, {}, /*dispatch=*/false));
+      s->copies_same_host.push_back(MakeKpTiny(*s->same_host, {}, /*dispatch=*/false));
     }
     for (KpTiny& t : s->async_same_host) t.sequence->eval();
+    for (KpTiny& t : s->copies_same_host) t.sequence->eval();
+    for (KpTiny& t : s->copies_remote) t.sequence->eval();
     // Warm up: every remote sequence sent once (its recording travels with its first eval).
     s->tiny_remote.sequence->eval();
     for (KpTiny& t : s->async_remote) t.sequence->eval();
@@ -505,6 +517,18 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
+  const std::pair<const char*, std::vector<KpTiny>*> copies[] = {
+      {kAsyncCopyInprocess, &s->copies_inprocess},
+      {kAsyncCopyRemote, &s->copies_remote},
+      {kAsyncCopySameHost, &s->copies_same_host}};
+  for (const auto& [name, lanes] : copies) {
+    benchmark::RegisterBenchmark(
+        name,
+        [name = name, lanes = lanes](benchmark::State& state) { RunKpAsync(state, *lanes, name); })
+        ->UseRealTime()
+        ->MinTime(c.min_time_s)
+        ->Unit(benchmark::kMicrosecond);
+  }
 }
 
 void RemoteBench::RegisterUpload() {

@@ -36,6 +36,12 @@ inline constexpr char kAsyncRemote[] = "async_evals/remote";
 // The same with the Execute stream's batches turned off in the client (KOMPUTED_EXECUTE_BATCHES=0):
 // one eval per request, one event per message.
 inline constexpr char kAsyncRemoteUnbatched[] = "async_evals/remote_unbatched";
+// The async evals again with copy-only sequences (sync up, sync back: KpTiny without dispatch), on
+// which the device spends next to no time: what remains is the path of an eval through the
+// client and the daemon.
+inline constexpr char kAsyncCopyInprocess[] = "async_copies/inprocess";
+inline constexpr char kAsyncCopyRemote[] = "async_copies/remote";
+inline constexpr char kAsyncCopySameHost[] = "async_copies/same_host";
 inline constexpr char kUploadRemote[] = "upload_256MiB/remote";
 inline constexpr char kDownloadRemote[] = "download_256MiB/remote";
 // The same on a daemon reached over a Unix socket, the tensors' host data in shared memory.
