@@ -184,8 +184,12 @@ void CompletionWaiter::Run() {
     mu_.Unlock();
     for (auto& [entry, status] : finished) {
       if (status.ok()) {
-        // Collects the result: runs host steps and reads timestamps (the fence has signalled or
-        // is about to).
+        // Collects the result: runs host steps and reads timestamps. The fence has signalled or is
+        // about to (the timeline semaphore of the same submission may signal first): polled
+        // first, since a blocking wait on a GPU wakes tens of microseconds late (on an H100 a
+        // tiny submission's fence was seen after 23-51 us by a blocking wait, after 13-15 us by
+        // polling).
+        if (spin_ > absl::ZeroDuration()) entry.sequence->Poll(spin_);
         status = entry.sequence->Wait(absl::Seconds(10));
       }
       entry.done(status);
