@@ -325,6 +325,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   }
 
   void OnReadDone(bool ok) override {
+    const uint64_t read_ns = MonotonicNs();  // the evals' "received" stage (stage_times)
     Step next;
     if (!ok) {
       absl::MutexLock lock(&mu_);
@@ -350,8 +351,8 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
         // Each request is authenticated again: a token revoked by a reload of the tenants file
         // ends the stream's work from its next request on, not only new calls.
         const absl::StatusOr<Caller> caller = auth_->Authenticate(*context_);
-        Submit(request_.eval(), caller);
-        for (const v1::EvalRequest& eval : request_.more_evals()) Submit(eval, caller);
+        Submit(request_.eval(), caller, read_ns);
+        for (const v1::EvalRequest& eval : request_.more_evals()) Submit(eval, caller, read_ns);
       }
       absl::MutexLock lock(&mu_);
       read_paused_ = true;  // the next read starts now if the window has room, else later
@@ -412,9 +413,9 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   // Answers one eval of a refused request with `why`, running nothing.
   void Refuse(const v1::EvalRequest& eval, const absl::Status& why) { Complete(Pend(eval), why); }
 
-  // Runs one eval as the caller `now` (the request's); its event is queued from the completion
-  // callback (possibly at once).
-  void Submit(const v1::EvalRequest& eval, const absl::StatusOr<Caller>& now) {
+  // Runs one eval as the caller `now` (the request's), read at `read_ns` (MonotonicNs); its event
+  // is queued from the completion callback (possibly at once).
+  void Submit(const v1::EvalRequest& eval, const absl::StatusOr<Caller>& now, uint64_t read_ns) {
     std::shared_ptr<v1::ExecuteEvent> event = Pend(eval);
     absl::StatusOr<std::shared_ptr<Session>> session =
         now.ok() ? Bind(eval.session_id(), *now) : now.status();
@@ -423,8 +424,9 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
       Complete(std::move(event), session.status());
       return;
     }
-    (*session)->Eval(wire::FromWire(eval, (*session)->id()), absl::InfiniteFuture(),
-                     /*may_wait_inline=*/false,
+    EvalPlan plan = wire::FromWire(eval, (*session)->id());
+    plan.received_ns = read_ns;
+    (*session)->Eval(plan, absl::InfiniteFuture(), /*may_wait_inline=*/false,
                      [this, event = std::move(event)](absl::StatusOr<EvalResult> result) mutable {
                        // session_ is set (Bind) and the reactor alive (pending_) until Complete.
                        if (result.ok()) {

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -20,9 +21,11 @@ namespace v1 = komputed::v1;
 namespace ts = komputed::test_support;
 using komputed::server::MonotonicNs;  // the clock of EvalStages
 
+// The handles of lane `lane`'s tensor, algorithm and sequence.
 constexpr uint64_t kTensor = 1;
 constexpr uint64_t kAlgorithm = 2;
 constexpr uint64_t kSequence = 3;
+uint64_t Handle(uint64_t base, uint32_t lane) { return base + 3 * uint64_t{lane}; }
 
 void Deadline(grpc::ClientContext& context) {
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
@@ -56,8 +59,8 @@ class StagesSession {
     (void)stubs_.sessions->CloseSession(&context, request, &response);
   }
 
-  // Empty on success, else what failed.
-  std::string Open(const std::vector<uint32_t>& spirv) {
+  // Opens the session and makes `lanes` tiny sequences in it. Empty on success, else what failed.
+  std::string Open(const std::vector<uint32_t>& spirv, uint32_t lanes = 1) {
     v1::OpenSessionRequest open;
     open.set_client_name("komputed_bench stages");
     v1::OpenSessionResponse opened;
@@ -66,13 +69,26 @@ class StagesSession {
     });
     if (!error.empty()) return error;
     id_ = opened.session_id();
+    for (uint32_t lane = 0; lane < lanes && error.empty(); ++lane) error = MakeLane(spirv, lane);
+    return error;
+  }
+
+  const std::string& id() const { return id_; }
+  v1::Sequences::Stub& sequences() { return *stubs_.sequences; }
+
+ private:
+  std::string MakeLane(const std::vector<uint32_t>& spirv, uint32_t lane) {
+    const uint64_t tensor_handle = Handle(kTensor, lane);
+    const uint64_t algorithm_handle = Handle(kAlgorithm, lane);
+    const uint64_t sequence_handle = Handle(kSequence, lane);
+    std::string error;
 
     const v1::CreateTensorRequest tensor =
-        ts::FloatTensor(id_, kTensor, std::vector<float>(kTinyCount, 0.0f));
+        ts::FloatTensor(id_, tensor_handle, std::vector<float>(kTinyCount, 0.0f));
     v1::CreateAlgorithmRequest algorithm;
     algorithm.set_session_id(id_);
-    algorithm.set_handle(kAlgorithm);
-    algorithm.add_tensors(kTensor);
+    algorithm.set_handle(algorithm_handle);
+    algorithm.add_tensors(tensor_handle);
     algorithm.set_spirv(
         std::string(reinterpret_cast<const char*>(spirv.data()), spirv.size() * sizeof(uint32_t)));
     algorithm.mutable_workgroup()->set_x(kTinyCount / kTinyLocalSize);
@@ -80,13 +96,13 @@ class StagesSession {
     algorithm.mutable_workgroup()->set_z(1);
     v1::CreateSequenceRequest sequence;
     sequence.set_session_id(id_);
-    sequence.set_handle(kSequence);
+    sequence.set_handle(sequence_handle);
     v1::RecordRequest record;
     record.set_session_id(id_);
-    record.set_sequence(kSequence);
-    *record.add_actions()->mutable_record() = ts::SyncDevice({kTensor});
-    *record.add_actions()->mutable_record() = ts::Dispatch(kAlgorithm);
-    *record.add_actions()->mutable_record() = ts::SyncLocal({kTensor});
+    record.set_sequence(sequence_handle);
+    *record.add_actions()->mutable_record() = ts::SyncDevice({tensor_handle});
+    *record.add_actions()->mutable_record() = ts::Dispatch(algorithm_handle);
+    *record.add_actions()->mutable_record() = ts::SyncLocal({tensor_handle});
 
     v1::CreateTensorResponse tensor_made;
     v1::CreateAlgorithmResponse algorithm_made;
@@ -113,10 +129,6 @@ class StagesSession {
     return error;
   }
 
-  const std::string& id() const { return id_; }
-  v1::Sequences::Stub& sequences() { return *stubs_.sequences; }
-
- private:
   ts::Stubs stubs_;
   std::string id_;
 };
@@ -175,6 +187,99 @@ void RunEvalStages(benchmark::State& state, const std::string& address,
     sums[4] += static_cast<double>(back - s.answered_ns());
     if (s.waited_inline()) ++inline_waits;
   }
+  const double n = static_cast<double>(std::max<int64_t>(1, state.iterations()));
+  const char* names[5] = {kStageRequest, kStagePrepare, kStageDevice, kStageAnswer, kStageResponse};
+  for (int k = 0; k < 5; ++k) state.counters[names[k]] = sums[k] / n / 1e3;
+  state.counters[kStageInline] = static_cast<double>(inline_waits) / n;
+}
+
+void RunAsyncEvalStages(benchmark::State& state, const std::string& address,
+                        const std::vector<uint32_t>& tiny_spirv, uint32_t depth) {
+  depth = std::max<uint32_t>(depth, 1);
+  StagesSession session(address);
+  if (std::string error = session.Open(tiny_spirv, depth); !error.empty()) {
+    state.SkipWithError(error.c_str());
+    return;
+  }
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ExecuteRequest, v1::ExecuteEvent>> stream =
+      session.sequences().Execute(&context);
+  std::vector<std::vector<float>> host(depth, std::vector<float>(kTinyCount, 0.0f));
+  std::vector<TinyStep> steps(depth, TinyStep(0));
+  std::vector<uint64_t> sent(depth, 0);
+  uint64_t next_step = 0;
+  // The lane's next eval (request_id: the lane + 1; a lane has one eval in flight at a time).
+  auto write = [&](uint32_t lane) {
+    steps[lane] = TinyStep(next_step++);
+    host[lane][steps[lane].k] = steps[lane].v;
+    v1::ExecuteRequest request;
+    v1::EvalRequest& eval = *request.mutable_eval();
+    eval.set_session_id(session.id());
+    eval.set_request_id(lane + 1);
+    eval.set_sequence(Handle(kSequence, lane));
+    eval.set_stage_times(true);
+    eval.add_downloads(Handle(kTensor, lane));
+    v1::TensorData* upload = eval.add_uploads();
+    upload->set_handle(Handle(kTensor, lane));
+    upload->set_data(reinterpret_cast<const char*>(host[lane].data()), kTinyBytes);
+    sent[lane] = MonotonicNs();
+    return stream->Write(request);
+  };
+  std::string error;
+  for (uint32_t lane = 0; lane < depth && error.empty(); ++lane) {
+    if (!write(lane)) error = "async_evals/stages: the Execute stream refused a write";
+  }
+  double sums[5] = {0, 0, 0, 0, 0};
+  int64_t inline_waits = 0;
+  for (auto _ : state) {
+    if (!error.empty()) break;
+    v1::ExecuteEvent event;
+    if (!stream->Read(&event)) {
+      error = "async_evals/stages: the Execute stream ended";
+      break;
+    }
+    const uint64_t back = MonotonicNs();
+    const uint64_t id = event.request_id();
+    if (id == 0 || id > depth || event.code() != 0) {
+      error = absl::StrCat("async_evals/stages: event ", id, ": code ", event.code(), " ",
+                           event.message());
+      break;
+    }
+    const uint32_t lane = static_cast<uint32_t>(id - 1);
+    const v1::EvalResponse& response = event.result();
+    const v1::EvalStages& s = response.stages();
+    if (response.downloads_size() != 1 || response.downloads(0).data().size() != kTinyBytes ||
+        !(sent[lane] <= s.received_ns() && s.received_ns() <= s.submitted_ns() &&
+          s.submitted_ns() <= s.completed_ns() && s.completed_ns() <= s.answered_ns() &&
+          s.answered_ns() <= back)) {
+      error = "async_evals/stages: an event without its download or stages in order";
+      break;
+    }
+    std::memcpy(host[lane].data(), response.downloads(0).data().data(), kTinyBytes);
+    if (host[lane][steps[lane].k] != steps[lane].expected()) {
+      error = "async_evals/stages: wrong result";
+      break;
+    }
+    sums[0] += static_cast<double>(s.received_ns() - sent[lane]);
+    sums[1] += static_cast<double>(s.submitted_ns() - s.received_ns());
+    sums[2] += static_cast<double>(s.completed_ns() - s.submitted_ns());
+    sums[3] += static_cast<double>(s.answered_ns() - s.completed_ns());
+    sums[4] += static_cast<double>(back - s.answered_ns());
+    if (s.waited_inline()) ++inline_waits;
+    if (!write(lane)) error = "async_evals/stages: the Execute stream refused a write";
+  }
+  // The evals still in flight are read and dropped; the stream ends with the session.
+  stream->WritesDone();
+  for (v1::ExecuteEvent rest; stream->Read(&rest);) {
+  }
+  const grpc::Status finished = stream->Finish();
+  if (error.empty() && !finished.ok()) error = Failed("Execute", finished);
+  if (!error.empty()) {
+    state.SkipWithError(error.c_str());
+    return;
+  }
+  state.SetItemsProcessed(state.iterations());
   const double n = static_cast<double>(std::max<int64_t>(1, state.iterations()));
   const char* names[5] = {kStageRequest, kStagePrepare, kStageDevice, kStageAnswer, kStageResponse};
   for (int k = 0; k < 5; ++k) state.counters[names[k]] = sums[k] / n / 1e3;

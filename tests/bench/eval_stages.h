@@ -26,4 +26,11 @@ inline constexpr char kStageInline[] = "inline_share";   // evals waited on the 
 void RunEvalStages(benchmark::State& state, const std::string& address,
                    const std::vector<uint32_t>& tiny_spirv);
 
+// async_evals/stages: `depth` tiny sequences of one session kept in flight on one Execute stream
+// (gRPC's synchronous API: one thread writes each lane's next eval as soon as it has read the
+// lane's event), each eval asking for its stages' moments. Sets the counters above (kStageRequest:
+// written -> daemon handler; kStageResponse: answer to gRPC -> the event read), means per eval.
+void RunAsyncEvalStages(benchmark::State& state, const std::string& address,
+                        const std::vector<uint32_t>& tiny_spirv, uint32_t depth);
+
 }  // namespace komputed_bench

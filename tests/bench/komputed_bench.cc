@@ -32,6 +32,8 @@
 //     round robin with evalAwait and submitted again; items_per_second = completed evals.
 //     async_copies/{inprocess,remote,same_host}: the same with sequences that only sync up and
 //     back, on which the device spends next to no time (the serving path alone).
+//     async_evals/stages: the remote async evals through the gRPC API alone (one Execute stream),
+//     each eval's time split into stages as tiny_eval/stages does.
 //  8. upload_256MiB/remote, download_256MiB/remote: as the kp ones, through the remote Manager.
 //
 // After the run it prints ratios taken from the run's own results: kp/raw and core/raw;
@@ -1344,6 +1346,18 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
       std::cout << "kp client's own share of the remote tiny eval (remote - gRPC API alone): "
                 << Micros(*tiny_remote - *stages) << "\n";
     }
+  }
+  if (const auto rate = r.MeanItemsPerSecond(kb::kAsyncEvalStages); rate.has_value()) {
+    auto us = [&](const char* counter) {
+      const std::optional<double> v = r.MeanCounter(kb::kAsyncEvalStages, counter);
+      return v.has_value() ? absl::StrFormat("%.1f", *v) : std::string("-");
+    };
+    std::cout << "async evals through the gRPC API alone (" << g_env->config.async_depth
+              << " in flight on one Execute stream), " << PerSecond(rate)
+              << "; each eval's stages in us: request to handler " << us(kb::kStageRequest)
+              << ", prepare and submit " << us(kb::kStagePrepare) << ", device and wait "
+              << us(kb::kStageDevice) << ", answer " << us(kb::kStageAnswer)
+              << ", answer to client " << us(kb::kStageResponse) << "\n";
   }
   met &= PrintRatio("remote/(in-process + ping) (tiny eval)",
                     Ratio(tiny_remote, Sum(tiny_in, ping)), true, 1.25);

@@ -491,6 +491,14 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
 
+  benchmark::RegisterBenchmark(kAsyncEvalStages,
+                               [s](benchmark::State& state) {
+                                 RunAsyncEvalStages(state, s->address, s->config.tiny_spirv,
+                                                    s->config.async_depth);
+                               })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark(
       kAsyncInprocess,
       [s](benchmark::State& state) { RunKpAsync(state, s->async_inprocess, kAsyncInprocess); })

@@ -32,6 +32,8 @@ inline constexpr char kTinyEvalStages[] = "tiny_eval/stages";
 inline constexpr char kTinyEvalToken[] = "tiny_eval/remote_token";
 inline constexpr char kTinyEvalTls[] = "tiny_eval/remote_tls";
 inline constexpr char kAsyncInprocess[] = "async_evals/inprocess";
+// The remote async evals through komputed's gRPC API alone, split into stages (eval_stages.h).
+inline constexpr char kAsyncEvalStages[] = "async_evals/stages";
 inline constexpr char kAsyncRemote[] = "async_evals/remote";
 // The same with the Execute stream's batches turned off in the client (KOMPUTED_EXECUTE_BATCHES=0):
 // one eval per request, one event per message.

@@ -69,6 +69,36 @@ TEST_F(ExecuteTest, EachRequestGetsOneEventWithItsData) {
   EXPECT_THAT(events.at(7).message(), HasSubstr("sequence 999"));
 }
 
+// An eval that asks for its stages' moments gets them in its event, in order, on the clock that
+// the test shares with the daemon: from the moment its request was read to the event's answer.
+TEST_F(ExecuteTest, StageTimesComeInTheEventWhenAsked) {
+  grpc::ClientContext ctx;
+  auto stream = client_->sequences->Execute(&ctx);
+  v1::ExecuteRequest asked = Request(1, 0);
+  asked.mutable_eval()->set_stage_times(true);
+  const uint64_t before = MonotonicNs();
+  ASSERT_TRUE(stream->Write(asked));
+  v1::ExecuteEvent event;
+  ASSERT_TRUE(stream->Read(&event));
+  const uint64_t after = MonotonicNs();
+  ExpectResult(event, 0);
+  ASSERT_TRUE(event.result().has_stages());
+  const v1::EvalStages& s = event.result().stages();
+  EXPECT_LE(before, s.received_ns());
+  EXPECT_LE(s.received_ns(), s.submitted_ns());
+  EXPECT_LE(s.submitted_ns(), s.completed_ns());
+  EXPECT_LE(s.completed_ns(), s.answered_ns());
+  EXPECT_LE(s.answered_ns(), after);
+  // Not asked: none.
+  ASSERT_TRUE(stream->Write(Request(2, 1)));
+  ASSERT_TRUE(stream->Read(&event));
+  ExpectResult(event, 1);
+  EXPECT_FALSE(event.result().has_stages());
+  stream->WritesDone();
+  EXPECT_FALSE(stream->Read(&event));
+  EXPECT_THAT(stream->Finish(), IsOk());
+}
+
 // Reads every event of the stream until it ends, its more_events included; counts the messages.
 std::map<uint64_t, v1::ExecuteEvent> ReadAll(
     grpc::ClientReaderWriter<v1::ExecuteRequest, v1::ExecuteEvent>& stream, int* messages,
