@@ -133,6 +133,37 @@ class StagesSession {
   std::string id_;
 };
 
+// The stages' sums over the evals of a run, set as the counters of eval_stages.h at the end.
+class StageSums {
+ public:
+  // Whether the moments are in order, from `sent` (the client's write) to `back` (its read).
+  static bool InOrder(uint64_t sent, const v1::EvalStages& s, uint64_t back) {
+    return sent <= s.received_ns() && s.received_ns() <= s.submitted_ns() &&
+           s.submitted_ns() <= s.completed_ns() && s.completed_ns() <= s.answered_ns() &&
+           s.answered_ns() <= back;
+  }
+  void Add(uint64_t sent, const v1::EvalStages& s, uint64_t back) {
+    sums_[0] += static_cast<double>(s.received_ns() - sent);
+    sums_[1] += static_cast<double>(s.submitted_ns() - s.received_ns());
+    sums_[2] += static_cast<double>(s.completed_ns() - s.submitted_ns());
+    sums_[3] += static_cast<double>(s.answered_ns() - s.completed_ns());
+    sums_[4] += static_cast<double>(back - s.answered_ns());
+    if (s.waited_inline()) ++inline_waits_;
+  }
+  // Means per eval, in microseconds.
+  void SetCounters(benchmark::State& state) const {
+    const double n = static_cast<double>(std::max<int64_t>(1, state.iterations()));
+    const char* names[5] = {kStageRequest, kStagePrepare, kStageDevice, kStageAnswer,
+                            kStageResponse};
+    for (int k = 0; k < 5; ++k) state.counters[names[k]] = sums_[k] / n / 1e3;
+    state.counters[kStageInline] = static_cast<double>(inline_waits_) / n;
+  }
+
+ private:
+  double sums_[5] = {0, 0, 0, 0, 0};
+  int64_t inline_waits_ = 0;
+};
+
 }  // namespace
 
 void RunEvalStages(benchmark::State& state, const std::string& address,
@@ -151,8 +182,7 @@ void RunEvalStages(benchmark::State& state, const std::string& address,
   v1::TensorData* upload = request.add_uploads();
   upload->set_handle(kTensor);
   v1::EvalResponse response;
-  double sums[5] = {0, 0, 0, 0, 0};
-  int64_t inline_waits = 0;
+  StageSums sums;
   uint64_t i = 0;
   for (auto _ : state) {
     const TinyStep step(i++);
@@ -169,9 +199,7 @@ void RunEvalStages(benchmark::State& state, const std::string& address,
     }
     const v1::EvalStages& s = response.stages();
     if (response.downloads_size() != 1 || response.downloads(0).data().size() != kTinyBytes ||
-        !(sent <= s.received_ns() && s.received_ns() <= s.submitted_ns() &&
-          s.submitted_ns() <= s.completed_ns() && s.completed_ns() <= s.answered_ns() &&
-          s.answered_ns() <= back)) {
+        !StageSums::InOrder(sent, s, back)) {
       state.SkipWithError("tiny_eval/stages: an answer without its download or stages in order");
       return;
     }
@@ -180,17 +208,9 @@ void RunEvalStages(benchmark::State& state, const std::string& address,
       state.SkipWithError("tiny_eval/stages: wrong result");
       return;
     }
-    sums[0] += static_cast<double>(s.received_ns() - sent);
-    sums[1] += static_cast<double>(s.submitted_ns() - s.received_ns());
-    sums[2] += static_cast<double>(s.completed_ns() - s.submitted_ns());
-    sums[3] += static_cast<double>(s.answered_ns() - s.completed_ns());
-    sums[4] += static_cast<double>(back - s.answered_ns());
-    if (s.waited_inline()) ++inline_waits;
+    sums.Add(sent, s, back);
   }
-  const double n = static_cast<double>(std::max<int64_t>(1, state.iterations()));
-  const char* names[5] = {kStageRequest, kStagePrepare, kStageDevice, kStageAnswer, kStageResponse};
-  for (int k = 0; k < 5; ++k) state.counters[names[k]] = sums[k] / n / 1e3;
-  state.counters[kStageInline] = static_cast<double>(inline_waits) / n;
+  sums.SetCounters(state);
 }
 
 void RunAsyncEvalStages(benchmark::State& state, const std::string& address,
@@ -230,8 +250,7 @@ void RunAsyncEvalStages(benchmark::State& state, const std::string& address,
   for (uint32_t lane = 0; lane < depth && error.empty(); ++lane) {
     if (!write(lane)) error = "async_evals/stages: the Execute stream refused a write";
   }
-  double sums[5] = {0, 0, 0, 0, 0};
-  int64_t inline_waits = 0;
+  StageSums sums;
   for (auto _ : state) {
     if (!error.empty()) break;
     v1::ExecuteEvent event;
@@ -250,9 +269,7 @@ void RunAsyncEvalStages(benchmark::State& state, const std::string& address,
     const v1::EvalResponse& response = event.result();
     const v1::EvalStages& s = response.stages();
     if (response.downloads_size() != 1 || response.downloads(0).data().size() != kTinyBytes ||
-        !(sent[lane] <= s.received_ns() && s.received_ns() <= s.submitted_ns() &&
-          s.submitted_ns() <= s.completed_ns() && s.completed_ns() <= s.answered_ns() &&
-          s.answered_ns() <= back)) {
+        !StageSums::InOrder(sent[lane], s, back)) {
       error = "async_evals/stages: an event without its download or stages in order";
       break;
     }
@@ -261,12 +278,7 @@ void RunAsyncEvalStages(benchmark::State& state, const std::string& address,
       error = "async_evals/stages: wrong result";
       break;
     }
-    sums[0] += static_cast<double>(s.received_ns() - sent[lane]);
-    sums[1] += static_cast<double>(s.submitted_ns() - s.received_ns());
-    sums[2] += static_cast<double>(s.completed_ns() - s.submitted_ns());
-    sums[3] += static_cast<double>(s.answered_ns() - s.completed_ns());
-    sums[4] += static_cast<double>(back - s.answered_ns());
-    if (s.waited_inline()) ++inline_waits;
+    sums.Add(sent[lane], s, back);
     if (!write(lane)) error = "async_evals/stages: the Execute stream refused a write";
   }
   // The evals still in flight are read and dropped; the stream ends with the session.
@@ -280,10 +292,7 @@ void RunAsyncEvalStages(benchmark::State& state, const std::string& address,
     return;
   }
   state.SetItemsProcessed(state.iterations());
-  const double n = static_cast<double>(std::max<int64_t>(1, state.iterations()));
-  const char* names[5] = {kStageRequest, kStagePrepare, kStageDevice, kStageAnswer, kStageResponse};
-  for (int k = 0; k < 5; ++k) state.counters[names[k]] = sums[k] / n / 1e3;
-  state.counters[kStageInline] = static_cast<double>(inline_waits) / n;
+  sums.SetCounters(state);
 }
 
 }  // namespace komputed_bench
