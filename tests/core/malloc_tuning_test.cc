@@ -11,20 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "support/sanitizers.h"
+
 namespace komputed::core {
 namespace {
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
 
 // This process's anonymous resident memory, in KiB (/proc/self/status RssAnon).
 long RssAnonKiB() {
@@ -38,7 +28,9 @@ long RssAnonKiB() {
 }
 
 TEST(MallocTuning, FreedPagesGoBackToTheKernelWhenAsked) {
-  if (kSanitized) GTEST_SKIP() << "a sanitizer's allocator replaces glibc malloc";
+  if (test_support::kAddressSanitizer || test_support::kThreadSanitizer) {
+    GTEST_SKIP() << "a sanitizer's allocator replaces glibc malloc";
+  }
   if (!TuneMallocForBulkTransfers()) {
     GTEST_SKIP() << "the tuning is turned off (KOMPUTED_MALLOC_TUNING=0 or GLIBC_TUNABLES)";
   }

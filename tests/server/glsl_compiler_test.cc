@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "komputed/core/shader.h"
+#include "support/sanitizers.h"
 #include "support/status_matchers.h"
 #include "test_util.h"
 
@@ -43,24 +44,12 @@ std::string MacroBomb() {
   return source;
 }
 
-// Whether this build runs under AddressSanitizer, whose shadow memory needs more address space
-// than any bound: there the compiler's memory is not bounded, only its time.
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAddressSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAddressSanitizer = true;
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-#else
-constexpr bool kAddressSanitizer = false;
-#endif
-
+// Under AddressSanitizer, whose shadow memory needs more address space than any bound, the
+// compiler's memory is not bounded, only its time.
 GlslCompileLimits Tight() {
   GlslCompileLimits limits;
   limits.wall_time = absl::Seconds(5);
-  limits.memory_bytes = kAddressSanitizer ? 0 : uint64_t{512} << 20;
+  limits.memory_bytes = test_support::kAddressSanitizer ? 0 : uint64_t{512} << 20;
   return limits;
 }
 
