@@ -362,10 +362,6 @@ absl::Time SessionManager::ReapOnce() {
   std::vector<std::shared_ptr<Session>> idle, open;
   {
     absl::MutexLock lock(&mu_);
-    if (release_after > absl::ZeroDuration()) {
-      open.reserve(sessions_.size());
-      for (const auto& [id, session] : sessions_) open.push_back(session);
-    }
     for (auto it = sessions_.begin(); it != sessions_.end();) {
       Session& s = *it->second;
       if (s.users() > 0) {  // a call, stream or eval in progress; Get cannot start one now
@@ -380,6 +376,11 @@ absl::Time SessionManager::ReapOnce() {
       }
       next = std::min(next, expires);
       ++it;
+    }
+    // The sessions that stay (those reaped above free everything anyway).
+    if (release_after > absl::ZeroDuration()) {
+      open.reserve(sessions_.size());
+      for (const auto& [id, session] : sessions_) open.push_back(session);
     }
   }
   size_t released = 0;
