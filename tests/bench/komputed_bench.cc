@@ -1331,33 +1331,29 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
             << GBps(r.MeanBytesPerSecond(kUploadKp)) << "\n";
   std::cout << "download 256 MiB: remote " << GBps(down_remote) << ", kp in-process "
             << GBps(r.MeanBytesPerSecond(kDownloadKp)) << "\n";
-  if (const auto stages = r.MeanSeconds(kb::kTinyEvalStages); stages.has_value()) {
+  // "request to handler 90.8, prepare and submit 24.6, ...": the stage counters of `name`.
+  auto stages_text = [&r](const char* name) {
     auto us = [&](const char* counter) {
-      const std::optional<double> v = r.MeanCounter(kb::kTinyEvalStages, counter);
+      const std::optional<double> v = r.MeanCounter(name, counter);
       return v.has_value() ? absl::StrFormat("%.1f", *v) : std::string("-");
     };
+    return absl::StrCat("request to handler ", us(kb::kStageRequest), ", prepare and submit ",
+                        us(kb::kStagePrepare), ", device and wait ", us(kb::kStageDevice),
+                        ", answer ", us(kb::kStageAnswer), ", answer to client ",
+                        us(kb::kStageResponse), " (waited inline: ", us(kb::kStageInline), ")");
+  };
+  if (const auto stages = r.MeanSeconds(kb::kTinyEvalStages); stages.has_value()) {
     std::cout << "tiny eval through the gRPC API alone, " << Micros(stages)
-              << " mean; its stages in us: request to handler " << us(kb::kStageRequest)
-              << ", prepare and submit " << us(kb::kStagePrepare) << ", device and wait "
-              << us(kb::kStageDevice) << ", answer " << us(kb::kStageAnswer)
-              << ", answer to client " << us(kb::kStageResponse)
-              << " (waited inline: " << us(kb::kStageInline) << ")\n";
+              << " mean; its stages in us: " << stages_text(kb::kTinyEvalStages) << "\n";
     if (tiny_remote.has_value()) {
       std::cout << "kp client's own share of the remote tiny eval (remote - gRPC API alone): "
                 << Micros(*tiny_remote - *stages) << "\n";
     }
   }
   if (const auto rate = r.MeanItemsPerSecond(kb::kAsyncEvalStages); rate.has_value()) {
-    auto us = [&](const char* counter) {
-      const std::optional<double> v = r.MeanCounter(kb::kAsyncEvalStages, counter);
-      return v.has_value() ? absl::StrFormat("%.1f", *v) : std::string("-");
-    };
     std::cout << "async evals through the gRPC API alone (" << g_env->config.async_depth
               << " in flight on one Execute stream), " << PerSecond(rate)
-              << "; each eval's stages in us: request to handler " << us(kb::kStageRequest)
-              << ", prepare and submit " << us(kb::kStagePrepare) << ", device and wait "
-              << us(kb::kStageDevice) << ", answer " << us(kb::kStageAnswer)
-              << ", answer to client " << us(kb::kStageResponse) << "\n";
+              << "; each eval's stages in us: " << stages_text(kb::kAsyncEvalStages) << "\n";
   }
   met &= PrintRatio("remote/(in-process + ping) (tiny eval)",
                     Ratio(tiny_remote, Sum(tiny_in, ping)), true, 1.25);
