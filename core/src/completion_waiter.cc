@@ -1,6 +1,7 @@
 #include "komputed/core/completion_waiter.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "komputed/core/status.h"
 
@@ -18,8 +19,8 @@ constexpr absl::Duration kMaxBlock = absl::Seconds(1);
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CompletionWaiter>> CompletionWaiter::Create(
-    std::shared_ptr<Device> device, absl::Duration spin) {
-  auto waiter = std::unique_ptr<CompletionWaiter>(new CompletionWaiter(device));
+    std::shared_ptr<Device> device, absl::Duration spin, size_t test_lanes) {
+  auto waiter = std::unique_ptr<CompletionWaiter>(new CompletionWaiter(device, test_lanes));
   waiter->spin_ = spin;
   if (device->timeline_supported()) {
     VkSemaphoreTypeCreateInfo ti{VK_STRUCTURE_TYPE_SEMAPHORE_TYPE_CREATE_INFO};
@@ -35,7 +36,18 @@ absl::StatusOr<std::unique_ptr<CompletionWaiter>> CompletionWaiter::Create(
   return waiter;
 }
 
-CompletionWaiter::CompletionWaiter(std::shared_ptr<Device> device) : device_(std::move(device)) {}
+CompletionWaiter::CompletionWaiter(std::shared_ptr<Device> device, size_t test_lanes)
+    : device_(std::move(device)), test_lanes_(test_lanes > 0) {
+  absl::MutexLock lock(&mu_);
+  lanes_.resize(test_lanes_ ? test_lanes : std::max<size_t>(device_->queue_count(), 1));
+  blocked_on_.assign(lanes_.size(), false);
+  one_lane_ = lanes_.size() == 1;
+}
+
+size_t CompletionWaiter::LaneOf(const Sequence& sequence) const {
+  if (test_lanes_) return std::hash<const Sequence*>()(&sequence) / 64 % lanes_.size();
+  return std::min(sequence.queue(), lanes_.size() - 1);
+}
 
 CompletionWaiter::~CompletionWaiter() {
   {
@@ -62,14 +74,21 @@ void CompletionWaiter::Watch(std::shared_ptr<Sequence> sequence, absl::Time dead
     return;
   }
   absl::MutexLock lock(&mu_);
-  entries_.push_back({std::move(sequence), completion, deadline, std::move(done)});
+  const size_t lane = LaneOf(*sequence);
+  lanes_[lane].push_back({std::move(sequence), completion, deadline, std::move(done)});
+  ++count_;
   watched_.fetch_add(1, std::memory_order_release);
-  Wake();
+  // A lane whose oldest submission the thread waits on needs no wake-up: the new submission
+  // completes after that one.
+  if (blocked_ && (!blocked_on_[lane] || deadline < blocked_until_)) {
+    Wake();
+    blocked_ = false;  // one wake-up: the thread looks at every lane again
+  }
 }
 
 size_t CompletionWaiter::pending() const {
   absl::MutexLock lock(&mu_);
-  return entries_.size();
+  return count_;
 }
 
 bool CompletionWaiter::Signalled(const Sequence::Completion& c) const {
@@ -95,92 +114,132 @@ bool CompletionWaiter::Poll(const std::vector<Sequence::Completion>& completions
   return false;
 }
 
+void CompletionWaiter::Block(const std::vector<Sequence::Completion>& oldest, absl::Time now,
+                             absl::Time until, uint64_t wake_target) {
+  const auto ns = [&](absl::Duration bound) {
+    return static_cast<uint64_t>(
+        std::max<int64_t>(0, absl::ToInt64Nanoseconds(std::min(until - now, bound))));
+  };
+  bool timeline = static_cast<bool>(wake_);
+  for (const Sequence::Completion& c : oldest) timeline &= c.timeline != VK_NULL_HANDLE;
+  if (one_lane_) {
+    // One lane (a device of one queue). A wait for one semaphore or fence blocks where waiting for
+    // any of several may poll without sleeping (Mesa's common code does so for drivers without a
+    // native wait-any, lavapipe among them), taking the CPU that a CPU device runs its work on.
+    // Watches of other deadlines are seen within a slice.
+    const Sequence::Completion& c = oldest.front();
+    if (c.timeline != VK_NULL_HANDLE) {
+      VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO};
+      wi.semaphoreCount = 1;
+      wi.pSemaphores = &c.timeline;
+      wi.pValues = &c.value;
+      vkWaitSemaphores(device_->handle(), &wi, ns(kOneQueueSlice));
+    } else {
+      device_->calls().WaitForFences(device_->handle(), 1, &c.fence, VK_TRUE, ns(kOneQueueSlice));
+    }
+  } else if (timeline) {
+    std::vector<VkSemaphore> semaphores;
+    std::vector<uint64_t> values;
+    for (const Sequence::Completion& c : oldest) {
+      semaphores.push_back(c.timeline);
+      values.push_back(c.value);
+    }
+    semaphores.push_back(wake_.get());
+    values.push_back(wake_target);
+    VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO};
+    wi.flags = VK_SEMAPHORE_WAIT_ANY_BIT;
+    wi.semaphoreCount = static_cast<uint32_t>(semaphores.size());
+    wi.pSemaphores = semaphores.data();
+    wi.pValues = values.data();
+    vkWaitSemaphores(device_->handle(), &wi, ns(kMaxBlock));
+  } else {
+    std::vector<VkFence> fences;
+    for (const Sequence::Completion& c : oldest) fences.push_back(c.fence);
+    device_->calls().WaitForFences(device_->handle(), static_cast<uint32_t>(fences.size()),
+                                   fences.data(), VK_FALSE, ns(kFencePollBound));
+  }
+}
+
+std::vector<std::pair<CompletionWaiter::Entry, absl::Status>> CompletionWaiter::Collect() {
+  // Which entries completed, from each lane's oldest on up to the first still running: checked
+  // without the lock, on the entries that were there (Watch only appends).
+  std::vector<size_t> done(lanes_.size(), 0);
+  std::vector<std::vector<Sequence::Completion>> look(lanes_.size());
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    for (const Entry& e : lanes_[i]) look[i].push_back(e.completion);
+  }
+  mu_.Unlock();
+  for (size_t i = 0; i < look.size(); ++i) {
+    while (done[i] < look[i].size() && Signalled(look[i][done[i]])) ++done[i];
+  }
+  const absl::Time after = absl::Now();
+  mu_.Lock();
+  std::vector<std::pair<Entry, absl::Status>> finished;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    Lane& lane = lanes_[i];
+    for (size_t k = 0; k < done[i]; ++k) {
+      finished.emplace_back(std::move(lane.front()), absl::OkStatus());
+      lane.pop_front();
+    }
+    // Those past their deadline (rare: a deadline is a whole eval timeout) are looked at anywhere
+    // in the lane; one that completed meanwhile is completed, not refused.
+    for (auto it = lane.begin(); it != lane.end();) {
+      if (after < it->deadline) {
+        ++it;
+      } else if (Signalled(it->completion)) {
+        finished.emplace_back(std::move(*it), absl::OkStatus());
+        it = lane.erase(it);
+      } else {
+        finished.emplace_back(
+            std::move(*it), absl::DeadlineExceededError("the submission did not complete in time"));
+        it = lane.erase(it);
+      }
+    }
+  }
+  count_ -= finished.size();
+  return finished;
+}
+
 void CompletionWaiter::Run() {
   absl::MutexLock lock(&mu_);
   while (true) {
-    if (entries_.empty()) {
+    if (count_ == 0) {
       if (stopping_) return;
       mu_.Await(absl::Condition(
           +[](CompletionWaiter* w)
-               ABSL_NO_THREAD_SAFETY_ANALYSIS { return w->stopping_ || !w->entries_.empty(); },
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return w->stopping_ || w->count_ != 0; },
           this));
       continue;
     }
-    // Block until a watched submission completes, a new one arrives, or the nearest deadline.
+    // Block until the oldest submission of a lane completes, a Watch that needs the thread, or
+    // the nearest deadline.
     const absl::Time now = absl::Now();
     absl::Time until = now + kMaxBlock;
-    for (const Entry& e : entries_) until = std::min(until, e.deadline);
-    std::vector<VkSemaphore> semaphores;
-    std::vector<uint64_t> values;
-    std::vector<VkFence> fences;
-    bool timeline = static_cast<bool>(wake_);
-    for (const Entry& e : entries_) {
-      if (e.completion.timeline == VK_NULL_HANDLE) timeline = false;
-      semaphores.push_back(e.completion.timeline);
-      values.push_back(e.completion.value);
-      fences.push_back(e.completion.fence);
+    std::vector<Sequence::Completion> oldest;
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+      blocked_on_[i] = !lanes_[i].empty();
+      if (lanes_[i].empty()) continue;
+      oldest.push_back(lanes_[i].front().completion);
+      for (const Entry& e : lanes_[i]) until = std::min(until, e.deadline);
     }
     const uint64_t wake_target = wake_value_ + 1;
-    // On a device of one queue the submissions complete in the order they were made, so waiting
-    // for the oldest alone loses nothing; and a wait for one semaphore or fence blocks where
-    // waiting for any of several may poll without sleeping (Mesa's common code does so for
-    // drivers without a native wait-any, lavapipe among them), taking the CPU that a CPU device
-    // runs its work on. New entries are seen within a slice.
-    const bool oldest_only = device_->queue_count() == 1;
-    const Sequence::Completion oldest = entries_.front().completion;
-    std::vector<Sequence::Completion> completions;
-    if (spin_ > absl::ZeroDuration()) {
-      for (const Entry& e : entries_) completions.push_back(e.completion);
-    }
+    const uint64_t seen = watched_.load(std::memory_order_relaxed);  // Watch counts under mu_
+    blocked_until_ = until;
     mu_.Unlock();
-    if (Poll(completions, std::min(spin_, until - now))) {
-      // Something completed or came while polling: no block.
-    } else if (oldest_only) {
-      const int64_t ns =
-          std::max<int64_t>(0, absl::ToInt64Nanoseconds(std::min(until - now, kOneQueueSlice)));
-      if (oldest.timeline != VK_NULL_HANDLE) {
-        VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO};
-        wi.semaphoreCount = 1;
-        wi.pSemaphores = &oldest.timeline;
-        wi.pValues = &oldest.value;
-        vkWaitSemaphores(device_->handle(), &wi, static_cast<uint64_t>(ns));
-      } else {
-        device_->calls().WaitForFences(device_->handle(), 1, &oldest.fence, VK_TRUE,
-                                       static_cast<uint64_t>(ns));
+    if (!Poll(oldest, std::min(spin_, until - now))) {
+      bool block = false;
+      {
+        absl::MutexLock blocking(&mu_);
+        // From here on a Watch that needs the thread wakes it; one that came since the lanes
+        // were looked at is looked at first.
+        block = watched_.load(std::memory_order_relaxed) == seen;
+        blocked_ = block;
       }
-    } else if (timeline) {
-      semaphores.push_back(wake_.get());
-      values.push_back(wake_target);
-      VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO};
-      wi.flags = VK_SEMAPHORE_WAIT_ANY_BIT;
-      wi.semaphoreCount = static_cast<uint32_t>(semaphores.size());
-      wi.pSemaphores = semaphores.data();
-      wi.pValues = values.data();
-      int64_t ns = std::max<int64_t>(0, absl::ToInt64Nanoseconds(until - now));
-      vkWaitSemaphores(device_->handle(), &wi, static_cast<uint64_t>(ns));
-    } else {
-      int64_t ns =
-          std::max<int64_t>(0, absl::ToInt64Nanoseconds(std::min(until - now, kFencePollBound)));
-      device_->calls().WaitForFences(device_->handle(), static_cast<uint32_t>(fences.size()),
-                                     fences.data(), VK_FALSE, static_cast<uint64_t>(ns));
+      if (block) Block(oldest, now, until, wake_target);
     }
     mu_.Lock();
-
-    // Complete what is done or overdue, in the order they were watched.
-    std::vector<std::pair<Entry, absl::Status>> finished;
-    const absl::Time after = absl::Now();
-    for (auto it = entries_.begin(); it != entries_.end();) {
-      if (Signalled(it->completion)) {
-        finished.emplace_back(std::move(*it), absl::OkStatus());
-        it = entries_.erase(it);
-      } else if (after >= it->deadline) {
-        finished.emplace_back(
-            std::move(*it), absl::DeadlineExceededError("the submission did not complete in time"));
-        it = entries_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    blocked_ = false;
+    std::vector<std::pair<Entry, absl::Status>> finished = Collect();
     mu_.Unlock();
     for (auto& [entry, status] : finished) {
       if (status.ok()) {

@@ -165,9 +165,25 @@ TEST(CompletionWaiter, ManySubmissionsWhilePolling) {
   }
 }
 
-TEST(CompletionWaiter, DeadlinePassed) {
+// Spread over several lanes (as the queues of a GPU are), waited on together with the wake-up
+// semaphore: each lane's submissions complete, and so do those watched while the thread blocks.
+TEST(CompletionWaiter, ManySubmissionsInSeveralLanes) {
+  for (absl::Duration spin : {absl::ZeroDuration(), absl::Microseconds(200)}) {
+    SCOPED_TRACE(absl::FormatDuration(spin));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
+                         CompletionWaiter::Create(TestDevice(), spin, /*test_lanes=*/3));
+    for (int round = 0; round < 3; ++round) {
+      SCOPED_TRACE(round);
+      ExpectManyComplete(waiter.get());
+    }
+  }
+}
+
+class DeadlinePassed : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(DeadlinePassed, RefusedAndLeftRunning) {
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
-                       CompletionWaiter::Create(TestDevice()));
+                       CompletionWaiter::Create(TestDevice(), absl::ZeroDuration(), GetParam()));
   std::shared_ptr<Device> device = TestDevice();
   const bool cpu = device->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
   const std::vector<float> zero = {0};
@@ -200,6 +216,12 @@ TEST(CompletionWaiter, DeadlinePassed) {
   }
   EXPECT_FALSE(seq->IsRunning());
 }
+
+INSTANTIATE_TEST_SUITE_P(CompletionWaiter, DeadlinePassed, ::testing::Values(0, 3),
+                         [](const auto& info) {
+                           return info.param == 0 ? std::string("OneLane")
+                                                  : absl::StrCat(info.param, "Lanes");
+                         });
 
 TEST(CompletionWaiter, DestructionCompletesWatched) {
   ASSERT_OK_AND_ASSIGN(Work w, MakeWork());
