@@ -288,15 +288,19 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
 // in order as if it had come alone; a client that set batched_events gets the events that are
 // ready when a write starts in one message (more_events), within batch_bytes_.
 //
+// Pipelining: the next read starts (window permitting) before a request's evals run, so that
+// gRPC reads it while they are prepared and submitted. The requests read wait in unprocessed_
+// and run one at a time, in the order read, on the thread that found none running (processing_).
+//
 // Lifetime: the reactor owns everything the stream needs and is deleted in OnDone, which gRPC
 // calls only after Finish. Finish is called only once (a) the client has stopped sending (half
-// close, cancellation or a broken stream all end the reads), (b) every eval of the stream has
-// completed (pending_ == 0), and (c) no write is outstanding. So every completion callback, which
-// points at the reactor, fires while the reactor is alive, and a client that disappears mid-stream
-// only makes the remaining events be dropped; the reactor then finishes when the last submission
-// completes (bounded by the eval timeout). A paused read is resumed when the stream is cancelled
-// (the read then fails at once and ends the reads). The session is held in use (so it is not
-// reaped) from the first request until OnDone.
+// close, cancellation or a broken stream all end the reads), (b) every eval read has run and
+// completed (pending_ == 0 and !processing_), and (c) no write is outstanding. So every completion
+// callback, which points at the reactor, fires while the reactor is alive, and a client that
+// disappears mid-stream only makes the remaining events be dropped; the reactor then finishes when
+// the last submission completes (bounded by the eval timeout). A paused read is resumed when the
+// stream is cancelled (the read then fails at once and ends the reads). The session is held in use
+// (so it is not reaped) from the first request until OnDone.
 class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent> {
  public:
   ExecuteReactor(SessionManager* sessions, const Authenticator* auth,
@@ -327,36 +331,43 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   void OnReadDone(bool ok) override {
     const uint64_t read_ns = MonotonicNs();  // the evals' "received" stage (stage_times)
     Step next;
-    if (!ok) {
+    bool process = false;
+    {
       absl::MutexLock lock(&mu_);
-      reads_done_ = true;
-      next = NextStepLocked();
-    } else {
-      if (request_.batched_events()) {
-        absl::MutexLock lock(&mu_);
-        batched_events_ = true;
-      }
-      const size_t evals = 1 + static_cast<size_t>(request_.more_evals_size());
-      requests_read_->Increment();
-      evals_->Increment(static_cast<double>(evals));
-      if (evals > v1::wire::kMaxExecuteBatch) {
-        const absl::Status refused = absl::InvalidArgumentError(
-            absl::StrCat("an Execute request carries ", evals, " evals; at most ",
-                         v1::wire::kMaxExecuteBatch, " in one request"));
-        LogFailure("Execute", request_.eval().session_id(), "", refused);  // once, not per eval
-        Refuse(request_.eval(), refused);
-        for (const v1::EvalRequest& eval : request_.more_evals()) Refuse(eval, refused);
+      if (!ok) {
+        reads_done_ = true;
       } else {
-        // Each reads everything it needs from request_ before the next read replaces it.
-        // Each request is authenticated again: a token revoked by a reload of the tenants file
-        // ends the stream's work from its next request on, not only new calls.
-        const absl::StatusOr<Caller> caller = auth_->Authenticate(*context_);
-        Submit(request_.eval(), caller, read_ns);
-        for (const v1::EvalRequest& eval : request_.more_evals()) Submit(eval, caller, read_ns);
+        batched_events_ |= request_.batched_events();
+        // The request's evals hold their places in the window from now on; the next read starts
+        // at once if the window has room, while this thread (or the one already at it) runs them.
+        const size_t evals = 1 + static_cast<size_t>(request_.more_evals_size());
+        pending_ += static_cast<int>(evals);
+        unprocessed_.push_back({read_ns, std::move(request_)});
+        request_.Clear();
+        read_paused_ = true;
+        process = !processing_;
+        processing_ = true;
       }
-      absl::MutexLock lock(&mu_);
-      read_paused_ = true;  // the next read starts now if the window has room, else later
       next = NextStepLocked();
+    }
+    Take(next);
+    if (!process) return;
+    // Runs the requests read so far in the order they were read, until none is left. The stream
+    // cannot finish while processing_ is set, so the reactor stays alive until the step decided
+    // with its clearing has been taken.
+    while (true) {
+      Unprocessed work;
+      {
+        absl::MutexLock lock(&mu_);
+        if (unprocessed_.empty()) {
+          processing_ = false;
+          next = NextStepLocked();
+          break;
+        }
+        work = std::move(unprocessed_.front());
+        unprocessed_.pop_front();
+      }
+      Process(work.request, work.read_ns);
     }
     Take(next);
   }
@@ -401,12 +412,37 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
     uint64_t bytes = 0;
   };
 
-  // The event of `eval`, counted as pending until Complete takes it.
-  std::shared_ptr<v1::ExecuteEvent> Pend(const v1::EvalRequest& eval) {
+  struct Unprocessed {
+    uint64_t read_ns = 0;
+    v1::ExecuteRequest request;
+  };
+
+  // Runs the evals of one request read at `read_ns`; each was counted in pending_ when it was
+  // read, and Complete takes it out.
+  void Process(const v1::ExecuteRequest& request, uint64_t read_ns) {
+    const size_t evals = 1 + static_cast<size_t>(request.more_evals_size());
+    requests_read_->Increment();
+    evals_->Increment(static_cast<double>(evals));
+    if (evals > v1::wire::kMaxExecuteBatch) {
+      const absl::Status refused = absl::InvalidArgumentError(
+          absl::StrCat("an Execute request carries ", evals, " evals; at most ",
+                       v1::wire::kMaxExecuteBatch, " in one request"));
+      LogFailure("Execute", request.eval().session_id(), "", refused);  // once, not per eval
+      Refuse(request.eval(), refused);
+      for (const v1::EvalRequest& eval : request.more_evals()) Refuse(eval, refused);
+      return;
+    }
+    // Each request is authenticated again: a token revoked by a reload of the tenants file ends
+    // the stream's work from its next request on, not only new calls.
+    const absl::StatusOr<Caller> caller = auth_->Authenticate(*context_);
+    Submit(request.eval(), caller, read_ns);
+    for (const v1::EvalRequest& eval : request.more_evals()) Submit(eval, caller, read_ns);
+  }
+
+  // The event of `eval` (counted in pending_ since its request was read, until Complete).
+  static std::shared_ptr<v1::ExecuteEvent> Pend(const v1::EvalRequest& eval) {
     auto event = std::make_shared<v1::ExecuteEvent>();
     event->set_request_id(eval.request_id());
-    absl::MutexLock lock(&mu_);
-    ++pending_;
     return event;
   }
 
@@ -439,7 +475,8 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   }
 
   // The stream belongs to the session that its first request names; later requests name it
-  // again or leave session_id empty. Reads are sequential, so only one thread is here.
+  // again or leave session_id empty. Requests are processed one at a time (processing_), so only
+  // one thread is here.
   absl::StatusOr<std::shared_ptr<Session>> Bind(const std::string& id, const Caller& caller) {
     if (session_ == nullptr) {
       absl::StatusOr<std::shared_ptr<Session>> session = sessions_->Get(id, caller);
@@ -525,7 +562,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
         events_.pop_front();
       }
       step.write = current_.get();
-    } else if (reads_done_ && pending_ == 0) {
+    } else if (reads_done_ && pending_ == 0 && !processing_) {
       finished_ = true;
       step.finish = true;
       if (dropping_)
@@ -559,7 +596,10 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   std::shared_ptr<Session> session_;  // set by the first request that names a session
 
   absl::Mutex mu_;
-  int pending_ ABSL_GUARDED_BY(mu_) = 0;  // evals submitted whose event is not queued yet
+  // Evals read whose event is not queued yet: those still to run, and those submitted.
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<Unprocessed> unprocessed_ ABSL_GUARDED_BY(mu_);  // requests read, in order
+  bool processing_ ABSL_GUARDED_BY(mu_) = false;              // a thread runs unprocessed_
   std::deque<Queued> events_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<v1::ExecuteEvent> current_ ABSL_GUARDED_BY(mu_);  // the write in flight
   uint64_t current_bytes_ ABSL_GUARDED_BY(mu_) = 0;
