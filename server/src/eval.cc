@@ -47,6 +47,7 @@ struct Session::Prepared {
   std::shared_ptr<core::CancelWord> cancel;  // what the watchdog sets to stop it (null: none yet)
   // Held while the submission may change host data (HostWrites), until the device has finished it.
   HostWrites::Token host_writes;
+  uint64_t submitting_ns = 0;  // MonotonicNs before the submission, when the plan asked for stages
 };
 
 namespace {
@@ -133,6 +134,7 @@ absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const EvalPlan& pla
     // Marked before the submission: the device may change host data from its first moment.
     prepared.host_writes = host_writes_->Submitting(HostDataWritten(sequence.RecordedOps()));
     std::shared_ptr<core::TensorInitBatch> inits;
+    if (plan.stage_times) prepared.submitting_ns = MonotonicNs();
     if (!pending_init_.empty()) {
       std::vector<std::shared_ptr<core::Tensor>> pending;
       for (const auto& weak : pending_init_) {
@@ -171,6 +173,7 @@ absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const EvalPlan& pla
 
 void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inline,
                    EvalDone on_done) {
+  const uint64_t started_ns = plan.stage_times ? MonotonicNs() : 0;
   Touch();
   WorkGate* const gate = gate_;
   if (gate != nullptr && !gate->Enter()) {
@@ -206,8 +209,12 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
   std::shared_ptr<EvalResult::Stages> stages;
   if (plan.stage_times) {
     stages = std::make_shared<EvalResult::Stages>();
-    stages->received_ns = plan.received_ns != 0 ? plan.received_ns : MonotonicNs();
+    stages->received_ns = plan.received_ns != 0 ? plan.received_ns : started_ns;
+    stages->started_ns = started_ns;
     stages->submitted_ns = MonotonicNs();
+    // Nothing submitted (or nothing to submit): the submission's start is its end.
+    stages->submitting_ns =
+        prepared->submitting_ns != 0 ? prepared->submitting_ns : stages->submitted_ns;
   }
   if (prepared->sequence == nullptr) {
     EvalResult result;

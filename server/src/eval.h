@@ -62,6 +62,8 @@ struct EvalResult {
   // taken where the answer is written (wire::ToWire).
   struct Stages {
     uint64_t received_ns = 0;
+    uint64_t started_ns = 0;     // Session::Eval began
+    uint64_t submitting_ns = 0;  // commands and uploads applied, the submission about to start
     uint64_t submitted_ns = 0;
     uint64_t completed_ns = 0;
     bool waited_inline = false;

@@ -245,6 +245,8 @@ void ToWire(EvalResult result, v1::EvalResponse* response) {
   if (result.stages.has_value()) {
     v1::EvalStages* stages = response->mutable_stages();
     stages->set_received_ns(result.stages->received_ns);
+    stages->set_started_ns(result.stages->started_ns);
+    stages->set_submitting_ns(result.stages->submitting_ns);
     stages->set_submitted_ns(result.stages->submitted_ns);
     stages->set_completed_ns(result.stages->completed_ns);
     stages->set_answered_ns(MonotonicNs());

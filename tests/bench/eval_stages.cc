@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -138,29 +139,42 @@ class StageSums {
  public:
   // Whether the moments are in order, from `sent` (the client's write) to `back` (its read).
   static bool InOrder(uint64_t sent, const v1::EvalStages& s, uint64_t back) {
-    return sent <= s.received_ns() && s.received_ns() <= s.submitted_ns() &&
-           s.submitted_ns() <= s.completed_ns() && s.completed_ns() <= s.answered_ns() &&
-           s.answered_ns() <= back;
+    const uint64_t moments[] = {sent,
+                                s.received_ns(),
+                                s.started_ns(),
+                                s.submitting_ns(),
+                                s.submitted_ns(),
+                                s.completed_ns(),
+                                s.answered_ns(),
+                                back};
+    return std::is_sorted(std::begin(moments), std::end(moments));
   }
   void Add(uint64_t sent, const v1::EvalStages& s, uint64_t back) {
-    sums_[0] += static_cast<double>(s.received_ns() - sent);
-    sums_[1] += static_cast<double>(s.submitted_ns() - s.received_ns());
-    sums_[2] += static_cast<double>(s.completed_ns() - s.submitted_ns());
-    sums_[3] += static_cast<double>(s.answered_ns() - s.completed_ns());
-    sums_[4] += static_cast<double>(back - s.answered_ns());
+    const uint64_t moments[kStages + 1] = {sent,
+                                           s.received_ns(),
+                                           s.started_ns(),
+                                           s.submitting_ns(),
+                                           s.submitted_ns(),
+                                           s.completed_ns(),
+                                           s.answered_ns(),
+                                           back};
+    for (int k = 0; k < kStages; ++k) {
+      sums_[k] += static_cast<double>(moments[k + 1] - moments[k]);
+    }
     if (s.waited_inline()) ++inline_waits_;
   }
   // Means per eval, in microseconds.
   void SetCounters(benchmark::State& state) const {
     const double n = static_cast<double>(std::max<int64_t>(1, state.iterations()));
-    const char* names[5] = {kStageRequest, kStagePrepare, kStageDevice, kStageAnswer,
-                            kStageResponse};
-    for (int k = 0; k < 5; ++k) state.counters[names[k]] = sums_[k] / n / 1e3;
+    const char* names[kStages] = {kStageRequest, kStageQueued, kStagePrepare, kStageSubmit,
+                                  kStageDevice,  kStageAnswer, kStageResponse};
+    for (int k = 0; k < kStages; ++k) state.counters[names[k]] = sums_[k] / n / 1e3;
     state.counters[kStageInline] = static_cast<double>(inline_waits_) / n;
   }
 
  private:
-  double sums_[5] = {0, 0, 0, 0, 0};
+  static constexpr int kStages = 7;
+  double sums_[kStages] = {};
   int64_t inline_waits_ = 0;
 };
 

@@ -14,7 +14,9 @@ namespace komputed_bench {
 
 // The counters it sets, in microseconds per eval (means).
 inline constexpr char kStageRequest[] = "request_us";    // client call -> daemon handler
-inline constexpr char kStagePrepare[] = "prepare_us";    // handler -> submitted
+inline constexpr char kStageQueued[] = "queued_us";      // handler -> its preparation began
+inline constexpr char kStagePrepare[] = "prepare_us";    // -> commands and uploads applied
+inline constexpr char kStageSubmit[] = "submit_us";      // -> submitted
 inline constexpr char kStageDevice[] = "device_us";      // submitted -> completion seen
 inline constexpr char kStageAnswer[] = "answer_us";      // completion seen -> answer to gRPC
 inline constexpr char kStageResponse[] = "response_us";  // answer to gRPC -> client has it

@@ -1331,14 +1331,16 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
             << GBps(r.MeanBytesPerSecond(kUploadKp)) << "\n";
   std::cout << "download 256 MiB: remote " << GBps(down_remote) << ", kp in-process "
             << GBps(r.MeanBytesPerSecond(kDownloadKp)) << "\n";
-  // "request to handler 90.8, prepare and submit 24.6, ...": the stage counters of `name`.
+  // "request to handler 90.8, behind earlier evals 0.1, prepare 20.2, ...": the stage counters of
+  // `name`.
   auto stages_text = [&r](const char* name) {
     auto us = [&](const char* counter) {
       const std::optional<double> v = r.MeanCounter(name, counter);
       return v.has_value() ? absl::StrFormat("%.1f", *v) : std::string("-");
     };
-    return absl::StrCat("request to handler ", us(kb::kStageRequest), ", prepare and submit ",
-                        us(kb::kStagePrepare), ", device and wait ", us(kb::kStageDevice),
+    return absl::StrCat("request to handler ", us(kb::kStageRequest), ", behind earlier evals ",
+                        us(kb::kStageQueued), ", prepare ", us(kb::kStagePrepare), ", submit ",
+                        us(kb::kStageSubmit), ", device and wait ", us(kb::kStageDevice),
                         ", answer ", us(kb::kStageAnswer), ", answer to client ",
                         us(kb::kStageResponse), " (waited inline: ", us(kb::kStageInline), ")");
   };

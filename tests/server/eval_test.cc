@@ -55,7 +55,9 @@ TEST_P(EvalTest, StageTimesComeInOrderOnlyWhenAsked) {
   const v1::EvalStages& s = resp.stages();
   // One clock (the host's monotonic one) for this test and the daemon it runs in.
   EXPECT_LE(before, s.received_ns());
-  EXPECT_LE(s.received_ns(), s.submitted_ns());
+  EXPECT_LE(s.received_ns(), s.started_ns());
+  EXPECT_LE(s.started_ns(), s.submitting_ns());
+  EXPECT_LE(s.submitting_ns(), s.submitted_ns());
   EXPECT_LE(s.submitted_ns(), s.completed_ns());
   EXPECT_LE(s.completed_ns(), s.answered_ns());
   EXPECT_LE(s.answered_ns(), after);

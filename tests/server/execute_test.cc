@@ -85,7 +85,9 @@ TEST_F(ExecuteTest, StageTimesComeInTheEventWhenAsked) {
   ASSERT_TRUE(event.result().has_stages());
   const v1::EvalStages& s = event.result().stages();
   EXPECT_LE(before, s.received_ns());
-  EXPECT_LE(s.received_ns(), s.submitted_ns());
+  EXPECT_LE(s.received_ns(), s.started_ns());
+  EXPECT_LE(s.started_ns(), s.submitting_ns());
+  EXPECT_LE(s.submitting_ns(), s.submitted_ns());
   EXPECT_LE(s.submitted_ns(), s.completed_ns());
   EXPECT_LE(s.completed_ns(), s.answered_ns());
   EXPECT_LE(s.answered_ns(), after);
