@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "komputed/core/spin.h"
 #include "komputed/core/status.h"
 
 namespace komputed::core {
@@ -110,6 +111,7 @@ bool CompletionWaiter::Poll(const std::vector<Sequence::Completion>& completions
       if (Signalled(c)) return true;
     }
     if (watched_.load(std::memory_order_acquire) != watched) return true;
+    CpuRelax();
   } while (absl::Now() < until);
   return false;
 }

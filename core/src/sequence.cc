@@ -4,9 +4,9 @@
 
 #include <cmath>
 #include <cstring>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "komputed/core/spin.h"
 #include "komputed/core/status.h"
 
 namespace komputed::core {
@@ -459,7 +459,7 @@ bool Sequence::Poll(absl::Duration limit) const {
       return true;
     }
     if (absl::Now() >= until) return false;
-    std::this_thread::yield();
+    CpuRelax();
   }
 }
 

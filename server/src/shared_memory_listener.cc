@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "komputed/core/spin.h"
 #include "spdlog/spdlog.h"
 
 namespace komputed::server {
@@ -299,9 +300,11 @@ void SharedMemoryListener::React(Reactor& reactor) {
     polled.push_back({reactor.wake_fd, POLLIN, 0});
     for (const auto& c : connections) polled.push_back({c->fd_for_listener(), POLLIN, 0});
     int ready;
-    do {
+    while (true) {
       ready = poll(polled.data(), polled.size(), absl::Now() < spin_until ? 0 : -1);
-    } while (ready == 0);
+      if (ready != 0) break;
+      core::CpuRelax();
+    }
     if (ready < 0 && errno != EINTR) {
       spdlog::error("shared-memory socket @{}: poll: {}", name_, std::strerror(errno));
       break;

@@ -90,6 +90,7 @@
 #include "komputed/core/device.h"
 #include "komputed/core/sequence.h"
 #include "komputed/core/shader.h"
+#include "komputed/core/spin.h"
 #include "komputed/core/status.h"
 #include "komputed/core/tensor.h"
 #include "remote_bench.h"
@@ -358,7 +359,7 @@ class RawVulkan {
   }
 
   // The per-iteration work: vkResetFences + vkQueueSubmit + vkWaitForFences (bounded); with
-  // `spin`, the fence is polled (vkGetFenceStatus, yielding between polls) for up to that long
+  // `spin`, the fence is polled (vkGetFenceStatus, a CPU pause between polls) for up to that long
   // before the wait sleeps, as the daemon does (--eval_spin): the floor of a short wait.
   VkResult Run(VkCommandBuffer cb, uint64_t timeout_ns,
                absl::Duration spin = absl::ZeroDuration()) {
@@ -372,7 +373,7 @@ class RawVulkan {
     if (spin > absl::ZeroDuration()) {
       const absl::Time until = absl::Now() + spin;
       while (vkGetFenceStatus(device_, fence_) == VK_NOT_READY && absl::Now() < until) {
-        std::this_thread::yield();
+        komputed::core::CpuRelax();
       }
     }
     return vkWaitForFences(device_, 1, &fence_, VK_TRUE, timeout_ns);

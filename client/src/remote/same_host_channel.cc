@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "komputed/core/spin.h"
 #include "komputed/v1/shared_memory_wire.h"
 
 namespace kp::internal::remote {
@@ -33,6 +34,7 @@ ssize_t ReceiveSpinning(int fd, std::vector<char>& buffer, absl::Duration spin) 
       errno = EAGAIN;
       return -1;
     }
+    komputed::core::CpuRelax();
   }
 }
 

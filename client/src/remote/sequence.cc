@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "komputed/core/spin.h"
 #include "komputed/core/status.h"
 #include "komputed/v1/semantics_wire.h"
 #include "remote/credentials.h"
@@ -98,6 +99,7 @@ absl::Status RemoteSequence::Wait(absl::Duration timeout) {
   // Polled first, as an in-process wait polls its fence (the answer often comes within it).
   const absl::Time spin_until = absl::Now() + std::min(timeout, connection_->spin());
   while (!p->done.load(std::memory_order_acquire) && absl::Now() < spin_until) {
+    komputed::core::CpuRelax();
   }
   {
     std::unique_lock<std::mutex> plock(p->mu);
