@@ -245,6 +245,46 @@ TEST_F(ExecuteTest, ManyEvalsInFlightStayCorrect) {
   EXPECT_EQ(received, kTotal);
 }
 
+// Requests written back to back (each read while the ones before it may still be running) run
+// in the order they were read, and a half close right after the last still brings every event.
+// Eval k writes k + 1 into element k of one tensor and reads the whole tensor back: run in order,
+// it sees elements 0..k written and none after.
+TEST_F(ExecuteTest, RequestsRunInTheOrderReadAndAllAnswerAfterAHalfClose) {
+  constexpr int kCount = 64;
+  grpc::ClientContext ctx;
+  auto stream = client_->sequences->Execute(&ctx);
+  for (int k = 0; k < kCount; ++k) {
+    v1::ExecuteRequest req;
+    v1::EvalRequest& eval = *req.mutable_eval();
+    eval.set_session_id(session_);
+    eval.set_request_id(static_cast<uint64_t>(k) + 1);
+    v1::TensorData* upload = eval.add_uploads();
+    upload->set_handle(Base(0));
+    upload->set_offset(static_cast<uint64_t>(k) * sizeof(float));
+    const float value = static_cast<float>(k + 1);
+    upload->set_data(&value, sizeof(value));
+    eval.add_downloads(Base(0));
+    ASSERT_TRUE(stream->Write(req));
+  }
+  stream->WritesDone();
+  int received = 0;
+  v1::ExecuteEvent event;
+  while (stream->Read(&event)) {
+    ++received;
+    ASSERT_EQ(event.code(), 0) << event.message();
+    ASSERT_EQ(event.result().downloads_size(), 1);
+    const std::vector<float> seen = Floats(event.result().downloads(0).data());
+    ASSERT_EQ(seen.size(), kN);
+    const int k = static_cast<int>(event.request_id()) - 1;
+    for (int i = 0; i < kCount; ++i) {
+      ASSERT_EQ(seen[i], i <= k ? static_cast<float>(i + 1) : 0.0f)
+          << "eval " << k << ", element " << i;
+    }
+  }
+  EXPECT_THAT(stream->Finish(), IsOk());
+  EXPECT_EQ(received, kCount);
+}
+
 TEST_F(ExecuteTest, RequestsNamingAnotherSessionGetAnErrorEvent) {
   const std::string other = Open("other");
   grpc::ClientContext ctx;
