@@ -63,7 +63,7 @@ class CompletionWaiter {
   // The submissions watched on one queue, oldest watched first.
   using Lane = std::deque<Entry>;
   CompletionWaiter(std::shared_ptr<Device> device, size_t test_lanes);
-  size_t LaneOf(const Sequence& sequence) const;
+  size_t LaneOf(const Sequence& sequence) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run();
   void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Signalled(const Sequence::Completion& c) const;
