@@ -1,6 +1,7 @@
 #include "komputed/core/completion_waiter.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "komputed/core/spin.h"
@@ -45,8 +46,8 @@ CompletionWaiter::CompletionWaiter(std::shared_ptr<Device> device, size_t test_l
   one_lane_ = lanes_.size() == 1;
 }
 
-size_t CompletionWaiter::LaneOf(const Sequence& sequence) const {
-  if (test_lanes_) return std::hash<const Sequence*>()(&sequence) / 64 % lanes_.size();
+size_t CompletionWaiter::LaneOf(const Sequence& sequence) {
+  if (test_lanes_) return next_test_lane_++ % lanes_.size();
   return std::min(sequence.queue(), lanes_.size() - 1);
 }
 
@@ -75,13 +76,18 @@ void CompletionWaiter::Watch(std::shared_ptr<Sequence> sequence, absl::Time dead
     return;
   }
   absl::MutexLock lock(&mu_);
-  const size_t lane = LaneOf(*sequence);
-  lanes_[lane].push_back({std::move(sequence), completion, deadline, std::move(done)});
+  Lane& lane = lanes_[LaneOf(*sequence)];
+  // In the order of the submissions (which may be watched in another order): usually at the end.
+  auto at = lane.end();
+  while (at != lane.begin() && std::prev(at)->completion.order > completion.order) --at;
+  const bool oldest = at == lane.begin();
+  const bool waited_on = blocked_on_[&lane - lanes_.data()];
+  lane.insert(at, {std::move(sequence), completion, deadline, std::move(done)});
   ++count_;
   watched_.fetch_add(1, std::memory_order_release);
-  // A lane whose oldest submission the thread waits on needs no wake-up: the new submission
+  // Where the thread waits on the lane's oldest submission, a later one needs no wake-up: it
   // completes after that one.
-  if (blocked_ && (!blocked_on_[lane] || deadline < blocked_until_)) {
+  if (blocked_ && (!waited_on || oldest || deadline < blocked_until_)) {
     Wake();
     blocked_ = false;  // one wake-up: the thread looks at every lane again
   }
@@ -237,7 +243,7 @@ void CompletionWaiter::Run() {
         block = watched_.load(std::memory_order_relaxed) == seen;
         blocked_ = block;
       }
-      if (block) Block(oldest, now, until, wake_target);
+      if (block) Block(oldest, absl::Now(), until, wake_target);
     }
     mu_.Lock();
     blocked_ = false;

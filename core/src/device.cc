@@ -684,8 +684,8 @@ absl::Status Device::Check(VkResult result, absl::string_view what) {
 }
 
 absl::Status Device::Submit(size_t queue, VkCommandBuffer command_buffer, VkFence fence,
-                            VkSemaphore timeline, uint64_t timeline_value,
-                            VkCommandBuffer prologue) {
+                            VkSemaphore timeline, uint64_t timeline_value, VkCommandBuffer prologue,
+                            uint64_t* order) {
   if (lost()) {
     return absl::UnavailableError(absl::StrCat("device ", info_.index, " was lost"));
   }
@@ -710,6 +710,8 @@ absl::Status Device::Submit(size_t queue, VkCommandBuffer command_buffer, VkFenc
   {
     absl::MutexLock lock(&q.mu);
     r = calls_->QueueSubmit(q.handle, 1, &si, fence);
+    if (r == VK_SUCCESS) ++q.submissions;
+    if (order != nullptr) *order = q.submissions;
   }
   return Check(r, "vkQueueSubmit");
 }

@@ -338,9 +338,9 @@ absl::Status Sequence::Submit(std::shared_ptr<TensorInitBatch> prologue) {
   VkFence fence = fence_.get();
   KD_RETURN_IF_ERROR(device_->Check(vkResetFences(device_->handle(), 1, &fence), "vkResetFences"));
   const uint64_t next = timeline_value_ + 1;
-  KD_RETURN_IF_ERROR(
-      device_->Submit(queue_, cb_, fence, timeline_.get(), next,
-                      prologue != nullptr ? prologue->command_buffer() : VK_NULL_HANDLE));
+  KD_RETURN_IF_ERROR(device_->Submit(
+      queue_, cb_, fence, timeline_.get(), next,
+      prologue != nullptr ? prologue->command_buffer() : VK_NULL_HANDLE, &submit_order_));
   timeline_value_ = next;
   running_ = true;
   if (prologue != nullptr) prologue->Submitted();
@@ -476,7 +476,7 @@ std::vector<uint64_t> Sequence::Timestamps() const {
 Sequence::Completion Sequence::InFlight() const {
   absl::MutexLock lock(&mu_);
   if (!running_) return {};
-  return {fence_.get(), timeline_.get(), timeline_value_};
+  return {fence_.get(), timeline_.get(), timeline_value_, submit_order_};
 }
 
 }  // namespace komputed::core

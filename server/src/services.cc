@@ -341,6 +341,8 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
         // The request's evals hold their places in the window from now on; the next read starts
         // at once if the window has room, while this thread (or the one already at it) runs them.
         const size_t evals = 1 + static_cast<size_t>(request_.more_evals_size());
+        requests_read_->Increment();
+        evals_->Increment(static_cast<double>(evals));
         pending_ += static_cast<int>(evals);
         unprocessed_.push_back({read_ns, std::move(request_)});
         request_.Clear();
@@ -366,6 +368,11 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
         }
         work = std::move(unprocessed_.front());
         unprocessed_.pop_front();
+        if (dropping_) {
+          // Cancelled or broken: nobody will read its events, so it is not run.
+          pending_ -= 1 + work.request.more_evals_size();
+          continue;
+        }
       }
       Process(work.request, work.read_ns);
     }
@@ -421,8 +428,6 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
   // read, and Complete takes it out.
   void Process(const v1::ExecuteRequest& request, uint64_t read_ns) {
     const size_t evals = 1 + static_cast<size_t>(request.more_evals_size());
-    requests_read_->Increment();
-    evals_->Increment(static_cast<double>(evals));
     if (evals > v1::wire::kMaxExecuteBatch) {
       const absl::Status refused = absl::InvalidArgumentError(
           absl::StrCat("an Execute request carries ", evals, " evals; at most ",

@@ -179,6 +179,31 @@ TEST(CompletionWaiter, ManySubmissionsInSeveralLanes) {
   }
 }
 
+// Watched in another order than they were submitted: each lane keeps submission order
+// (Completion::order), so the earlier one is not held behind the later, and both complete.
+TEST(CompletionWaiter, SubmissionsWatchedOutOfOrderComplete) {
+  for (size_t lanes : {size_t{1}, size_t{3}}) {
+    SCOPED_TRACE(lanes);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
+                         CompletionWaiter::Create(TestDevice(), absl::ZeroDuration(), lanes));
+    ASSERT_OK_AND_ASSIGN(Work first, MakeWork());
+    ASSERT_OK_AND_ASSIGN(Work second, MakeWork());
+    ASSERT_OK(first.seq->Submit());
+    ASSERT_OK(second.seq->Submit());
+    EXPECT_LT(first.seq->InFlight().order, second.seq->InFlight().order);
+    Done first_done, second_done;
+    waiter->Watch(second.seq, absl::Now() + kTimeout, second_done.Callback());
+    waiter->Watch(first.seq, absl::Now() + kTimeout, first_done.Callback());
+    ASSERT_TRUE(first_done.Wait());
+    ASSERT_TRUE(second_done.Wait());
+    EXPECT_TRUE(first_done.status.ok()) << first_done.status;
+    EXPECT_TRUE(second_done.status.ok()) << second_done.status;
+    EXPECT_THAT(HostFloats(*first.b), ElementsAre(1, 2, 3));
+    EXPECT_THAT(HostFloats(*second.b), ElementsAre(1, 2, 3));
+    EXPECT_EQ(waiter->pending(), 0u);
+  }
+}
+
 class DeadlinePassed : public ::testing::TestWithParam<size_t> {};
 
 TEST_P(DeadlinePassed, RefusedAndLeftRunning) {

@@ -252,6 +252,7 @@ TEST_F(ExecuteTest, ManyEvalsInFlightStayCorrect) {
 TEST_F(ExecuteTest, RequestsRunInTheOrderReadAndAllAnswerAfterAHalfClose) {
   constexpr int kCount = 64;
   grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   auto stream = client_->sequences->Execute(&ctx);
   for (int k = 0; k < kCount; ++k) {
     v1::ExecuteRequest req;

@@ -20,15 +20,15 @@ namespace komputed::core {
 
 // One thread per device that waits for many submissions at once and calls back as each
 // completes: no thread per submission. The submissions of one queue complete in the order they
-// were made, so the thread waits only for the oldest watched submission of each queue that has
-// any, and then collects that queue's completed ones from the oldest on: its work per wake-up and
-// the objects it waits on grow with the queues in use, not with the submissions in flight. Where
-// the device has timeline semaphores and several queues it blocks in one vkWaitSemaphores over
-// those oldest submissions plus a wake-up semaphore, which Watch() signals from the host only
-// when the thread is blocked without the new submission's queue (or past its deadline); with one
-// queue it blocks on the oldest submission alone; without timeline semaphores it waits on fences
-// with a short bound. Thread-safe. Callbacks run on the waiter's thread, one at a time: keep them
-// short.
+// were made, so the thread waits only for the first made of the watched submissions of each queue
+// that has any, and then collects that queue's completed ones from the oldest on: its work per
+// wake-up and the objects it waits on grow with the queues in use, not with the submissions in
+// flight. Where the device has timeline semaphores and several queues it blocks in one
+// vkWaitSemaphores over those oldest submissions plus a wake-up semaphore, which Watch() signals
+// from the host only when the thread is blocked without the new submission's queue (or past its
+// deadline); with one queue it blocks on the oldest submission alone; without timeline semaphores
+// it waits on fences with a short bound. Thread-safe. Callbacks run on the waiter's thread, one at
+// a time: keep them short.
 class CompletionWaiter {
  public:
   // Before each block the thread polls the watched submissions (and for new ones) for up to
@@ -36,7 +36,7 @@ class CompletionWaiter {
   // thread would wake tens of microseconds late for each. Zero: no polling (CPU devices, whose
   // work needs the cores).
   // `test_lanes` (tests only; 0: off) spreads the submissions of a device of one queue over that
-  // many lanes by sequence, waited on together as the lanes of several queues are.
+  // many lanes in turn, waited on together as the lanes of several queues are.
   static absl::StatusOr<std::unique_ptr<CompletionWaiter>> Create(
       std::shared_ptr<Device> device, absl::Duration spin = absl::ZeroDuration(),
       size_t test_lanes = 0);
@@ -60,10 +60,10 @@ class CompletionWaiter {
     absl::Time deadline;
     std::function<void(absl::Status)> done;
   };
-  // The submissions watched on one queue, oldest watched first.
+  // The submissions watched on one queue, in the order they were made (Completion::order).
   using Lane = std::deque<Entry>;
   CompletionWaiter(std::shared_ptr<Device> device, size_t test_lanes);
-  size_t LaneOf(const Sequence& sequence) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t LaneOf(const Sequence& sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run();
   void Wake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Signalled(const Sequence::Completion& c) const;
@@ -80,8 +80,9 @@ class CompletionWaiter {
   std::shared_ptr<Device> device_;
   SemaphoreHandle wake_;  // timeline, signalled by Watch (when needed) and the destructor
   mutable absl::Mutex mu_;
-  std::vector<Lane> lanes_ ABSL_GUARDED_BY(mu_);  // by the sequences' queue index
-  size_t count_ ABSL_GUARDED_BY(mu_) = 0;         // entries in all lanes
+  std::vector<Lane> lanes_ ABSL_GUARDED_BY(mu_);    // by the sequences' queue index
+  size_t count_ ABSL_GUARDED_BY(mu_) = 0;           // entries in all lanes
+  size_t next_test_lane_ ABSL_GUARDED_BY(mu_) = 0;  // test_lanes: round robin
   // While the thread blocks on the wake-up semaphore: until when, and on which lanes' oldest
   // submissions. A Watch wakes it only for a lane not among them or for an earlier deadline.
   bool blocked_ ABSL_GUARDED_BY(mu_) = false;

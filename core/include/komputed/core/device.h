@@ -148,6 +148,7 @@ struct Queue {
   uint32_t index = 0;  // within the family
   uint32_t timestamp_valid_bits = 0;
   absl::Mutex mu;
+  uint64_t submissions ABSL_GUARDED_BY(mu) = 0;  // made so far: the order of their completion
 };
 
 // A logical device with its queues. Owns the VkDevice; every object made on it holds a
@@ -217,10 +218,11 @@ class Device {
 
   // Submits one command buffer to queue `queue` with `fence`, after `prologue` in the same batch
   // when that is given; when `timeline` is given, the submission also signals it to
-  // `timeline_value`.
+  // `timeline_value`. `order`, when given, receives the submission's place on its queue (1, 2,
+  // ...): a queue's submissions complete in that order.
   absl::Status Submit(size_t queue, VkCommandBuffer command_buffer, VkFence fence,
                       VkSemaphore timeline = VK_NULL_HANDLE, uint64_t timeline_value = 0,
-                      VkCommandBuffer prologue = VK_NULL_HANDLE);
+                      VkCommandBuffer prologue = VK_NULL_HANDLE, uint64_t* order = nullptr);
   // Waits for `fence`; DEADLINE_EXCEEDED after `timeout`.
   absl::Status Wait(VkFence fence, absl::Duration timeout);
   // Records commands with `record`, runs them on queue 0 and waits (bounded by `timeout`). For

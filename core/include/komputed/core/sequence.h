@@ -125,6 +125,7 @@ class Sequence {
     VkFence fence = VK_NULL_HANDLE;
     VkSemaphore timeline = VK_NULL_HANDLE;
     uint64_t value = 0;
+    uint64_t order = 0;  // its place among its queue's submissions (Device::Submit)
   };
   Completion InFlight() const;
   Device& device() const { return *device_; }
@@ -153,6 +154,7 @@ class Sequence {
   QueryPoolHandle query_pool_;
   SemaphoreHandle timeline_;
   uint64_t timeline_value_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t submit_order_ ABSL_GUARDED_BY(mu_) = 0;  // of the submission in flight
   // The last Record or Rerecord, or the end of the last submission (Wait: a submission keeps the
   // sequence running, which Release refuses, until then).
   absl::Time last_used_ ABSL_GUARDED_BY(mu_) = absl::Now();
