@@ -169,23 +169,29 @@ void CompletionWaiter::Block(const std::vector<Sequence::Completion>& oldest, ab
 }
 
 std::vector<std::pair<CompletionWaiter::Entry, absl::Status>> CompletionWaiter::Collect() {
-  // Which entries completed, from each lane's oldest on up to the first still running: checked
-  // without the lock, on the entries that were there (Watch only appends).
-  std::vector<size_t> done(lanes_.size(), 0);
+  // How far each lane has completed, from its oldest on up to the first still running, checked
+  // without the lock. Watch may insert meanwhile (an entry submitted before those checked lands
+  // before them): every entry of a lane up to the last one seen complete, in submission order,
+  // has completed.
   std::vector<std::vector<Sequence::Completion>> look(lanes_.size());
   for (size_t i = 0; i < lanes_.size(); ++i) {
     for (const Entry& e : lanes_[i]) look[i].push_back(e.completion);
   }
   mu_.Unlock();
+  std::vector<uint64_t> done_through(look.size(), 0);  // 0: none seen complete
   for (size_t i = 0; i < look.size(); ++i) {
-    while (done[i] < look[i].size() && Signalled(look[i][done[i]])) ++done[i];
+    for (const Sequence::Completion& c : look[i]) {
+      if (!Signalled(c)) break;
+      done_through[i] = c.order;
+    }
   }
   const absl::Time after = absl::Now();
   mu_.Lock();
   std::vector<std::pair<Entry, absl::Status>> finished;
   for (size_t i = 0; i < lanes_.size(); ++i) {
     Lane& lane = lanes_[i];
-    for (size_t k = 0; k < done[i]; ++k) {
+    while (!lane.empty() && done_through[i] != 0 &&
+           lane.front().completion.order <= done_through[i]) {
       finished.emplace_back(std::move(lane.front()), absl::OkStatus());
       lane.pop_front();
     }
