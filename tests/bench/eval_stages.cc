@@ -3,9 +3,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
-#include <iterator>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -139,25 +139,11 @@ class StageSums {
  public:
   // Whether the moments are in order, from `sent` (the client's write) to `back` (its read).
   static bool InOrder(uint64_t sent, const v1::EvalStages& s, uint64_t back) {
-    const uint64_t moments[] = {sent,
-                                s.received_ns(),
-                                s.started_ns(),
-                                s.submitting_ns(),
-                                s.submitted_ns(),
-                                s.completed_ns(),
-                                s.answered_ns(),
-                                back};
-    return std::is_sorted(std::begin(moments), std::end(moments));
+    const std::array<uint64_t, kStages + 1> moments = Moments(sent, s, back);
+    return std::is_sorted(moments.begin(), moments.end());
   }
   void Add(uint64_t sent, const v1::EvalStages& s, uint64_t back) {
-    const uint64_t moments[kStages + 1] = {sent,
-                                           s.received_ns(),
-                                           s.started_ns(),
-                                           s.submitting_ns(),
-                                           s.submitted_ns(),
-                                           s.completed_ns(),
-                                           s.answered_ns(),
-                                           back};
+    const std::array<uint64_t, kStages + 1> moments = Moments(sent, s, back);
     for (int k = 0; k < kStages; ++k) {
       sums_[k] += static_cast<double>(moments[k + 1] - moments[k]);
     }
@@ -174,6 +160,18 @@ class StageSums {
 
  private:
   static constexpr int kStages = 7;
+  // The moments that bound the stages, from the client's write to its read.
+  static std::array<uint64_t, kStages + 1> Moments(uint64_t sent, const v1::EvalStages& s,
+                                                   uint64_t back) {
+    return {sent,
+            s.received_ns(),
+            s.started_ns(),
+            s.submitting_ns(),
+            s.submitted_ns(),
+            s.completed_ns(),
+            s.answered_ns(),
+            back};
+  }
   double sums_[kStages] = {};
   int64_t inline_waits_ = 0;
 };

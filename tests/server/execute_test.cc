@@ -84,13 +84,7 @@ TEST_F(ExecuteTest, StageTimesComeInTheEventWhenAsked) {
   ExpectResult(event, 0);
   ASSERT_TRUE(event.result().has_stages());
   const v1::EvalStages& s = event.result().stages();
-  EXPECT_LE(before, s.received_ns());
-  EXPECT_LE(s.received_ns(), s.started_ns());
-  EXPECT_LE(s.started_ns(), s.submitting_ns());
-  EXPECT_LE(s.submitting_ns(), s.submitted_ns());
-  EXPECT_LE(s.submitted_ns(), s.completed_ns());
-  EXPECT_LE(s.completed_ns(), s.answered_ns());
-  EXPECT_LE(s.answered_ns(), after);
+  ExpectStagesInOrder(before, s, after);
   // Not asked: none.
   ASSERT_TRUE(stream->Write(Request(2, 1)));
   ASSERT_TRUE(stream->Read(&event));

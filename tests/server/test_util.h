@@ -28,6 +28,18 @@ using namespace ::komputed::test_support;
 
 inline std::string PushFloat(float value) { return FloatBytes({value}); }
 
+// An eval's stage moments (EvalStages) come in order, after `before` and up to `after` (the
+// test's MonotonicNs around the call: one clock for the test and the daemon it runs).
+inline void ExpectStagesInOrder(uint64_t before, const v1::EvalStages& s, uint64_t after) {
+  EXPECT_LE(before, s.received_ns());
+  EXPECT_LE(s.received_ns(), s.started_ns());
+  EXPECT_LE(s.started_ns(), s.submitting_ns());
+  EXPECT_LE(s.submitting_ns(), s.submitted_ns());
+  EXPECT_LE(s.submitted_ns(), s.completed_ns());
+  EXPECT_LE(s.completed_ns(), s.answered_ns());
+  EXPECT_LE(s.answered_ns(), after);
+}
+
 // The stubs of every komputed service over one channel, for messages up to 256 MiB unless
 // `large_messages` is false.
 struct Client : Stubs {
