@@ -6,6 +6,7 @@
 
 #include "komputed/core/spin.h"
 #include "komputed/core/status.h"
+#include "komputed/core/thread_name.h"
 
 namespace komputed::core {
 namespace {
@@ -34,7 +35,10 @@ absl::StatusOr<std::unique_ptr<CompletionWaiter>> CompletionWaiter::Create(
                                      "vkCreateSemaphore"));
     waiter->wake_ = SemaphoreHandle(device->handle(), semaphore);
   }
-  waiter->thread_ = std::thread([w = waiter.get()] { w->Run(); });
+  waiter->thread_ = std::thread([w = waiter.get()] {
+    NameThisThread("kd-waiter");
+    w->Run();
+  });
   return waiter;
 }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "komputed/core/status.h"
+#include "komputed/core/thread_name.h"
 
 namespace komputed::server {
 namespace {
@@ -54,7 +55,10 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(const Serve
     KD_ASSIGN_OR_RETURN(auth->registry_,
                         TenantRegistry::Create(options.tenants_file, options.default_quota));
     if (auth->poll_interval_ > absl::ZeroDuration()) {
-      auth->watcher_ = std::thread([a = auth.get()] { a->Watch(); });
+      auth->watcher_ = std::thread([a = auth.get()] {
+        core::NameThisThread("kd-tenants");
+        a->Watch();
+      });
     }
   }
   return auth;

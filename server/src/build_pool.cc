@@ -3,11 +3,17 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "komputed/core/thread_name.h"
 
 namespace komputed::server {
 
 BuildPool::BuildPool(int threads, size_t max_queued) : max_queued_(max_queued) {
-  for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { Work(); });
+  for (int i = 0; i < std::max(1, threads); ++i) {
+    threads_.emplace_back([this] {
+      core::NameThisThread("kd-build");
+      Work();
+    });
+  }
 }
 
 BuildPool::~BuildPool() {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "komputed/core/status.h"
+#include "komputed/core/thread_name.h"
 
 namespace komputed::server {
 namespace {
@@ -283,7 +284,10 @@ absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(const ServerOptio
     device->on_lost_ = [p] { p->DeviceLost(); };
     pool->devices_.push_back(std::move(device));
   }
-  pool->recovery_ = std::thread([p = pool.get()] { p->Recovery(); });
+  pool->recovery_ = std::thread([p = pool.get()] {
+    core::NameThisThread("kd-recovery");
+    p->Recovery();
+  });
   return pool;
 }
 

@@ -11,6 +11,7 @@
 #include "komputed/core/malloc_tuning.h"
 #include "komputed/core/shared_memory.h"
 #include "komputed/core/status.h"
+#include "komputed/core/thread_name.h"
 #include "session_wire.h"
 #include "status.h"
 
@@ -63,7 +64,10 @@ SessionManager::SessionManager(DevicePool* pool, const ServerOptions& options, M
           Unresponsive(instance, id, waited);
         });
   }
-  reaper_ = std::thread([this] { Reap(); });
+  reaper_ = std::thread([this] {
+    core::NameThisThread("kd-reaper");
+    Reap();
+  });
   if (options_.shared_memory) {
     SharedMemoryListener::Handlers handlers;
     handlers.take = [this](v1::wire::SharedMemoryAttach request) {

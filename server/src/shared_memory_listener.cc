@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "komputed/core/spin.h"
+#include "komputed/core/thread_name.h"
 #include "spdlog/spdlog.h"
 
 namespace komputed::server {
@@ -125,10 +126,19 @@ absl::StatusOr<std::unique_ptr<SharedMemoryListener>> SharedMemoryListener::Star
     listener->reactors_.push_back(std::move(reactor));
   }
   for (auto& reactor : listener->reactors_) {
-    reactor->thread = std::thread([l = listener.get(), r = reactor.get()] { l->React(*r); });
+    reactor->thread = std::thread([l = listener.get(), r = reactor.get()] {
+      core::NameThisThread("kd-shm-reactor");
+      l->React(*r);
+    });
   }
-  listener->worker_ = std::thread([l = listener.get()] { l->Work(); });
-  listener->thread_ = std::thread([l = listener.get()] { l->Run(); });
+  listener->worker_ = std::thread([l = listener.get()] {
+    core::NameThisThread("kd-shm-import");
+    l->Work();
+  });
+  listener->thread_ = std::thread([l = listener.get()] {
+    core::NameThisThread("kd-shm-accept");
+    l->Run();
+  });
   return listener;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "komputed/core/thread_name.h"
 
 namespace komputed::server {
 namespace {
@@ -25,7 +26,10 @@ std::shared_ptr<Watchdog> Watchdog::Create(absl::Duration interval, Overrun on_o
   auto watchdog = std::shared_ptr<Watchdog>(
       new Watchdog(interval, std::move(on_overrun), stop_grace, std::move(on_unresponsive)));
   absl::MutexLock lock(&watchdog->thread_mu_);
-  watchdog->thread_ = std::thread([w = watchdog.get()] { w->Run(); });
+  watchdog->thread_ = std::thread([w = watchdog.get()] {
+    core::NameThisThread("kd-watchdog");
+    w->Run();
+  });
   return watchdog;
 }
 

@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -124,6 +125,23 @@ TEST(CompletionWaiter, CallsBackWhenComplete) {
   ASSERT_TRUE(again.Wait());
   ASSERT_TRUE(again.status.ok()) << again.status;
   EXPECT_THAT(HostFloats(*w.b), ElementsAre(2, 4, 6));
+}
+
+// The callbacks run on the waiter's own thread, named for what it does (top -H, perf and gdb show
+// it).
+TEST(CompletionWaiter, CallsBackOnItsNamedThread) {
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
+                       CompletionWaiter::Create(TestDevice()));
+  ASSERT_OK_AND_ASSIGN(Work w, MakeWork());
+  ASSERT_OK(w.seq->Submit());
+  char name[16] = {};
+  absl::Notification called;
+  waiter->Watch(w.seq, absl::Now() + kTimeout, [&](absl::Status) {
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    called.Notify();
+  });
+  ASSERT_TRUE(called.WaitForNotificationWithTimeout(kTimeout));
+  EXPECT_STREQ(name, "kd-waiter");
 }
 
 // Eight submissions watched at once all complete, each with its results.

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "komputed/core/status.h"
+#include "komputed/core/thread_name.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "komputed/v1/tensor_chunk_wire.h"
 #include "remote/credentials.h"
@@ -211,7 +212,10 @@ absl::Status BulkTransfer::InLanes(uint64_t bytes, Move move) {
   for (uint64_t i = 1; i < n; ++i) {
     const uint64_t begin = std::min(bytes, i * per_lane);
     const uint64_t end = std::min(bytes, begin + per_lane);
-    threads.emplace_back([&, i, begin, end] { statuses[i] = move(LaneStub(i), begin, end); });
+    threads.emplace_back([&, i, begin, end] {
+      komputed::core::NameThisThread("kp-bulk");
+      statuses[i] = move(LaneStub(i), begin, end);
+    });
   }
   statuses[0] = move(LaneStub(0), 0, std::min(bytes, per_lane));
   for (auto& t : threads) t.join();

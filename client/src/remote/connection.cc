@@ -9,6 +9,7 @@
 #include "backend.h"
 #include "komputed/core/malloc_tuning.h"
 #include "komputed/core/status.h"
+#include "komputed/core/thread_name.h"
 #include "komputed/v1/execute_wire.h"
 #include "komputed/v1/shared_memory_wire.h"
 #include "remote/credentials.h"
@@ -272,7 +273,10 @@ std::shared_ptr<Connection::Pending> Connection::SubmitSameHost(const v1::EvalRe
       return nullptr;
     }
     submit_ = *std::move(opened);
-    submit_reader_ = std::thread([this, channel = submit_.get()] { ReadSubmitAnswers(channel); });
+    submit_reader_ = std::thread([this, channel = submit_.get()] {
+      komputed::core::NameThisThread("kp-shm-answers");
+      ReadSubmitAnswers(channel);
+    });
   }
   const uint64_t id = next_request_.fetch_add(1);
   auto pending = std::make_shared<Pending>();
@@ -419,6 +423,7 @@ void Connection::WriteStream(Stream* stream) {
 
 void Connection::StartKeepAlive() {
   keepalive_ = std::thread([this] {
+    komputed::core::NameThisThread("kp-keepalive");
     std::unique_lock<std::mutex> lock(keepalive_mu_);
     const auto period =
         absl::ToChronoNanoseconds(std::max(idle_timeout_ / 3, absl::Milliseconds(50)));
@@ -461,9 +466,13 @@ void Connection::OpenStreamLocked() {
       stop_writer_ = false;
       writer_running_ = true;
     }
-    writer_ = std::thread([this, stream = stream_.get()] { WriteStream(stream); });
+    writer_ = std::thread([this, stream = stream_.get()] {
+      komputed::core::NameThisThread("kp-stream-write");
+      WriteStream(stream);
+    });
   }
   reader_ = std::thread([this, stream = stream_.get()] {
+    komputed::core::NameThisThread("kp-stream-read");
     auto deliver = [this](v1::ExecuteEvent& event) {
       std::shared_ptr<Pending> p;
       {
