@@ -11,7 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "bench_common.h"
 #include "eval.h"
+#include "komputed/core/shared_memory.h"
 #include "komputed/v1/komputed.grpc.pb.h"
+#include "komputed/v1/shared_memory_wire.h"
+#include "remote/same_host_channel.h"
 #include "support/requests.h"
 #include "support/stubs.h"
 
@@ -19,6 +22,8 @@ namespace komputed_bench {
 namespace {
 
 namespace v1 = komputed::v1;
+namespace core = komputed::core;
+namespace remote = kp::internal::remote;
 namespace ts = komputed::test_support;
 using komputed::server::MonotonicNs;  // the clock of EvalStages
 
@@ -70,22 +75,46 @@ class StagesSession {
     });
     if (!error.empty()) return error;
     id_ = opened.session_id();
+    socket_ = opened.shared_memory_socket();
+    ticket_ = opened.shared_memory_ticket();
     for (uint32_t lane = 0; lane < lanes && error.empty(); ++lane) error = MakeLane(spirv, lane);
     return error;
   }
 
+  // Opens the session and makes one tiny sequence whose tensor's host data is `memory`, passed to
+  // the daemon as region 1 over its shared-memory socket. Empty on success, else what failed.
+  std::string OpenShared(const std::vector<uint32_t>& spirv, const core::SharedMemory& memory) {
+    std::string error = Open(spirv, 0);
+    if (!error.empty()) return error;
+    if (socket_.empty()) return "tiny_eval/same_host_stages: the daemon offers no shared memory";
+    const absl::Status passed = v1::wire::PassSharedMemory(socket_, ticket_, kRegion, memory.fd(),
+                                                           memory.size(), absl::Seconds(30));
+    if (!passed.ok()) return absl::StrCat("passing shared memory: ", passed.ToString());
+    return MakeLane(spirv, 0, kRegion);
+  }
+
   const std::string& id() const { return id_; }
+  const std::string& socket() const { return socket_; }
+  const std::string& ticket() const { return ticket_; }
   v1::Sequences::Stub& sequences() { return *stubs_.sequences; }
 
  private:
-  std::string MakeLane(const std::vector<uint32_t>& spirv, uint32_t lane) {
+  static constexpr uint64_t kRegion = 1;
+
+  // Makes lane `lane`'s tensor (over shared-memory region `region` where it is not 0),
+  // algorithm and sequence.
+  std::string MakeLane(const std::vector<uint32_t>& spirv, uint32_t lane, uint64_t region = 0) {
     const uint64_t tensor_handle = Handle(kTensor, lane);
     const uint64_t algorithm_handle = Handle(kAlgorithm, lane);
     const uint64_t sequence_handle = Handle(kSequence, lane);
     std::string error;
 
-    const v1::CreateTensorRequest tensor =
+    v1::CreateTensorRequest tensor =
         ts::FloatTensor(id_, tensor_handle, std::vector<float>(kTinyCount, 0.0f));
+    if (region != 0) {
+      tensor.clear_data();  // the region's
+      tensor.set_shared_memory(region);
+    }
     v1::CreateAlgorithmRequest algorithm;
     algorithm.set_session_id(id_);
     algorithm.set_handle(algorithm_handle);
@@ -132,6 +161,8 @@ class StagesSession {
 
   ts::Stubs stubs_;
   std::string id_;
+  std::string socket_;  // the daemon's shared-memory socket, and the session's ticket for it
+  std::string ticket_;
 };
 
 // The stages' sums over the evals of a run, set as the counters of eval_stages.h at the end.
@@ -221,6 +252,61 @@ void RunEvalStages(benchmark::State& state, const std::string& address,
       return;
     }
     sums.Add(sent, s, back);
+  }
+  sums.SetCounters(state);
+}
+
+void RunSameHostEvalStages(benchmark::State& state, const std::string& address,
+                           const std::vector<uint32_t>& tiny_spirv, absl::Duration spin) {
+  absl::StatusOr<std::shared_ptr<core::SharedMemory>> memory =
+      core::SharedMemory::Create(kTinyBytes, "komputed-bench-stages");
+  if (!memory.ok()) {
+    state.SkipWithError(
+        absl::StrCat("tiny_eval/same_host_stages: ", memory.status().ToString()).c_str());
+    return;
+  }
+  StagesSession session(address);
+  if (std::string error = session.OpenShared(tiny_spirv, **memory); !error.empty()) {
+    state.SkipWithError(error.c_str());
+    return;
+  }
+  absl::StatusOr<std::unique_ptr<remote::SameHostChannel>> channel =
+      remote::SameHostChannel::Open(session.socket(), session.ticket(), absl::Seconds(30));
+  if (!channel.ok()) {
+    state.SkipWithError(absl::StrCat("tiny_eval/same_host_stages: opening the channel: ",
+                                     channel.status().ToString())
+                            .c_str());
+    return;
+  }
+  float* host = static_cast<float*>((*memory)->data());
+  v1::EvalRequest request;
+  request.set_session_id(session.id());
+  request.set_sequence(kSequence);
+  request.set_stage_times(true);
+  StageSums sums;
+  uint64_t i = 0;
+  for (auto _ : state) {
+    const TinyStep step(i++);
+    host[step.k] = step.v;
+    bool sent = false;
+    const uint64_t before = MonotonicNs();
+    absl::StatusOr<v1::EvalResponse> response =
+        (*channel)->Eval(request, absl::Seconds(30), spin, &sent);
+    const uint64_t back = MonotonicNs();
+    if (!response.ok()) {
+      state.SkipWithError(
+          absl::StrCat("tiny_eval/same_host_stages: ", response.status().ToString()).c_str());
+      return;
+    }
+    if (!StageSums::InOrder(before, response->stages(), back)) {
+      state.SkipWithError("tiny_eval/same_host_stages: stages out of order");
+      return;
+    }
+    if (host[step.k] != step.expected()) {
+      state.SkipWithError("tiny_eval/same_host_stages: wrong result");
+      return;
+    }
+    sums.Add(before, response->stages(), back);
   }
   sums.SetCounters(state);
 }

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
+
 namespace komputed_bench {
 
 // The counters it sets, in microseconds per eval (means).
@@ -27,6 +29,14 @@ inline constexpr char kStageInline[] = "inline_share";   // evals waited on the 
 // one Eval per iteration: an upload of the whole tensor, and its download, checked.
 void RunEvalStages(benchmark::State& state, const std::string& address,
                    const std::vector<uint32_t>& tiny_spirv);
+
+// tiny_eval/same_host_stages: the same eval on the daemon's same-host channel (a session's Unix
+// socket, the tensor's host data in shared memory passed to the daemon: no upload or download in
+// the messages), as a same-host kp client sends it, polling for the answer for up to `spin` (the
+// client's WaitSpin for the device) before it blocks. kStageRequest: the record sent -> the
+// daemon's reactor has read it; kStageResponse: the answer sent -> the client has it.
+void RunSameHostEvalStages(benchmark::State& state, const std::string& address,
+                           const std::vector<uint32_t>& tiny_spirv, absl::Duration spin);
 
 // async_evals/stages: `depth` tiny sequences of one session kept in flight on one Execute stream
 // (gRPC's synchronous API: one thread writes each lane's next eval as soon as it has read the

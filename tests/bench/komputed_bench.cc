@@ -83,6 +83,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "backend.h"
 #include "bench_common.h"
 #include "eval_stages.h"
 #include "komputed/core/algorithm.h"
@@ -748,6 +749,7 @@ absl::Status SetUp(Env& env) {
     }
     rc.dispatch_share = env.config.daemon_dispatch_share;
     rc.gib_transfers = device.properties().deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
+    rc.client_spin = kp::internal::WaitSpin(device.properties().deviceType);
     KD_ASSIGN_OR_RETURN(env.remote,
                         komputed_bench::RemoteBench::Start(std::move(rc), env.mgr.get()));
   }
@@ -1394,6 +1396,11 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
             << ", " << shared << " tensors made over shared memory)\n";
   std::cout << "tiny eval, mean: in-process " << Micros(tiny_in) << ", same host "
             << Micros(tiny_same) << "\n";
+  if (const auto stages = r.MeanSeconds(kb::kTinyEvalSameHostStages); stages.has_value()) {
+    std::cout << "tiny eval on the same-host channel alone, " << Micros(stages)
+              << " mean; its stages in us: " << stages_text(kb::kTinyEvalSameHostStages)
+              << " (the request's stage ends where the daemon begins the eval)\n";
+  }
   std::cout << "async evals: same host " << PerSecond(async_same) << "\n";
   std::cout << "upload 256 MiB: same host " << GBps(up_same) << ", kp in-process "
             << GBps(r.MeanBytesPerSecond(kUploadKp)) << "\n";

@@ -472,6 +472,15 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
 
+  benchmark::RegisterBenchmark(kTinyEvalSameHostStages,
+                               [s](benchmark::State& state) {
+                                 RunSameHostEvalStages(state, s->same_host_server->address(),
+                                                       s->config.tiny_spirv, s->config.client_spin);
+                               })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+
   benchmark::RegisterBenchmark(
       kTinyEvalSameHost,
       [s](benchmark::State& state) { RunKpTiny(state, s->tiny_same_host, kTinyEvalSameHost); })

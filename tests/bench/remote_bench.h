@@ -48,6 +48,8 @@ inline constexpr char kUploadRemote[] = "upload_256MiB/remote";
 inline constexpr char kDownloadRemote[] = "download_256MiB/remote";
 // The same on a daemon reached over a Unix socket, the tensors' host data in shared memory.
 inline constexpr char kTinyEvalSameHost[] = "tiny_eval/same_host";
+// The same-host tiny eval's stages (eval_stages.h).
+inline constexpr char kTinyEvalSameHostStages[] = "tiny_eval/same_host_stages";
 inline constexpr char kAsyncSameHost[] = "async_evals/same_host";
 inline constexpr char kUploadSameHost[] = "upload_256MiB/same_host";
 inline constexpr char kDownloadSameHost[] = "download_256MiB/same_host";
@@ -63,6 +65,8 @@ struct RemoteConfig {
   int64_t same_host_bulk_iterations = 10;  // same-host 256 MiB transfers (as the in-process ones)
   uint32_t async_depth = 16;               // evals kept in flight by async_evals
   bool gib_transfers = false;              // also 1 GiB same-host transfers (GPUs)
+  // How long a same-host client polls for its answer before it blocks (kp's WaitSpin).
+  absl::Duration client_spin = absl::ZeroDuration();
   // The daemons' --eval_spin and --eval_inline_wait (unset: their defaults).
   std::optional<absl::Duration> eval_spin;
   std::optional<absl::Duration> eval_inline_wait;
