@@ -18,6 +18,8 @@ constexpr absl::Duration kFencePollBound = absl::Milliseconds(1);
 constexpr absl::Duration kOneQueueSlice = absl::Milliseconds(5);
 // The longest single block, so that deadlines and stops are seen.
 constexpr absl::Duration kMaxBlock = absl::Seconds(1);
+// The most submissions of a lane that one pass checks (without the lock) for completion.
+constexpr size_t kCollectLook = 64;
 
 }  // namespace
 
@@ -88,6 +90,7 @@ void CompletionWaiter::Watch(std::shared_ptr<Sequence> sequence, absl::Time dead
   const bool waited_on = blocked_on_[&lane - lanes_.data()];
   lane.insert(at, {std::move(sequence), completion, deadline, std::move(done)});
   ++count_;
+  earliest_deadline_ = std::min(earliest_deadline_, deadline);
   watched_.fetch_add(1, std::memory_order_release);
   // Where the thread waits on the lane's oldest submission, a later one needs no wake-up: it
   // completes after that one.
@@ -177,9 +180,12 @@ std::vector<std::pair<CompletionWaiter::Entry, absl::Status>> CompletionWaiter::
   // without the lock. Watch may insert meanwhile (an entry submitted before those checked lands
   // before them): every entry of a lane up to the last one seen complete, in submission order,
   // has completed.
+  // A lane's first kCollectLook at most: when all of them have completed, the next pass (which
+  // then finds the lane's oldest complete at once) takes the next ones.
   std::vector<std::vector<Sequence::Completion>> look(lanes_.size());
   for (size_t i = 0; i < lanes_.size(); ++i) {
-    for (const Entry& e : lanes_[i]) look[i].push_back(e.completion);
+    const size_t n = std::min(lanes_[i].size(), kCollectLook);
+    for (size_t k = 0; k < n; ++k) look[i].push_back(lanes_[i][k].completion);
   }
   mu_.Unlock();
   std::vector<uint64_t> done_through(look.size(), 0);  // 0: none seen complete
@@ -192,6 +198,10 @@ std::vector<std::pair<CompletionWaiter::Entry, absl::Status>> CompletionWaiter::
   const absl::Time after = absl::Now();
   mu_.Lock();
   std::vector<std::pair<Entry, absl::Status>> finished;
+  // Those past their deadline (rare: a deadline is a whole eval timeout) are looked for in every
+  // lane once the earliest deadline has passed, and the earliest of those left is found again.
+  const bool deadline_passed = after >= earliest_deadline_;
+  if (deadline_passed) earliest_deadline_ = absl::InfiniteFuture();
   for (size_t i = 0; i < lanes_.size(); ++i) {
     Lane& lane = lanes_[i];
     while (!lane.empty() && done_through[i] != 0 &&
@@ -199,10 +209,11 @@ std::vector<std::pair<CompletionWaiter::Entry, absl::Status>> CompletionWaiter::
       finished.emplace_back(std::move(lane.front()), absl::OkStatus());
       lane.pop_front();
     }
-    // Those past their deadline (rare: a deadline is a whole eval timeout) are looked at anywhere
-    // in the lane; one that completed meanwhile is completed, not refused.
+    if (!deadline_passed) continue;
+    // One that completed meanwhile is completed, not refused.
     for (auto it = lane.begin(); it != lane.end();) {
       if (after < it->deadline) {
+        earliest_deadline_ = std::min(earliest_deadline_, it->deadline);
         ++it;
       } else if (Signalled(it->completion)) {
         finished.emplace_back(std::move(*it), absl::OkStatus());
@@ -215,6 +226,7 @@ std::vector<std::pair<CompletionWaiter::Entry, absl::Status>> CompletionWaiter::
     }
   }
   count_ -= finished.size();
+  if (count_ == 0) earliest_deadline_ = absl::InfiniteFuture();
   return finished;
 }
 
@@ -232,13 +244,12 @@ void CompletionWaiter::Run() {
     // Block until the oldest submission of a lane completes, a Watch that needs the thread, or
     // the nearest deadline.
     const absl::Time now = absl::Now();
-    absl::Time until = now + kMaxBlock;
+    const absl::Time until = std::min(now + kMaxBlock, earliest_deadline_);
     std::vector<Sequence::Completion> oldest;
     for (size_t i = 0; i < lanes_.size(); ++i) {
       blocked_on_[i] = !lanes_[i].empty();
       if (lanes_[i].empty()) continue;
       oldest.push_back(lanes_[i].front().completion);
-      for (const Entry& e : lanes_[i]) until = std::min(until, e.deadline);
     }
     const uint64_t wake_target = wake_value_ + 1;
     const uint64_t seen = watched_.load(std::memory_order_relaxed);  // Watch counts under mu_

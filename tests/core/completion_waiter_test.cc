@@ -145,8 +145,7 @@ TEST(CompletionWaiter, CallsBackOnItsNamedThread) {
 }
 
 // Eight submissions watched at once all complete, each with its results.
-void ExpectManyComplete(CompletionWaiter* waiter) {
-  constexpr int kCount = 8;
+void ExpectManyComplete(CompletionWaiter* waiter, int kCount = 8) {
   std::vector<Work> works;
   std::vector<std::unique_ptr<Done>> dones;
   for (int i = 0; i < kCount; ++i) {
@@ -194,6 +193,43 @@ TEST(CompletionWaiter, ManySubmissionsInSeveralLanes) {
       SCOPED_TRACE(round);
       ExpectManyComplete(waiter.get());
     }
+  }
+}
+
+// More submissions in flight in a lane than one pass of the waiter checks: each pass takes the
+// lane's first ones, the next pass those after them, and all complete.
+TEST(CompletionWaiter, MoreSubmissionsInALaneThanOnePassChecks) {
+  for (size_t lanes : {size_t{1}, size_t{3}}) {
+    SCOPED_TRACE(lanes);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
+                         CompletionWaiter::Create(TestDevice(), absl::ZeroDuration(), lanes));
+    ExpectManyComplete(waiter.get(), 150);
+  }
+}
+
+// A submission whose deadline has passed is refused or completed, while one watched before it
+// with a later deadline is left to complete: the deadlines are looked at again once the earliest
+// has passed, and only the passed ones are refused.
+TEST(CompletionWaiter, PassedDeadlineLeavesALaterOneRunning) {
+  for (size_t lanes : {size_t{1}, size_t{3}}) {
+    SCOPED_TRACE(lanes);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
+                         CompletionWaiter::Create(TestDevice(), absl::ZeroDuration(), lanes));
+    ASSERT_OK_AND_ASSIGN(Work later, MakeWork());
+    ASSERT_OK_AND_ASSIGN(Work passed, MakeWork());
+    ASSERT_OK(later.seq->Submit());
+    ASSERT_OK(passed.seq->Submit());
+    Done later_done, passed_done;
+    waiter->Watch(later.seq, absl::Now() + kTimeout, later_done.Callback());
+    waiter->Watch(passed.seq, absl::InfinitePast(), passed_done.Callback());
+    ASSERT_TRUE(passed_done.Wait());
+    ASSERT_TRUE(later_done.Wait());
+    EXPECT_THAT(passed_done.status, AnyOf(StatusIs(absl::StatusCode::kOk),
+                                          StatusIs(absl::StatusCode::kDeadlineExceeded)));
+    EXPECT_TRUE(later_done.status.ok()) << later_done.status;
+    EXPECT_THAT(HostFloats(*later.b), ElementsAre(1, 2, 3));
+    if (!passed_done.status.ok()) ASSERT_OK(passed.seq->Wait(absl::Seconds(30)));
+    EXPECT_EQ(waiter->pending(), 0u);
   }
 }
 

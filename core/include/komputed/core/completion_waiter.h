@@ -74,14 +74,18 @@ class CompletionWaiter {
   void Block(const std::vector<Sequence::Completion>& oldest, absl::Time now, absl::Time until,
              uint64_t wake_target);
   // Takes out of the lanes, in each lane's order, the entries that have completed (checked
-  // without the lock: only this thread removes entries) or whose deadline has passed.
+  // without the lock: only this thread removes entries; at most kCollectLook of a lane per call)
+  // or whose deadline has passed (looked for only once earliest_deadline_ has passed).
   std::vector<std::pair<Entry, absl::Status>> Collect() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::shared_ptr<Device> device_;
   SemaphoreHandle wake_;  // timeline, signalled by Watch (when needed) and the destructor
   mutable absl::Mutex mu_;
-  std::vector<Lane> lanes_ ABSL_GUARDED_BY(mu_);    // by the sequences' queue index
-  size_t count_ ABSL_GUARDED_BY(mu_) = 0;           // entries in all lanes
+  std::vector<Lane> lanes_ ABSL_GUARDED_BY(mu_);  // by the sequences' queue index
+  size_t count_ ABSL_GUARDED_BY(mu_) = 0;         // entries in all lanes
+  // No entry's deadline is earlier (the earliest one's, or earlier once that entry has gone): a
+  // pass looks at every entry's deadline only once it has passed, not at each completion.
+  absl::Time earliest_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   size_t next_test_lane_ ABSL_GUARDED_BY(mu_) = 0;  // test_lanes: round robin
   // While the thread blocks on the wake-up semaphore: until when, and on which lanes' oldest
   // submissions. A Watch wakes it only for a lane not among them or for an earlier deadline.
