@@ -85,6 +85,7 @@
 #include "absl/time/time.h"
 #include "backend.h"
 #include "bench_common.h"
+#include "device_pool.h"
 #include "eval_stages.h"
 #include "komputed/core/algorithm.h"
 #include "komputed/core/cancel_check.h"
@@ -680,6 +681,16 @@ struct Env {
 Env* g_env = nullptr;
 
 // The tiny sequence through core, its shader clamped or not.
+
+// The queue family that an in-process kp::Manager uses by default: the device's first compute
+// family (core::Device::Create without families).
+uint32_t KpDefaultFamily(const core::PhysicalDeviceInfo& info) {
+  for (uint32_t f = 0; f < info.queue_families.size(); ++f) {
+    if (info.HasCompute(f)) return f;
+  }
+  return 0;
+}
+
 absl::Status MakeCoreTiny(Env& env, bool clamp, CoreTiny* tiny) {
   KD_ASSIGN_OR_RETURN(tiny->tensor,
                       core::Tensor::Create(env.core_device, core::ElementType::kFloat32, kTinyCount,
@@ -750,6 +761,8 @@ absl::Status SetUp(Env& env) {
     rc.dispatch_share = env.config.daemon_dispatch_share;
     rc.gib_transfers = device.properties().deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU;
     rc.client_spin = kp::internal::WaitSpin(device.properties().deviceType);
+    rc.kp_family = KpDefaultFamily(device.info());
+    rc.session_family = komputed::server::DefaultSessionFamilies(device.info()).front();
     KD_ASSIGN_OR_RETURN(env.remote,
                         komputed_bench::RemoteBench::Start(std::move(rc), env.mgr.get()));
   }
@@ -1319,6 +1332,13 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   std::cout << "tcp loopback 256 MiB: " << GBps(tcp) << "\n";
   std::cout << "tiny eval, mean: in-process " << Micros(tiny_in) << ", remote "
             << Micros(tiny_remote) << " (in-process + ping " << Micros(Sum(tiny_in, ping)) << ")\n";
+  if (const auto other = r.MeanSeconds(kb::kTinyEvalInprocessDefaultFamily); other.has_value()) {
+    const core::PhysicalDeviceInfo& info = g_env->core_device->info();
+    std::cout << "in-process tiny eval on kp's default queue family (" << KpDefaultFamily(info)
+              << "): " << Micros(other) << "; the in-process side of the remote ratios runs on "
+              << "the daemon's session family ("
+              << komputed::server::DefaultSessionFamilies(info).front() << ")\n";
+  }
   const auto async_unbatched = r.MeanItemsPerSecond(kb::kAsyncRemoteUnbatched);
   auto cpu_per_eval = [&](const char* name) {
     const std::optional<double> v = r.MeanCounter(name, kb::kProcessCpuPerEval);

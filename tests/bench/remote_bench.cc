@@ -181,7 +181,12 @@ class BarePingServer {
 
 struct RemoteBench::State {
   RemoteConfig config;
-  kp::Manager* inprocess = nullptr;
+  kp::Manager* inprocess = nullptr;  // on the sessions' queue family
+  // Where kp's default family is not the sessions': the Manager on theirs, and the given one's
+  // tiny sequence.
+  std::unique_ptr<kp::Manager> session_family_inprocess;
+  kp::Manager* default_family_inprocess = nullptr;
+  KpTiny tiny_default_family;
   std::unique_ptr<komputed::server::Server> server;
   std::string address;
   std::shared_ptr<grpc::Channel> ping_channel;
@@ -242,6 +247,7 @@ RemoteBench::~RemoteBench() {
   s_->async_inprocess.clear();
   s_->copies_inprocess.clear();
   s_->tiny_inprocess = KpTiny{};
+  s_->tiny_default_family = KpTiny{};
   s_->ping_stub.reset();
   s_->ping_channel.reset();
   s_->bare_stub.reset();
@@ -264,6 +270,17 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
   s->config = std::move(config);
   s->inprocess = inprocess;
   if (s->config.async_depth == 0) s->config.async_depth = 1;
+  if (s->config.session_family != s->config.kp_family) {
+    try {
+      s->session_family_inprocess = std::make_unique<kp::Manager>(
+          s->config.physical_device, std::vector<uint32_t>{s->config.session_family});
+    } catch (const kp::Error& e) {
+      return absl::InternalError(absl::StrCat("an in-process Manager on queue family ",
+                                              s->config.session_family, ": ", e.what()));
+    }
+    s->default_family_inprocess = inprocess;
+    s->inprocess = s->session_family_inprocess.get();
+  }
 
   // The daemon, in this process: its gRPC threads, device and completion waiter live beside the
   // client's, as on one host. Its log lines would interleave with the results: warnings only.
@@ -338,7 +355,10 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
                                               "\", the in-process Manager runs on \"", local_name,
                                               "\""));
     }
-    s->tiny_inprocess = MakeKpTiny(*inprocess, s->config.tiny_spirv);
+    s->tiny_inprocess = MakeKpTiny(*s->inprocess, s->config.tiny_spirv);
+    if (s->default_family_inprocess != nullptr) {
+      s->tiny_default_family = MakeKpTiny(*s->default_family_inprocess, s->config.tiny_spirv);
+    }
     s->tiny_remote = MakeKpTiny(*s->remote, s->config.tiny_spirv);
     kp::Remote token_remote;
     token_remote.address = s->token_server->address();
@@ -361,11 +381,11 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
       s->remote_unbatched = std::make_unique<kp::Manager>(s->address);
     }
     for (uint32_t i = 0; i < s->config.async_depth; ++i) {
-      s->async_inprocess.push_back(MakeKpTiny(*inprocess, s->config.tiny_spirv));
+      s->async_inprocess.push_back(MakeKpTiny(*s->inprocess, s->config.tiny_spirv));
       s->async_remote.push_back(MakeKpTiny(*s->remote, s->config.tiny_spirv));
       s->async_remote_unbatched.push_back(MakeKpTiny(*s->remote_unbatched, s->config.tiny_spirv));
       s->async_same_host.push_back(MakeKpTiny(*s->same_host, s->config.tiny_spirv));
-      s->copies_inprocess.push_back(MakeKpTiny(*inprocess, {}, /*dispatch=*/false));
+      s->copies_inprocess.push_back(MakeKpTiny(*s->inprocess, {}, /*dispatch=*/false));
       s->copies_remote.push_back(MakeKpTiny(*s->remote, {}, /*dispatch=*/false));
       s->copies_same_host.push_back(MakeKpTiny(*s->same_host, {}, /*dispatch=*/false));
     }
@@ -458,6 +478,17 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
+
+  if (s->default_family_inprocess != nullptr) {
+    benchmark::RegisterBenchmark(kTinyEvalInprocessDefaultFamily,
+                                 [s](benchmark::State& state) {
+                                   RunKpTiny(state, s->tiny_default_family,
+                                             kTinyEvalInprocessDefaultFamily);
+                                 })
+        ->UseRealTime()
+        ->MinTime(c.min_time_s)
+        ->Unit(benchmark::kMicrosecond);
+  }
   benchmark::RegisterBenchmark(
       kTinyEvalRemote,
       [s](benchmark::State& state) { RunKpTiny(state, s->tiny_remote, kTinyEvalRemote); })

@@ -25,6 +25,8 @@ inline constexpr char kPingBare[] = "ping/bare_async_server";
 inline constexpr char kTcpLoopback[] = "tcp_loopback";
 inline constexpr char kTinyEvalInprocess[] = "tiny_eval/inprocess";
 inline constexpr char kTinyEvalRemote[] = "tiny_eval/remote";
+// In-process on kp's default queue family, where the daemon's sessions use another one.
+inline constexpr char kTinyEvalInprocessDefaultFamily[] = "tiny_eval/inprocess_default_family";
 // The same eval through the gRPC API alone, split into its stages (eval_stages.h).
 inline constexpr char kTinyEvalStages[] = "tiny_eval/stages";
 // The same eval on daemons that authenticate: a bearer token (tenants file) over plain text, and
@@ -67,6 +69,12 @@ struct RemoteConfig {
   bool gib_transfers = false;              // also 1 GiB same-host transfers (GPUs)
   // How long a same-host client polls for its answer before it blocks (kp's WaitSpin).
   absl::Duration client_spin = absl::ZeroDuration();
+  // The queue families of in-process kp by default (the device's first compute family) and of
+  // the daemon's sessions (DefaultSessionFamilies: compute-only ones where the device has them).
+  // Where they differ, the in-process side of the remote ratios runs on a Manager of the
+  // sessions' family (like against like), and tiny_eval/inprocess_default_family on kp's default.
+  uint32_t kp_family = 0;
+  uint32_t session_family = 0;
   // The daemons' --eval_spin and --eval_inline_wait (unset: their defaults).
   std::optional<absl::Duration> eval_spin;
   std::optional<absl::Duration> eval_inline_wait;
