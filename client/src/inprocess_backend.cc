@@ -39,7 +39,7 @@ class LocalAlgorithm final : public BackendAlgorithm {
   LocalAlgorithm(const void* owner, std::shared_ptr<core::Algorithm> algorithm)
       : BackendAlgorithm(owner), algorithm_(std::move(algorithm)) {}
   const std::shared_ptr<core::Algorithm>& algorithm() const { return algorithm_; }
-  std::vector<uint8_t> PushConstants() const override { return algorithm_->spec().push_constants; }
+  std::vector<uint8_t> PushConstants() const override { return algorithm_->push_constants(); }
 
  private:
   std::shared_ptr<core::Algorithm> algorithm_;

@@ -371,6 +371,16 @@ AlgorithmSpec Algorithm::spec() const {
   return spec_;
 }
 
+std::vector<std::shared_ptr<Tensor>> Algorithm::tensors() const {
+  absl::MutexLock lock(&mu_);
+  return spec_.tensors;
+}
+
+std::vector<uint8_t> Algorithm::push_constants() const {
+  absl::MutexLock lock(&mu_);
+  return spec_.push_constants;
+}
+
 size_t Algorithm::push_constant_size() const {
   absl::MutexLock lock(&mu_);
   return spec_.push_constants.size();

@@ -110,7 +110,7 @@ std::vector<std::shared_ptr<core::Tensor>> HostDataWritten(const std::vector<cor
   for (const core::Op& op : ops) {
     std::vector<std::shared_ptr<core::Tensor>> touched = op.tensors;
     if (op.kind == core::OpKind::kDispatch && op.algorithm != nullptr) {
-      for (auto& tensor : op.algorithm->spec().tensors) touched.push_back(std::move(tensor));
+      for (auto& tensor : op.algorithm->tensors()) touched.push_back(std::move(tensor));
     }
     for (const auto& tensor : touched) {
       if (core::HostDataComesBack(op.kind, tensor->memory_type())) add(tensor);

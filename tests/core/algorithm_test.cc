@@ -284,6 +284,7 @@ TEST(Algorithm, SetPushConstantsWrongSize) {
   // The right size replaces the values and is no rebuild.
   ASSERT_OK(algorithm->SetPushConstants(Bytes(3.0f, 1.0f)));
   EXPECT_EQ(algorithm->spec().push_constants, Bytes(3.0f, 1.0f));
+  EXPECT_EQ(algorithm->push_constants(), Bytes(3.0f, 1.0f));
   EXPECT_EQ(algorithm->generation(), 1u);
 }
 
@@ -330,7 +331,9 @@ TEST(Algorithm, RebuildReplacesEverything) {
   ASSERT_OK(algorithm->Rebuild(spec));
   EXPECT_EQ(algorithm->generation(), 2u);
   EXPECT_EQ(algorithm->spec().tensors, spec.tensors);
+  EXPECT_EQ(algorithm->tensors(), spec.tensors);
   EXPECT_TRUE(algorithm->spec().push_constants.empty());
+  EXPECT_TRUE(algorithm->push_constants().empty());
   ASSERT_OK(RoundTrip(algorithm, {a, b}));
   EXPECT_THAT(HostFloats(*b), ElementsAre(11.0f, 21.0f));
   // The old tensors were left alone.

@@ -76,6 +76,9 @@ class Algorithm {
   absl::Status SetPushConstants(std::vector<uint8_t> values);
 
   AlgorithmSpec spec() const;
+  // spec().tensors and spec().push_constants, without copying the rest (the SPIR-V words).
+  std::vector<std::shared_ptr<Tensor>> tensors() const;
+  std::vector<uint8_t> push_constants() const;
   const Device& device() const { return *device_; }
   // Bytes of push constants the algorithm takes.
   size_t push_constant_size() const;
