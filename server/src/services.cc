@@ -494,7 +494,12 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
                                                      session_->id(), "; the request names session ",
                                                      id));
     }
-    return sessions_->Get(session_->id(), caller);  // NOT_FOUND once the session was closed
+    // The stream holds its session in use from its first request on: while the session is open
+    // and the caller's tenant owns it, later evals do not look it up in the daemon's table again
+    // (whose lock every call of the daemon takes). A closed one is looked up, for the answer that
+    // says why (NOT_FOUND, or FAILED_PRECONDITION with the daemon's reason).
+    if (session_->tenant() == caller.tenant() && session_->open()) return session_;
+    return sessions_->Get(session_->id(), caller);
   }
 
   // Called once per submitted eval, on the waiter's thread or inline. Once pending_ drops, another

@@ -175,6 +175,11 @@ SessionSummary Session::Describe() const {
 // ---------------------------------------------------------------------------------------------
 // Lookups
 
+bool Session::open() const {
+  absl::MutexLock lock(&mu_);
+  return !closed_;
+}
+
 absl::Status Session::CheckOpenLocked() const {
   if (closed_) return absl::NotFoundError(absl::StrCat("session ", facts_.id, " was closed"));
   return absl::OkStatus();

@@ -84,6 +84,8 @@ class Session {
   absl::Time created() const { return created_; }
   const std::shared_ptr<DeviceInstance>& instance() const { return facts_.instance; }
   const std::string& shared_memory_ticket() const { return facts_.shared_memory_ticket; }
+  // Whether Close has not been called yet.
+  bool open() const;
 
   // Keeps `memory`, passed by the client on the shared-memory socket, as region `region` until a
   // tensor is made over it (TensorRequest::shared_memory) or the session closes. Imports it into
