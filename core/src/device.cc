@@ -383,15 +383,11 @@ absl::StatusOr<std::shared_ptr<Device>> Device::Create(const DeviceOptions& opti
   // Queues: one per entry, repeated entries of a family take its next queue.
   std::vector<uint32_t> families = options.queue_families;
   if (families.empty()) {
-    for (uint32_t f = 0; f < info.queue_families.size(); ++f) {
-      if (info.HasCompute(f)) {
-        families.push_back(f);
-        break;
-      }
-    }
-    if (families.empty()) {
+    const std::optional<uint32_t> first = info.FirstComputeFamily();
+    if (!first.has_value()) {
       return absl::FailedPreconditionError(absl::StrCat(device_name, " has no compute queue"));
     }
+    families.push_back(*first);
   }
   std::map<uint32_t, uint32_t> per_family;
   for (uint32_t f : families) {

@@ -680,17 +680,13 @@ struct Env {
 
 Env* g_env = nullptr;
 
-// The tiny sequence through core, its shader clamped or not.
-
-// The queue family that an in-process kp::Manager uses by default: the device's first compute
-// family (core::Device::Create without families).
+// The queue family that an in-process kp::Manager uses by default (core::Device::Create without
+// families).
 uint32_t KpDefaultFamily(const core::PhysicalDeviceInfo& info) {
-  for (uint32_t f = 0; f < info.queue_families.size(); ++f) {
-    if (info.HasCompute(f)) return f;
-  }
-  return 0;
+  return info.FirstComputeFamily().value_or(0);
 }
 
+// The tiny sequence through core, its shader clamped or not.
 absl::Status MakeCoreTiny(Env& env, bool clamp, CoreTiny* tiny) {
   KD_ASSIGN_OR_RETURN(tiny->tensor,
                       core::Tensor::Create(env.core_device, core::ElementType::kFloat32, kTinyCount,

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ TEST(Device, CreateWithDefaults) {
   EXPECT_NE(q.handle, VK_NULL_HANDLE);
   EXPECT_EQ(q.index, 0u);
   EXPECT_TRUE(device->info().HasCompute(q.family));
+  EXPECT_EQ(std::optional<uint32_t>(q.family), device->info().FirstComputeFamily());
   EXPECT_GT(std::strlen(device->properties().deviceName), 0u);
   EXPECT_FALSE(device->lost());
   // None asked for; the device enables on its own only what it uses where offered.

@@ -42,6 +42,14 @@ struct PhysicalDeviceInfo {
   bool HasComputeOnly(uint32_t family) const {
     return HasCompute(family) && (queue_families[family].queueFlags & VK_QUEUE_GRAPHICS_BIT) == 0;
   }
+  // The first compute family, which Device::Create takes when DeviceOptions names none (none:
+  // the device has no compute queue).
+  std::optional<uint32_t> FirstComputeFamily() const {
+    for (uint32_t f = 0; f < queue_families.size(); ++f) {
+      if (HasCompute(f)) return f;
+    }
+    return std::nullopt;
+  }
   // Total size of the device-local heaps.
   uint64_t DeviceLocalBytes() const;
   // Every queue of every compute-capable family, as DeviceOptions::queue_families lists them (a
