@@ -77,7 +77,7 @@ void CompletionWaiter::Wake() {
 void CompletionWaiter::Watch(std::shared_ptr<Sequence> sequence, absl::Time deadline,
                              std::function<void(absl::Status)> done) {
   Sequence::Completion completion = sequence->InFlight();
-  if (completion.fence == VK_NULL_HANDLE) {
+  if (!completion.running) {
     done(absl::OkStatus());
     return;
   }

@@ -18,6 +18,12 @@ constexpr char kValidationLayer[] = "VK_LAYER_KHRONOS_validation";
 
 std::atomic<uint64_t> g_validation_errors{0};
 
+// A wait's bound in nanoseconds, as the Vulkan waits take it (no bound for an infinite one).
+uint64_t TimeoutNs(absl::Duration timeout) {
+  if (timeout == absl::InfiniteDuration()) return UINT64_MAX;
+  return static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Nanoseconds(timeout)));
+}
+
 VKAPI_ATTR VkBool32 VKAPI_CALL OnValidationMessage(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
                                                    VkDebugUtilsMessageTypeFlagsEXT,
                                                    const VkDebugUtilsMessengerCallbackDataEXT* data,
@@ -682,6 +688,12 @@ absl::Status Device::Check(VkResult result, absl::string_view what) {
 absl::Status Device::Submit(size_t queue, VkCommandBuffer command_buffer, VkFence fence,
                             VkSemaphore timeline, uint64_t timeline_value, VkCommandBuffer prologue,
                             uint64_t* order) {
+  const SubmitItem item{command_buffer, prologue, timeline, timeline_value};
+  return SubmitBatch(queue, absl::MakeConstSpan(&item, 1), fence, order);
+}
+
+absl::Status Device::SubmitBatch(size_t queue, absl::Span<const SubmitItem> items, VkFence fence,
+                                 uint64_t* first_order) {
   if (lost()) {
     return absl::UnavailableError(absl::StrCat("device ", info_.index, " was lost"));
   }
@@ -689,40 +701,62 @@ absl::Status Device::Submit(size_t queue, VkCommandBuffer command_buffer, VkFenc
     return absl::InvalidArgumentError(
         absl::StrCat("queue ", queue, " out of range: the device has ", queues_.size()));
   }
-  const VkCommandBuffer buffers[2] = {prologue, command_buffer};
-  VkSubmitInfo si{VK_STRUCTURE_TYPE_SUBMIT_INFO};
-  si.commandBufferCount = prologue != VK_NULL_HANDLE ? 2 : 1;
-  si.pCommandBuffers = prologue != VK_NULL_HANDLE ? buffers : &command_buffer;
-  VkTimelineSemaphoreSubmitInfo ti{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO};
-  if (timeline != VK_NULL_HANDLE) {
-    ti.signalSemaphoreValueCount = 1;
-    ti.pSignalSemaphoreValues = &timeline_value;
-    si.pNext = &ti;
-    si.signalSemaphoreCount = 1;
-    si.pSignalSemaphores = &timeline;
+  if (items.empty()) return absl::InvalidArgumentError("a submission of no command buffers");
+  // Each item's command buffers (its prologue first), its submit info and its timeline info;
+  // sized up front so that the pointers between them stay put.
+  std::vector<VkCommandBuffer> buffers(2 * items.size());
+  std::vector<VkSubmitInfo> infos(items.size(), VkSubmitInfo{VK_STRUCTURE_TYPE_SUBMIT_INFO});
+  std::vector<VkTimelineSemaphoreSubmitInfo> timelines(
+      items.size(), VkTimelineSemaphoreSubmitInfo{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO});
+  for (size_t i = 0; i < items.size(); ++i) {
+    const SubmitItem& item = items[i];
+    VkCommandBuffer* mine = &buffers[2 * i];
+    uint32_t count = 0;
+    if (item.prologue != VK_NULL_HANDLE) mine[count++] = item.prologue;
+    mine[count++] = item.command_buffer;
+    VkSubmitInfo& si = infos[i];
+    si.commandBufferCount = count;
+    si.pCommandBuffers = mine;
+    if (item.timeline != VK_NULL_HANDLE) {
+      VkTimelineSemaphoreSubmitInfo& ti = timelines[i];
+      ti.signalSemaphoreValueCount = 1;
+      ti.pSignalSemaphoreValues = &item.timeline_value;
+      si.pNext = &ti;
+      si.signalSemaphoreCount = 1;
+      si.pSignalSemaphores = &item.timeline;
+    }
   }
   Queue& q = *queues_[queue];
   VkResult r;
   {
     absl::MutexLock lock(&q.mu);
-    r = calls_->QueueSubmit(q.handle, 1, &si, fence);
-    if (r == VK_SUCCESS) ++q.submissions;
-    if (order != nullptr) *order = q.submissions;
+    r = calls_->QueueSubmit(q.handle, static_cast<uint32_t>(infos.size()), infos.data(), fence);
+    if (first_order != nullptr) *first_order = q.submissions + 1;
+    if (r == VK_SUCCESS) q.submissions += items.size();
   }
   return Check(r, "vkQueueSubmit");
 }
 
 absl::Status Device::Wait(VkFence fence, absl::Duration timeout) {
-  uint64_t ns =
-      timeout == absl::InfiniteDuration()
-          ? UINT64_MAX
-          : static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Nanoseconds(timeout)));
-  VkResult r = calls_->WaitForFences(device_, 1, &fence, VK_TRUE, ns);
+  VkResult r = calls_->WaitForFences(device_, 1, &fence, VK_TRUE, TimeoutNs(timeout));
   if (r == VK_TIMEOUT) {
     return absl::DeadlineExceededError(
         absl::StrCat("the submission did not complete within ", absl::FormatDuration(timeout)));
   }
   return Check(r, "vkWaitForFences");
+}
+
+absl::Status Device::WaitTimeline(VkSemaphore timeline, uint64_t value, absl::Duration timeout) {
+  VkSemaphoreWaitInfo wi{VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO};
+  wi.semaphoreCount = 1;
+  wi.pSemaphores = &timeline;
+  wi.pValues = &value;
+  VkResult r = vkWaitSemaphores(device_, &wi, TimeoutNs(timeout));
+  if (r == VK_TIMEOUT) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the submission did not complete within ", absl::FormatDuration(timeout)));
+  }
+  return Check(r, "vkWaitSemaphores");
 }
 
 absl::Status Device::RunOnce(const std::function<void(VkCommandBuffer)>& record,

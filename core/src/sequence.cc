@@ -132,7 +132,7 @@ Sequence::~Sequence() {
   // semaphore of the same submission, so that is waited for as well.
   constexpr absl::Duration kReleaseWait = absl::Seconds(10);
   const absl::Status waited =
-      running_ ? device_->Wait(fence_.get(), kReleaseWait) : absl::OkStatus();
+      running_ ? WaitInFlightLocked(kReleaseWait) : absl::OkStatus();
   bool idle = waited.ok();
   if (!waited.ok() && !absl::IsDeadlineExceeded(waited)) {
     // A lost device: its queue returns at once (a loss injected by tests lets the work finish).
@@ -315,12 +315,11 @@ absl::Status Sequence::Record(Op op) {
   return absl::OkStatus();
 }
 
-absl::Status Sequence::Submit(std::shared_ptr<TensorInitBatch> prologue) {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<VkCommandBuffer> Sequence::ReadyLocked() {
   if (running_) {
     return absl::FailedPreconditionError("the sequence is already running; await it first");
   }
-  if (!recording_ && cb_ops_.empty()) return absl::OkStatus();
+  if (!recording_ && cb_ops_.empty()) return VK_NULL_HANDLE;
   for (const Recorded& r : cb_keep_) {
     if (r.algorithm->generation() != r.generation) {
       return absl::FailedPreconditionError(
@@ -335,23 +334,106 @@ absl::Status Sequence::Submit(std::shared_ptr<TensorInitBatch> prologue) {
   if (device_->lost()) {
     return absl::UnavailableError(absl::StrCat("device ", device_->info().index, " was lost"));
   }
-  VkFence fence = fence_.get();
-  KD_RETURN_IF_ERROR(device_->Check(vkResetFences(device_->handle(), 1, &fence), "vkResetFences"));
-  const uint64_t next = timeline_value_ + 1;
-  KD_RETURN_IF_ERROR(device_->Submit(
-      queue_, cb_, fence, timeline_.get(), next,
-      prologue != nullptr ? prologue->command_buffer() : VK_NULL_HANDLE, &submit_order_));
-  timeline_value_ = next;
+  return cb_;
+}
+
+void Sequence::SubmittedLocked(std::shared_ptr<TensorInitBatch> prologue, uint64_t order,
+                               bool fenced) {
+  timeline_value_ += 1;
+  submit_order_ = order;
+  fenced_ = fenced;
   running_ = true;
   if (prologue != nullptr) prologue->Submitted();
   prologue_ = std::move(prologue);
+}
+
+absl::Status Sequence::Submit(std::shared_ptr<TensorInitBatch> prologue) {
+  absl::MutexLock lock(&mu_);
+  KD_ASSIGN_OR_RETURN(VkCommandBuffer cb, ReadyLocked());
+  if (cb == VK_NULL_HANDLE) return absl::OkStatus();
+  VkFence fence = fence_.get();
+  KD_RETURN_IF_ERROR(device_->Check(vkResetFences(device_->handle(), 1, &fence), "vkResetFences"));
+  uint64_t order = 0;
+  KD_RETURN_IF_ERROR(device_->Submit(
+      queue_, cb, fence, timeline_.get(), timeline_value_ + 1,
+      prologue != nullptr ? prologue->command_buffer() : VK_NULL_HANDLE, &order));
+  SubmittedLocked(std::move(prologue), order, /*fenced=*/true);
   return absl::OkStatus();
+}
+
+std::vector<absl::Status> Sequence::SubmitTogether(absl::Span<const Submission> batch) {
+  std::vector<absl::Status> statuses(batch.size());
+  // Together only where one vkQueueSubmit can carry them all and each can be followed on its own.
+  bool together = !batch.empty();
+  for (const Submission& s : batch) {
+    together = together && s.sequence->timeline_ && s.sequence->device_ == batch[0].sequence->device_ &&
+               s.sequence->queue_ == batch[0].sequence->queue_;
+  }
+  if (!together || batch.size() == 1) {
+    for (size_t i = 0; i < batch.size(); ++i) statuses[i] = batch[i].sequence->Submit(batch[i].prologue);
+    return statuses;
+  }
+  // Every sequence is locked for the whole submission, in the order of their addresses (the only
+  // place that holds two sequences' locks).
+  std::vector<Sequence*> order;
+  for (const Submission& s : batch) order.push_back(s.sequence);
+  std::sort(order.begin(), order.end());
+  if (std::adjacent_find(order.begin(), order.end()) != order.end()) {
+    for (absl::Status& s : statuses) {
+      s = absl::InvalidArgumentError("a sequence appears twice in one submission");
+    }
+    return statuses;
+  }
+  for (Sequence* s : order) s->mu_.Lock();
+  SubmitLockedTogether(batch, statuses);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) (*it)->mu_.Unlock();
+  return statuses;
+}
+
+void Sequence::SubmitLockedTogether(absl::Span<const Submission> batch,
+                                    std::vector<absl::Status>& statuses) {
+  std::vector<Device::SubmitItem> items;
+  std::vector<size_t> submitted;  // indices into batch, in items' order
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Sequence& s = *batch[i].sequence;
+    absl::StatusOr<VkCommandBuffer> cb = s.ReadyLocked();
+    if (!cb.ok()) {
+      statuses[i] = cb.status();
+      continue;
+    }
+    if (*cb == VK_NULL_HANDLE) continue;  // nothing recorded: OK, nothing submitted
+    const std::shared_ptr<TensorInitBatch>& prologue = batch[i].prologue;
+    items.push_back({*cb, prologue != nullptr ? prologue->command_buffer() : VK_NULL_HANDLE,
+                     s.timeline_.get(), s.timeline_value_ + 1});
+    submitted.push_back(i);
+  }
+  if (items.empty()) return;
+  Sequence& last = *batch[submitted.back()].sequence;
+  Device& device = *last.device_;
+  VkFence fence = last.fence_.get();
+  absl::Status s = device.Check(vkResetFences(device.handle(), 1, &fence), "vkResetFences");
+  uint64_t first = 0;
+  if (s.ok()) s = device.SubmitBatch(last.queue_, items, fence, &first);
+  for (size_t k = 0; k < submitted.size(); ++k) {
+    const size_t i = submitted[k];
+    if (!s.ok()) {
+      statuses[i] = s;
+      continue;
+    }
+    batch[i].sequence->SubmittedLocked(batch[i].prologue, first + k,
+                                       /*fenced=*/k + 1 == submitted.size());
+  }
+}
+
+absl::Status Sequence::WaitInFlightLocked(absl::Duration timeout) const {
+  if (fenced_) return device_->Wait(fence_.get(), timeout);
+  return device_->WaitTimeline(timeline_.get(), timeline_value_, timeout);
 }
 
 absl::Status Sequence::Wait(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   if (!running_) return absl::OkStatus();
-  absl::Status s = device_->Wait(fence_.get(), timeout);
+  absl::Status s = WaitInFlightLocked(timeout);
   if (absl::IsDeadlineExceeded(s)) return s;
   running_ = false;
   prologue_.reset();
@@ -452,11 +534,15 @@ std::vector<Op> Sequence::RecordedOps() const {
 
 bool Sequence::Poll(absl::Duration limit) const {
   const Completion completion = InFlight();
-  if (completion.fence == VK_NULL_HANDLE) return true;
+  if (!completion.running) return true;
   const absl::Time until = absl::Now() + limit;
   while (true) {
-    if (vkGetFenceStatus(device_->handle(), completion.fence) != VK_NOT_READY) {
-      return true;
+    if (completion.fence != VK_NULL_HANDLE) {
+      if (vkGetFenceStatus(device_->handle(), completion.fence) != VK_NOT_READY) return true;
+    } else {
+      uint64_t value = 0;
+      const VkResult r = vkGetSemaphoreCounterValue(device_->handle(), completion.timeline, &value);
+      if (r != VK_SUCCESS || value >= completion.value) return true;  // errors: Wait reports them
     }
     if (absl::Now() >= until) return false;
     CpuRelax();
@@ -476,7 +562,8 @@ std::vector<uint64_t> Sequence::Timestamps() const {
 Sequence::Completion Sequence::InFlight() const {
   absl::MutexLock lock(&mu_);
   if (!running_) return {};
-  return {fence_.get(), timeline_.get(), timeline_value_, submit_order_};
+  return {true, fenced_ ? fence_.get() : VK_NULL_HANDLE, timeline_.get(), timeline_value_,
+          submit_order_};
 }
 
 }  // namespace komputed::core

@@ -949,6 +949,99 @@ absl::StatusOr<std::shared_ptr<Device>> ValidatedDevice() {
   return Device::Create(options);
 }
 
+// Several sequences of one queue in one vkQueueSubmit: each runs as if submitted alone, in the
+// batch's order on the queue; the last one's fence signals, the others are followed through their
+// timeline semaphores; one that cannot be submitted fails alone. Under the validation layer where
+// it is installed.
+TEST(Sequence, SubmitTogetherRunsEachAndFollowsEachOnItsOwn) {
+  absl::StatusOr<std::shared_ptr<Device>> validated = ValidatedDevice();
+  const bool validating = validated.ok();
+  std::shared_ptr<Device> device = validating ? *validated : TestDevice();
+  if (!device->timeline_supported()) GTEST_SKIP() << "the device has no timeline semaphores";
+  const uint64_t errors_before = ValidationErrorCount();
+  {
+    ASSERT_OK_AND_ASSIGN(std::vector<uint32_t> spirv, Compile(kAddShader));
+    struct One {
+      std::shared_ptr<Tensor> a, b;
+      std::shared_ptr<Algorithm> add;
+      std::unique_ptr<Sequence> seq;
+    };
+    std::vector<One> ones(4);
+    for (size_t i = 0; i < ones.size(); ++i) {
+      One& one = ones[i];
+      const float k = static_cast<float>(i + 1);
+      ASSERT_OK_AND_ASSIGN(one.a, Floats({k, 2 * k, 3 * k}, MemoryType::kDevice, device));
+      ASSERT_OK_AND_ASSIGN(one.b, Floats({0, 0, 0}, MemoryType::kDevice, device));  // b += a
+      AlgorithmSpec spec;
+      spec.tensors = {one.a, one.b};
+      spec.spirv = spirv;
+      spec.workgroup = {3, 1, 1};
+      ASSERT_OK_AND_ASSIGN(one.add, Algorithm::Create(device, spec));
+      ASSERT_OK_AND_ASSIGN(one.seq, Sequence::Create(device, 0, 0));
+      ASSERT_OK(one.seq->Record(op::SyncToDevice{{one.a, one.b}}));
+      ASSERT_OK(one.seq->Record(op::Dispatch{one.add}));
+      ASSERT_OK(one.seq->Record(op::SyncToHost{{one.b}}));
+    }
+    // ones[2] is running already; `idle` never recorded anything.
+    ASSERT_OK(ones[2].seq->Submit());
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> idle, Sequence::Create(device, 0, 0));
+    const std::vector<Sequence::Submission> batch = {
+        {ones[0].seq.get()}, {ones[1].seq.get()}, {ones[2].seq.get()}, {idle.get()},
+        {ones[3].seq.get()}};
+    const std::vector<absl::Status> statuses = Sequence::SubmitTogether(batch);
+    ASSERT_THAT(statuses, SizeIs(5));
+    EXPECT_THAT(statuses[0], StatusIs(absl::StatusCode::kOk));
+    EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kOk));
+    EXPECT_THAT(statuses[2], StatusIs(absl::StatusCode::kFailedPrecondition,
+                                      HasSubstr("already running")));
+    EXPECT_THAT(statuses[3], StatusIs(absl::StatusCode::kOk));
+    EXPECT_THAT(statuses[4], StatusIs(absl::StatusCode::kOk));
+    EXPECT_FALSE(idle->IsRunning());
+    const Sequence::Completion first = ones[0].seq->InFlight();
+    const Sequence::Completion second = ones[1].seq->InFlight();
+    const Sequence::Completion last = ones[3].seq->InFlight();
+    EXPECT_TRUE(first.running && second.running && last.running);
+    // Only the last one's fence signals.
+    EXPECT_EQ(first.fence, VK_NULL_HANDLE);
+    EXPECT_EQ(second.fence, VK_NULL_HANDLE);
+    EXPECT_NE(last.fence, VK_NULL_HANDLE);
+    EXPECT_EQ(second.order, first.order + 1);
+    EXPECT_EQ(last.order, first.order + 2);
+    EXPECT_GT(first.order, ones[2].seq->InFlight().order);
+    EXPECT_TRUE(ones[1].seq->Poll(kTimeout));  // through its timeline semaphore
+    for (One& one : ones) ASSERT_OK(one.seq->Wait(kTimeout));
+    for (size_t i = 0; i < ones.size(); ++i) {
+      const float k = static_cast<float>(i + 1);
+      EXPECT_THAT(HostFloats(*ones[i].b), ElementsAre(k, 2 * k, 3 * k)) << "sequence " << i;
+      EXPECT_FALSE(ones[i].seq->IsRunning());
+    }
+    // Each runs alone again afterwards (the fence of one that went without it included), and
+    // together again.
+    SetHostFloats(*ones[0].a, {7, 8, 9});
+    SetHostFloats(*ones[0].b, {0, 0, 0});
+    SetHostFloats(*ones[3].b, {0, 0, 0});
+    ASSERT_OK(ones[0].seq->Eval(kTimeout));
+    EXPECT_THAT(HostFloats(*ones[0].b), ElementsAre(7, 8, 9));
+    for (const absl::Status& s : Sequence::SubmitTogether(
+             std::vector<Sequence::Submission>{{ones[3].seq.get()}, {ones[0].seq.get()}})) {
+      EXPECT_THAT(s, StatusIs(absl::StatusCode::kOk));
+    }
+    EXPECT_EQ(ones[3].seq->InFlight().fence, VK_NULL_HANDLE);
+    ASSERT_OK(ones[0].seq->Wait(kTimeout));
+    ASSERT_OK(ones[3].seq->Wait(kTimeout));
+    EXPECT_THAT(HostFloats(*ones[3].b), ElementsAre(4, 8, 12));
+    // A sequence named twice is refused, and nothing is submitted.
+    for (const absl::Status& s : Sequence::SubmitTogether(
+             std::vector<Sequence::Submission>{{ones[1].seq.get()}, {ones[1].seq.get()}})) {
+      EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("twice")));
+    }
+    EXPECT_FALSE(ones[1].seq->IsRunning());
+  }
+  if (validating) {
+    EXPECT_EQ(ValidationErrorCount(), errors_before);
+  }
+}
+
 // Bug: op::Copy accepts a tensor copied onto itself (tensors {a, a}); vkCmdCopyBuffer then gets
 // overlapping source and destination regions (VUID-vkCmdCopyBuffer-pRegions-00117), which is
 // undefined behaviour. Expected: INVALID_ARGUMENT from Record.

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "komputed/core/handle.h"
 #include "komputed/core/vulkan_calls.h"
 
@@ -224,15 +225,29 @@ class Device {
                                           VkMemoryPropertyFlags preferred = 0) const;
   uint64_t HeapSize(uint32_t memory_type) const;
 
-  // Submits one command buffer to queue `queue` with `fence`, after `prologue` in the same batch
-  // when that is given; when `timeline` is given, the submission also signals it to
-  // `timeline_value`. `order`, when given, receives the submission's place on its queue (1, 2,
-  // ...): a queue's submissions complete in that order.
+  // One submission of a vkQueueSubmit: `command_buffer`, after `prologue` when that is given;
+  // when `timeline` is given, it signals that semaphore to `timeline_value` on completion.
+  struct SubmitItem {
+    VkCommandBuffer command_buffer = VK_NULL_HANDLE;
+    VkCommandBuffer prologue = VK_NULL_HANDLE;
+    VkSemaphore timeline = VK_NULL_HANDLE;
+    uint64_t timeline_value = 0;
+  };
+  // Submits one command buffer to queue `queue` with `fence` (SubmitBatch of one item).
   absl::Status Submit(size_t queue, VkCommandBuffer command_buffer, VkFence fence,
                       VkSemaphore timeline = VK_NULL_HANDLE, uint64_t timeline_value = 0,
                       VkCommandBuffer prologue = VK_NULL_HANDLE, uint64_t* order = nullptr);
+  // Submits `items` (at least one) to queue `queue` in one vkQueueSubmit, in their order, with
+  // `fence` (which signals once all of them have completed). `first_order`, when given, receives
+  // the first item's place on its queue; the others take the places after it (1, 2, ...): a
+  // queue's submissions complete in that order.
+  absl::Status SubmitBatch(size_t queue, absl::Span<const SubmitItem> items, VkFence fence,
+                           uint64_t* first_order = nullptr);
   // Waits for `fence`; DEADLINE_EXCEEDED after `timeout`.
   absl::Status Wait(VkFence fence, absl::Duration timeout);
+  // Waits until the timeline semaphore `timeline` has reached `value`; DEADLINE_EXCEEDED after
+  // `timeout`.
+  absl::Status WaitTimeline(VkSemaphore timeline, uint64_t value, absl::Duration timeout);
   // Records commands with `record`, runs them on queue 0 and waits (bounded by `timeout`). For
   // one-off work such as filling new buffers.
   absl::Status RunOnce(const std::function<void(VkCommandBuffer)>& record,

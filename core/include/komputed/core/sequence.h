@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "komputed/core/algorithm.h"
 #include "komputed/core/device.h"
 #include "komputed/core/handle.h"
@@ -81,6 +82,19 @@ class Sequence {
   // commands in the same batch and held until the submission has completed; marked submitted
   // when the submission is made.
   absl::Status Submit(std::shared_ptr<TensorInitBatch> prologue = nullptr);
+  // A sequence to submit with others (SubmitTogether), and its prologue (nullable, as Submit's).
+  struct Submission {
+    Sequence* sequence = nullptr;
+    std::shared_ptr<TensorInitBatch> prologue;
+  };
+  // Submits several distinct sequences of one device and queue in one vkQueueSubmit, in their
+  // order, each as Submit would. One that cannot be submitted (running, or an algorithm rebuilt
+  // since it was recorded) gets its own error and the others go. Only the last one's fence
+  // signals; the others' submissions are followed through their timeline semaphores (InFlight,
+  // Poll, Wait). Without timeline semaphores, or for sequences of different queues, each is
+  // submitted alone. Returns each one's status, in the order of `batch`.
+  static std::vector<absl::Status> SubmitTogether(absl::Span<const Submission> batch)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Waits for the submission; DEADLINE_EXCEEDED (still running) after `timeout`. Then runs the
   // ops' host steps. OK when nothing is in flight.
   absl::Status Wait(absl::Duration timeout);
@@ -122,6 +136,9 @@ class Sequence {
   // and, where the device has timeline semaphores, a semaphore and the value it will reach.
   // fence is VK_NULL_HANDLE when nothing is in flight.
   struct Completion {
+    bool running = false;  // a submission is in flight (the rest is empty otherwise)
+    // Its fence; VK_NULL_HANDLE for a submission that shared its vkQueueSubmit with later ones
+    // (SubmitTogether), which only its timeline semaphore follows.
     VkFence fence = VK_NULL_HANDLE;
     VkSemaphore timeline = VK_NULL_HANDLE;
     uint64_t value = 0;
@@ -142,6 +159,19 @@ class Sequence {
   void RecordLocked(Op& op, const std::vector<uint8_t>* push_constants = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What Submit does before the vkQueueSubmit: the command buffer to submit, ended (recorded
+  // again first where it was given back), or VK_NULL_HANDLE when nothing was ever recorded.
+  absl::StatusOr<VkCommandBuffer> ReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What follows a successful vkQueueSubmit of the sequence at its queue's place `order`
+  // (signalling its timeline to timeline_value_ + 1, and its fence where `fenced`).
+  void SubmittedLocked(std::shared_ptr<TensorInitBatch> prologue, uint64_t order, bool fenced)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SubmitTogether's work once every sequence of `batch` is locked.
+  static void SubmitLockedTogether(absl::Span<const Submission> batch,
+                                   std::vector<absl::Status>& statuses)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Waits for the submission in flight: its fence, or its timeline value where it has none.
+  absl::Status WaitInFlightLocked(absl::Duration timeout) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   std::shared_ptr<Device> device_;
   size_t queue_ = 0;
@@ -155,6 +185,7 @@ class Sequence {
   SemaphoreHandle timeline_;
   uint64_t timeline_value_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t submit_order_ ABSL_GUARDED_BY(mu_) = 0;  // of the submission in flight
+  bool fenced_ ABSL_GUARDED_BY(mu_) = true;         // its fence signals (SubmitTogether)
   // The last Record or Rerecord, or the end of the last submission (Wait: a submission keeps the
   // sequence running, which Release refuses, until then).
   absl::Time last_used_ ABSL_GUARDED_BY(mu_) = absl::Now();
