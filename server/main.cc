@@ -74,6 +74,10 @@ ABSL_FLAG(absl::Duration, eval_spin, absl::Microseconds(50),
           "within --eval_inline_wait: how long to poll the fence before blocking on it (a "
           "blocked thread wakes tens of microseconds late on an idle host); not done on CPU "
           "devices; 0: block at once");
+ABSL_FLAG(bool, submit_together, true,
+          "evals of one Execute stream or same-host channel that are ready at once and submit "
+          "sequences of one queue go to the device in one vkQueueSubmit (each still sees what it "
+          "would alone)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(25),
           "on SIGTERM or SIGINT: health turns NOT_SERVING, new sessions and evaluations are "
           "refused, and evaluations in flight get this long to complete before the daemon exits "
@@ -244,6 +248,7 @@ int main(int argc, char** argv) {
   options.eval_timeout = absl::GetFlag(FLAGS_eval_timeout);
   options.eval_inline_wait = absl::GetFlag(FLAGS_eval_inline_wait);
   options.eval_spin = absl::GetFlag(FLAGS_eval_spin);
+  options.submit_together = absl::GetFlag(FLAGS_submit_together);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);

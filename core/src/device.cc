@@ -707,7 +707,8 @@ absl::Status Device::SubmitBatch(size_t queue, absl::Span<const SubmitItem> item
   std::vector<VkCommandBuffer> buffers(2 * items.size());
   std::vector<VkSubmitInfo> infos(items.size(), VkSubmitInfo{VK_STRUCTURE_TYPE_SUBMIT_INFO});
   std::vector<VkTimelineSemaphoreSubmitInfo> timelines(
-      items.size(), VkTimelineSemaphoreSubmitInfo{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO});
+      items.size(),
+      VkTimelineSemaphoreSubmitInfo{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO});
   for (size_t i = 0; i < items.size(); ++i) {
     const SubmitItem& item = items[i];
     VkCommandBuffer* mine = &buffers[2 * i];

@@ -131,8 +131,7 @@ Sequence::~Sequence() {
   // may still run them. The fence can signal before the driver is done with the timeline
   // semaphore of the same submission, so that is waited for as well.
   constexpr absl::Duration kReleaseWait = absl::Seconds(10);
-  const absl::Status waited =
-      running_ ? WaitInFlightLocked(kReleaseWait) : absl::OkStatus();
+  const absl::Status waited = running_ ? WaitInFlightLocked(kReleaseWait) : absl::OkStatus();
   bool idle = waited.ok();
   if (!waited.ok() && !absl::IsDeadlineExceeded(waited)) {
     // A lost device: its queue returns at once (a loss injected by tests lets the work finish).
@@ -354,9 +353,9 @@ absl::Status Sequence::Submit(std::shared_ptr<TensorInitBatch> prologue) {
   VkFence fence = fence_.get();
   KD_RETURN_IF_ERROR(device_->Check(vkResetFences(device_->handle(), 1, &fence), "vkResetFences"));
   uint64_t order = 0;
-  KD_RETURN_IF_ERROR(device_->Submit(
-      queue_, cb, fence, timeline_.get(), timeline_value_ + 1,
-      prologue != nullptr ? prologue->command_buffer() : VK_NULL_HANDLE, &order));
+  KD_RETURN_IF_ERROR(
+      device_->Submit(queue_, cb, fence, timeline_.get(), timeline_value_ + 1,
+                      prologue != nullptr ? prologue->command_buffer() : VK_NULL_HANDLE, &order));
   SubmittedLocked(std::move(prologue), order, /*fenced=*/true);
   return absl::OkStatus();
 }
@@ -366,11 +365,13 @@ std::vector<absl::Status> Sequence::SubmitTogether(absl::Span<const Submission> 
   // Together only where one vkQueueSubmit can carry them all and each can be followed on its own.
   bool together = !batch.empty();
   for (const Submission& s : batch) {
-    together = together && s.sequence->timeline_ && s.sequence->device_ == batch[0].sequence->device_ &&
+    together = together && s.sequence->timeline_ &&
+               s.sequence->device_ == batch[0].sequence->device_ &&
                s.sequence->queue_ == batch[0].sequence->queue_;
   }
   if (!together || batch.size() == 1) {
-    for (size_t i = 0; i < batch.size(); ++i) statuses[i] = batch[i].sequence->Submit(batch[i].prologue);
+    for (size_t i = 0; i < batch.size(); ++i)
+      statuses[i] = batch[i].sequence->Submit(batch[i].prologue);
     return statuses;
   }
   // Every sequence is locked for the whole submission, in the order of their addresses (the only

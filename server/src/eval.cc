@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "host_data.h"
 #include "host_writes.h"
@@ -60,7 +61,25 @@ struct InFlight {
   HostWrites::Token host_writes;  // the tensors it may change stay marked
 };
 
+// The most evals whose submissions go to the device in one vkQueueSubmit.
+constexpr size_t kMostTogether = 64;
+
 }  // namespace
+
+struct Session::Admitted {
+  EvalDone done;  // tells the caller, then lets the drain gate go
+  std::shared_ptr<InFlight> in_flight;
+  uint64_t started_ns = 0;
+};
+
+struct Session::Together {
+  std::vector<core::Sequence::Submission> submissions;
+  std::vector<size_t> indices;    // the evals' places in EvalMany's plans
+  std::vector<uint64_t> handles;  // their sequences' handles
+  size_t queue = 0;
+  // The tensors that their submissions use (an upload into one waits for the next submission).
+  absl::flat_hash_set<const core::Tensor*> touched;
+};
 
 absl::Status Session::CommandLocked(const SessionCommand& command) {
   // (server:: names the command types, which the member functions of the same names hide.)
@@ -83,7 +102,8 @@ absl::Status Session::CommandLocked(const SessionCommand& command) {
   return DestroySequenceLocked(std::get<server::DestroySequence>(command).handle);
 }
 
-absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const EvalPlan& plan) {
+absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const EvalPlan& plan,
+                                                             Together* together, size_t index) {
   KD_RETURN_IF_ERROR(CheckUsableLocked());
   for (size_t i = 0; i < plan.commands.size(); ++i) {
     const EvalPlan::Command& command = plan.commands[i];
@@ -131,10 +151,22 @@ absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const EvalPlan& pla
   }
   if (prepared.sequence != nullptr) {
     core::Sequence& sequence = *prepared.sequence->sequence;
+    const std::vector<core::Op> ops = sequence.RecordedOps();
     // Marked before the submission: the device may change host data from its first moment.
-    prepared.host_writes = host_writes_->Submitting(HostDataWritten(sequence.RecordedOps()));
+    prepared.host_writes = host_writes_->Submitting(HostDataWritten(ops));
     std::shared_ptr<core::TensorInitBatch> inits;
     if (plan.stage_times) prepared.submitting_ns = MonotonicNs();
+    if (together != nullptr) {
+      // Submitted with the others (SubmitTogetherLocked); no inits are pending (JoinsLocked).
+      if (together->indices.empty()) together->queue = sequence.queue();
+      together->submissions.push_back({&sequence, nullptr});
+      together->indices.push_back(index);
+      together->handles.push_back(plan.sequence);
+      for (const core::Op& op : ops) {
+        for (const auto& tensor : TensorsOf(op)) together->touched.insert(tensor.get());
+      }
+      return prepared;
+    }
     if (!pending_init_.empty()) {
       std::vector<std::shared_ptr<core::Tensor>> pending;
       for (const auto& weak : pending_init_) {
@@ -152,55 +184,151 @@ absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const EvalPlan& pla
         return Annotate(batch.status(), "recording new tensors' first contents: ");
       }
     }
-    absl::Status submitted = sequence.Submit(inits);
-    if (!submitted.ok()) {
-      facts_.device->CheckLost(*facts_.instance);
-      return Annotate(submitted, absl::StrCat("sequence ", plan.sequence, ": "));
-    }
-    // Nothing is submitted for a sequence that never recorded anything.
-    prepared.submitted = sequence.IsRunning();
-    if (prepared.submitted && inits != nullptr) pending_init_.clear();
-    if (prepared.submitted) {
-      facts_.device->Submitted(sequence.queue());
-    } else {
-      prepared.host_writes.reset();
-    }
-    prepared.cancel = cancel_;
-    prepared.sequence->awaited.store(true);
+    KD_RETURN_IF_ERROR(
+        SubmittedLocked(plan.sequence, sequence.Submit(inits), inits != nullptr, prepared));
   }
   return prepared;
 }
 
-void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inline,
-                   EvalDone on_done) {
-  const uint64_t started_ns = plan.stage_times ? MonotonicNs() : 0;
+absl::Status Session::SubmittedLocked(uint64_t handle, const absl::Status& submitted, bool inits,
+                                      Prepared& prepared) {
+  if (!submitted.ok()) {
+    facts_.device->CheckLost(*facts_.instance);
+    return Annotate(submitted, absl::StrCat("sequence ", handle, ": "));
+  }
+  const core::Sequence& sequence = *prepared.sequence->sequence;
+  // Nothing is submitted for a sequence that never recorded anything.
+  prepared.submitted = sequence.IsRunning();
+  if (prepared.submitted && inits) pending_init_.clear();
+  if (prepared.submitted) {
+    facts_.device->Submitted(sequence.queue());
+  } else {
+    prepared.host_writes.reset();
+  }
+  prepared.cancel = cancel_;
+  prepared.sequence->awaited.store(true);
+  return absl::OkStatus();
+}
+
+bool Session::CanGoTogetherLocked(const EvalPlan& plan) const {
+  // An eval's commands change what earlier evals' submissions would run; a submission that
+  // carries new tensors' first contents (pending_init_) goes alone.
+  return options_.submit_together && plan.sequence != 0 && plan.commands.empty() &&
+         pending_init_.empty();
+}
+
+bool Session::JoinsLocked(const EvalPlan& plan, const Together& together) const {
+  if (together.indices.empty()) return true;  // the first of a run
+  if (together.indices.size() >= kMostTogether) return false;
+  if (std::find(together.handles.begin(), together.handles.end(), plan.sequence) !=
+      together.handles.end()) {
+    return false;  // its earlier eval must be submitted first (and then refuses this one)
+  }
+  absl::StatusOr<std::shared_ptr<SequenceEntry>> entry = sequences_.Find(plan.sequence);
+  if (!entry.ok() || (*entry)->sequence->queue() != together.queue) return false;
+  for (const EvalPlan::Upload& upload : plan.uploads) {
+    absl::StatusOr<std::shared_ptr<core::Tensor>> tensor = tensors_.Find(upload.tensor);
+    if (tensor.ok() && together.touched.contains(tensor->get())) return false;
+  }
+  return true;
+}
+
+void Session::SubmitTogetherLocked(Together& together,
+                                   std::vector<absl::StatusOr<Prepared>>& prepared) {
+  if (together.indices.empty()) return;
+  const std::vector<absl::Status> statuses = core::Sequence::SubmitTogether(together.submissions);
+  if (together.indices.size() > 1) {
+    submitted_together_->Increment(static_cast<double>(together.indices.size()));
+  }
+  for (size_t k = 0; k < together.indices.size(); ++k) {
+    absl::StatusOr<Prepared>& mine = prepared[together.indices[k]];
+    absl::Status s = SubmittedLocked(together.handles[k], statuses[k], /*inits=*/false, *mine);
+    if (!s.ok()) mine = std::move(s);
+  }
+  together = Together();
+}
+
+std::optional<Session::Admitted> Session::Admit(const EvalPlan& plan, EvalDone on_done) {
+  Admitted admitted;
+  admitted.started_ns = plan.stage_times ? MonotonicNs() : 0;
   Touch();
   WorkGate* const gate = gate_;
   if (gate != nullptr && !gate->Enter()) {
     on_done(WorkGate::Refusal("evaluations"));
-    return;
+    return std::nullopt;
   }
   // The gate counts the eval in flight until its caller has been told.
-  auto done = [gate, on_done = std::move(on_done)](absl::StatusOr<EvalResult> result) {
+  admitted.done = [gate, on_done = std::move(on_done)](absl::StatusOr<EvalResult> result) {
     on_done(std::move(result));
     if (gate != nullptr) gate->Exit();
   };
   // The eval's place in its tenant's inflight_submissions quota, taken before anything is
   // applied and held until the submission has completed.
-  auto in_flight = std::make_shared<InFlight>();
+  admitted.in_flight = std::make_shared<InFlight>();
   if (plan.sequence != 0 && facts_.account != nullptr) {
     absl::StatusOr<Charge> charge = facts_.account->Take(Counted::kSubmissions, 1);
     if (!charge.ok()) {
-      done(charge.status());
-      return;
+      admitted.done(charge.status());
+      return std::nullopt;
     }
-    in_flight->submission = *std::move(charge);
+    admitted.in_flight->submission = *std::move(charge);
   }
+  return admitted;
+}
+
+void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inline,
+                   EvalDone on_done) {
+  std::optional<Admitted> admitted = Admit(plan, std::move(on_done));
+  if (!admitted.has_value()) return;
   absl::StatusOr<Prepared> prepared;
   {
     absl::MutexLock lock(&mu_);
     prepared = PrepareEvalLocked(plan);
   }
+  Proceed(plan, *std::move(admitted), std::move(prepared), deadline, may_wait_inline);
+}
+
+void Session::EvalMany(absl::Span<const EvalPlan> plans, std::vector<EvalDone> dones) {
+  std::vector<std::optional<Admitted>> admitted(plans.size());
+  for (size_t i = 0; i < plans.size(); ++i) admitted[i] = Admit(plans[i], std::move(dones[i]));
+  std::vector<absl::StatusOr<Prepared>> prepared(plans.size());
+  // Run by run: an eval that cannot go with others alone, or evals that go together. A run is
+  // prepared and submitted under the session's lock, then proceeds (an eval without a submission
+  // collects its downloads then) before the next run's commands and uploads are applied.
+  size_t i = 0;
+  while (i < plans.size()) {
+    std::vector<size_t> run;
+    {
+      absl::MutexLock lock(&mu_);
+      Together together;
+      for (; i < plans.size(); ++i) {
+        if (!admitted[i].has_value()) continue;
+        const EvalPlan& plan = plans[i];
+        if (!CanGoTogetherLocked(plan)) {
+          if (run.empty()) {
+            prepared[i] = PrepareEvalLocked(plan);
+            run.push_back(i++);
+          }
+          break;
+        }
+        if (!JoinsLocked(plan, together)) break;
+        prepared[i] = PrepareEvalLocked(plan, &together, i);
+        run.push_back(i);
+      }
+      SubmitTogetherLocked(together, prepared);
+    }
+    for (size_t k : run) {
+      Proceed(plans[k], *std::move(admitted[k]), std::move(prepared[k]), absl::InfiniteFuture(),
+              /*may_wait_inline=*/false);
+    }
+  }
+}
+
+void Session::Proceed(const EvalPlan& plan, Admitted admitted, absl::StatusOr<Prepared> prepared,
+                      absl::Time deadline, bool may_wait_inline) {
+  EvalDone done = std::move(admitted.done);
+  std::shared_ptr<InFlight> in_flight = std::move(admitted.in_flight);
+  const uint64_t started_ns = admitted.started_ns;
   if (!prepared.ok()) {
     done(prepared.status());
     return;

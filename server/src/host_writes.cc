@@ -101,6 +101,14 @@ absl::Status HostWrites::Read(const core::Tensor& tensor, uint64_t since, uint64
   return absl::OkStatus();
 }
 
+std::vector<std::shared_ptr<core::Tensor>> TensorsOf(const core::Op& op) {
+  std::vector<std::shared_ptr<core::Tensor>> tensors = op.tensors;
+  if (op.kind == core::OpKind::kDispatch && op.algorithm != nullptr) {
+    for (auto& tensor : op.algorithm->tensors()) tensors.push_back(std::move(tensor));
+  }
+  return tensors;
+}
+
 std::vector<std::shared_ptr<core::Tensor>> HostDataWritten(const std::vector<core::Op>& ops) {
   std::vector<std::shared_ptr<core::Tensor>> written;
   absl::flat_hash_set<const core::Tensor*> seen;
@@ -108,11 +116,7 @@ std::vector<std::shared_ptr<core::Tensor>> HostDataWritten(const std::vector<cor
     if (HostData(*tensor) != nullptr && seen.insert(tensor.get()).second) written.push_back(tensor);
   };
   for (const core::Op& op : ops) {
-    std::vector<std::shared_ptr<core::Tensor>> touched = op.tensors;
-    if (op.kind == core::OpKind::kDispatch && op.algorithm != nullptr) {
-      for (auto& tensor : op.algorithm->tensors()) touched.push_back(std::move(tensor));
-    }
-    for (const auto& tensor : touched) {
+    for (const auto& tensor : TensorsOf(op)) {
       if (core::HostDataComesBack(op.kind, tensor->memory_type())) add(tensor);
     }
     if (op.kind == core::OpKind::kCopy) {

@@ -104,5 +104,7 @@ class HostWrites : public std::enable_shared_from_this<HostWrites> {
 // every host-coherent tensor it touches (a dispatch's algorithm's included), the tensors with
 // staging that a sync_local brings back, and a copy's destinations with staging (its host step).
 std::vector<std::shared_ptr<core::Tensor>> HostDataWritten(const std::vector<core::Op>& ops);
+// The tensors that `op` uses: its own, and a dispatch's algorithm's.
+std::vector<std::shared_ptr<core::Tensor>> TensorsOf(const core::Op& op);
 
 }  // namespace komputed::server

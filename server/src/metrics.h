@@ -70,6 +70,9 @@ inline const prometheus::Histogram::BucketBoundaries kRpcDurationBuckets = {
   COUNTER(submissions_total, "komputed_submissions_total",                                        \
           "Command buffers submitted to the device queue (evaluations that reached the device).", \
           "device", "queue")                                                                      \
+  COUNTER(submitted_together_total, "komputed_submitted_together_total",                          \
+          "Evaluations whose command buffers went to the device in one vkQueueSubmit with "       \
+          "others (several evals of a stream ready at once; --submit_together).")                 \
   COUNTER(gpu_execution_seconds_total, "komputed_gpu_execution_seconds_total",                    \
           "GPU time of completed submissions, from their GPU timestamps (first to last); "        \
           "submissions of sequences without timestamps add nothing.",                             \

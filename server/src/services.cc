@@ -358,7 +358,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
     // cannot finish while processing_ is set, so the reactor stays alive until the step decided
     // with its clearing has been taken.
     while (true) {
-      Unprocessed work;
+      std::deque<Unprocessed> work;
       {
         absl::MutexLock lock(&mu_);
         if (unprocessed_.empty()) {
@@ -366,15 +366,14 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
           next = NextStepLocked();
           break;
         }
-        work = std::move(unprocessed_.front());
-        unprocessed_.pop_front();
+        work.swap(unprocessed_);
         if (dropping_) {
-          // Cancelled or broken: nobody will read its events, so it is not run.
-          pending_ -= 1 + work.request.more_evals_size();
+          // Cancelled or broken: nobody will read their events, so they are not run.
+          for (const Unprocessed& w : work) pending_ -= 1 + w.request.more_evals_size();
           continue;
         }
       }
-      Process(work.request, work.read_ns);
+      Process(work);
     }
     Take(next);
   }
@@ -424,24 +423,63 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
     v1::ExecuteRequest request;
   };
 
-  // Runs the evals of one request read at `read_ns`; each was counted in pending_ when it was
-  // read, and Complete takes it out.
-  void Process(const v1::ExecuteRequest& request, uint64_t read_ns) {
-    const size_t evals = 1 + static_cast<size_t>(request.more_evals_size());
-    if (evals > v1::wire::kMaxExecuteBatch) {
-      const absl::Status refused = absl::InvalidArgumentError(
-          absl::StrCat("an Execute request carries ", evals, " evals; at most ",
-                       v1::wire::kMaxExecuteBatch, " in one request"));
-      LogFailure("Execute", request.eval().session_id(), "", refused);  // once, not per eval
-      Refuse(request.eval(), refused);
-      for (const v1::EvalRequest& eval : request.more_evals()) Refuse(eval, refused);
-      return;
+  // Runs the evals of the requests read so far, in order (each was counted in pending_ when it
+  // was read, and Complete takes it out): together, so that those ready at once may go to the
+  // device in one submission (Session::EvalMany).
+  void Process(const std::deque<Unprocessed>& work) {
+    std::vector<EvalPlan> plans;
+    std::vector<Session::EvalDone> dones;
+    std::shared_ptr<Session> session;  // of plans (one stream's evals all name one session)
+    auto run = [&] {
+      if (plans.empty()) return;
+      session->EvalMany(plans, std::move(dones));
+      plans.clear();
+      dones.clear();
+    };
+    for (const Unprocessed& w : work) {
+      const v1::ExecuteRequest& request = w.request;
+      const size_t evals = 1 + static_cast<size_t>(request.more_evals_size());
+      if (evals > v1::wire::kMaxExecuteBatch) {
+        const absl::Status refused = absl::InvalidArgumentError(
+            absl::StrCat("an Execute request carries ", evals, " evals; at most ",
+                         v1::wire::kMaxExecuteBatch, " in one request"));
+        LogFailure("Execute", request.eval().session_id(), "", refused);  // once, not per eval
+        Refuse(request.eval(), refused);
+        for (const v1::EvalRequest& eval : request.more_evals()) Refuse(eval, refused);
+        continue;
+      }
+      // Each request is authenticated again: a token revoked by a reload of the tenants file
+      // ends the stream's work from its next request on, not only new calls.
+      const absl::StatusOr<Caller> caller = auth_->Authenticate(*context_);
+      auto add = [&](const v1::EvalRequest& eval) {
+        std::shared_ptr<v1::ExecuteEvent> event = Pend(eval);
+        absl::StatusOr<std::shared_ptr<Session>> bound =
+            caller.ok() ? Bind(eval.session_id(), *caller) : caller.status();
+        if (!bound.ok()) {
+          LogFailure("Execute", eval.session_id(), "", bound.status());
+          Complete(std::move(event), bound.status());
+          return;
+        }
+        if (*bound != session) run();
+        session = *std::move(bound);
+        EvalPlan plan = wire::FromWire(eval, session->id());
+        plan.received_ns = w.read_ns;
+        plans.push_back(std::move(plan));
+        dones.push_back(
+            [this, event = std::move(event)](absl::StatusOr<EvalResult> result) mutable {
+              // session_ is set (Bind) and the reactor alive (pending_) until Complete.
+              if (result.ok()) {
+                wire::ToWire(*std::move(result), event->mutable_result());
+              } else {
+                LogFailure("Execute", session_->id(), "", result.status());
+              }
+              Complete(std::move(event), result.status());
+            });
+      };
+      add(request.eval());
+      for (const v1::EvalRequest& eval : request.more_evals()) add(eval);
     }
-    // Each request is authenticated again: a token revoked by a reload of the tenants file ends
-    // the stream's work from its next request on, not only new calls.
-    const absl::StatusOr<Caller> caller = auth_->Authenticate(*context_);
-    Submit(request.eval(), caller, read_ns);
-    for (const v1::EvalRequest& eval : request.more_evals()) Submit(eval, caller, read_ns);
+    run();
   }
 
   // The event of `eval` (counted in pending_ since its request was read, until Complete).
@@ -453,31 +491,6 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
 
   // Answers one eval of a refused request with `why`, running nothing.
   void Refuse(const v1::EvalRequest& eval, const absl::Status& why) { Complete(Pend(eval), why); }
-
-  // Runs one eval as the caller `now` (the request's), read at `read_ns` (MonotonicNs); its event
-  // is queued from the completion callback (possibly at once).
-  void Submit(const v1::EvalRequest& eval, const absl::StatusOr<Caller>& now, uint64_t read_ns) {
-    std::shared_ptr<v1::ExecuteEvent> event = Pend(eval);
-    absl::StatusOr<std::shared_ptr<Session>> session =
-        now.ok() ? Bind(eval.session_id(), *now) : now.status();
-    if (!session.ok()) {
-      LogFailure("Execute", eval.session_id(), "", session.status());
-      Complete(std::move(event), session.status());
-      return;
-    }
-    EvalPlan plan = wire::FromWire(eval, (*session)->id());
-    plan.received_ns = read_ns;
-    (*session)->Eval(plan, absl::InfiniteFuture(), /*may_wait_inline=*/false,
-                     [this, event = std::move(event)](absl::StatusOr<EvalResult> result) mutable {
-                       // session_ is set (Bind) and the reactor alive (pending_) until Complete.
-                       if (result.ok()) {
-                         wire::ToWire(*std::move(result), event->mutable_result());
-                       } else {
-                         LogFailure("Execute", session_->id(), "", result.status());
-                       }
-                       Complete(std::move(event), result.status());
-                     });
-  }
 
   // The stream belongs to the session that its first request names; later requests name it
   // again or leave session_id empty. Requests are processed one at a time (processing_), so only

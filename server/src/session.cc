@@ -79,6 +79,7 @@ Session::Session(SessionFacts facts, const ServerOptions& options, Metrics* metr
       gate_(gate),
       uploads_(&metrics_->bytes_transferred_total("upload")),
       downloads_(&metrics_->bytes_transferred_total("download")),
+      submitted_together_(&metrics_->submitted_together_total()),
       created_(absl::Now()),
       last_activity_ns_(absl::ToUnixNanos(created_)),
       session_charge_(std::move(session_charge)) {}

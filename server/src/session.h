@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "device_pool.h"
 #include "eval.h"
 #include "handle_table.h"
@@ -138,6 +140,12 @@ class Session {
   // eval_inline_wait for the submission (and then call done on it); a stream that pipelines
   // evals passes false. The plan is read only before Eval returns.
   void Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inline, EvalDone done);
+  // Runs `plans` in their order as Eval runs each (without a deadline of the caller's, never
+  // waiting inline), calling dones[i] for plans[i]. Where the daemon submits together
+  // (--submit_together), consecutive evals that each submit a sequence of one queue, carry no
+  // commands and upload nothing into a tensor that an earlier one of them submits go to the
+  // device in one vkQueueSubmit: what each eval sees is what it would see submitted alone.
+  void EvalMany(absl::Span<const EvalPlan> plans, std::vector<EvalDone> dones);
 
   // A tensor whose host data a WriteTensor/ReadTensor call accesses: NOT_FOUND, or
   // FAILED_PRECONDITION for a storage tensor (it has no host data).
@@ -170,6 +178,8 @@ class Session {
     uint64_t ops = 0;  // operations recorded since the last clear (guarded by the session's mu_)
   };
   struct Prepared;  // what an eval hands to the waiter (eval.cc)
+  struct Admitted;  // an eval let in: its place in the quota and the drain gate (eval.cc)
+  struct Together;  // evals prepared whose submissions go to the device together (eval.cc)
 
   absl::Status CheckOpenLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Open, and its device instance not lost: what creating, recording and evaluating need.
@@ -204,8 +214,27 @@ class Session {
   absl::Status DestroySequenceLocked(uint64_t handle) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CommandLocked(const SessionCommand& command) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Commands, checks, uploads and the submission of an eval (eval.cc).
-  absl::StatusOr<Prepared> PrepareEvalLocked(const EvalPlan& plan)
+  // With `together`, the submission is left to SubmitTogetherLocked, which fills in the rest of
+  // prepared[index] (the plan must be one that Joins allows).
+  absl::StatusOr<Prepared> PrepareEvalLocked(const EvalPlan& plan, Together* together = nullptr,
+                                             size_t index = 0) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What follows an eval's submission (`submitted`: its status) in its Prepared.
+  absl::Status SubmittedLocked(uint64_t handle, const absl::Status& submitted, bool inits,
+                               Prepared& prepared) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `plan` may be submitted together with others at all, and with those of `together`.
+  bool CanGoTogetherLocked(const EvalPlan& plan) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool JoinsLocked(const EvalPlan& plan, const Together& together) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Submits the evals of `together` in one vkQueueSubmit and empties it.
+  void SubmitTogetherLocked(Together& together, std::vector<absl::StatusOr<Prepared>>& prepared)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lets an eval in (counts it in the drain gate and takes its place in the tenant's
+  // inflight_submissions quota), or tells `done` why not.
+  std::optional<Admitted> Admit(const EvalPlan& plan, EvalDone done);
+  // The rest of an eval once prepared (and submitted): the answer at once where nothing was
+  // submitted, else the inline wait or the hand-off to the completion waiter.
+  void Proceed(const EvalPlan& plan, Admitted admitted, absl::StatusOr<Prepared> prepared,
+               absl::Time deadline, bool may_wait_inline);
 
   void AddMemory(int64_t bytes);
   // For a sequence leaving the tables: while its submission may still run, the device's waiter
@@ -238,6 +267,7 @@ class Session {
   WorkGate* const gate_;
   prometheus::Counter* const uploads_;
   prometheus::Counter* const downloads_;
+  prometheus::Counter* const submitted_together_;
   const absl::Time created_;
   std::atomic<int64_t> last_activity_ns_;
   std::atomic<int> users_{0};

@@ -1336,16 +1336,19 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
               << komputed::server::DefaultSessionFamilies(info).front() << ")\n";
   }
   const auto async_unbatched = r.MeanItemsPerSecond(kb::kAsyncRemoteUnbatched);
+  const auto async_alone = r.MeanItemsPerSecond(kb::kAsyncRemoteAlone);
   auto cpu_per_eval = [&](const char* name) {
     const std::optional<double> v = r.MeanCounter(name, kb::kProcessCpuPerEval);
     return v.has_value() ? absl::StrFormat("%.1f us", *v) : std::string("n/a");
   };
   std::cout << "async evals (" << g_env->config.async_depth << " in flight): in-process "
             << PerSecond(async_in) << ", remote " << PerSecond(async_remote)
-            << ", remote without batches " << PerSecond(async_unbatched) << "\n";
+            << ", remote without batches " << PerSecond(async_unbatched)
+            << ", remote with each eval submitted alone " << PerSecond(async_alone) << "\n";
   std::cout << "process CPU per async eval: in-process " << cpu_per_eval(kb::kAsyncInprocess)
             << ", remote " << cpu_per_eval(kb::kAsyncRemote) << ", remote without batches "
-            << cpu_per_eval(kb::kAsyncRemoteUnbatched) << " (client and daemon together)\n";
+            << cpu_per_eval(kb::kAsyncRemoteUnbatched) << ", remote with each eval submitted alone "
+            << cpu_per_eval(kb::kAsyncRemoteAlone) << " (client and daemon together)\n";
   std::cout << "upload 256 MiB: remote " << GBps(up_remote) << ", kp in-process "
             << GBps(r.MeanBytesPerSecond(kUploadKp)) << "\n";
   std::cout << "download 256 MiB: remote " << GBps(down_remote) << ", kp in-process "
@@ -1392,6 +1395,8 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
                     false, 0.5);
   PrintInfoRatio("batched/unbatched (remote async evals per second)",
                  Ratio(async_remote, async_unbatched));
+  PrintInfoRatio("submitted together/alone (remote async evals per second)",
+                 Ratio(async_remote, async_alone));
   met &= PrintRatio("remote/tcp_loopback (upload 256 MiB throughput)", Ratio(up_remote, tcp), false,
                     0.50);
   met &= PrintRatio("remote/tcp_loopback (download 256 MiB throughput)", Ratio(down_remote, tcp),

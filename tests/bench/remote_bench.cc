@@ -209,6 +209,10 @@ struct RemoteBench::State {
   std::vector<KpTiny> async_remote;
   std::unique_ptr<kp::Manager> remote_unbatched;  // KOMPUTED_EXECUTE_BATCHES=0 as it opened
   std::vector<KpTiny> async_remote_unbatched;
+  // The daemon that submits each eval alone (--submit_together=false), and its client.
+  std::unique_ptr<komputed::server::Server> alone_server;
+  std::unique_ptr<kp::Manager> remote_alone;
+  std::vector<KpTiny> async_remote_alone;
   // The same-host daemon (a Unix socket, shared memory) and its client.
   std::unique_ptr<komputed::server::Server> same_host_server;
   std::unique_ptr<kp::Manager> same_host;
@@ -229,6 +233,10 @@ RemoteBench::~RemoteBench() {
   s_->async_remote.clear();
   s_->async_remote_unbatched.clear();
   s_->remote_unbatched.reset();
+  s_->async_remote_alone.clear();
+  s_->remote_alone.reset();
+  if (s_->alone_server != nullptr) s_->alone_server->Shutdown();
+  s_->alone_server.reset();
   s_->async_same_host.clear();
   s_->tiny_same_host = KpTiny{};
   s_->same_host.reset();
@@ -319,6 +327,12 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
   if (!tls_server.ok()) return tls_server.status();
   s->tls_server = *std::move(tls_server);
 
+  komputed::server::ServerOptions alone_options = options;
+  alone_options.submit_together = false;
+  auto alone_server = komputed::server::Server::Start(alone_options);
+  if (!alone_server.ok()) return alone_server.status();
+  s->alone_server = *std::move(alone_server);
+
   komputed::server::ServerOptions same_host_options = options;
   same_host_options.listen = "unix:" + s->certs.dir() + "/komputed.sock";
   same_host_options.shared_memory = true;
@@ -380,10 +394,12 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
       const komputed::test_support::ScopedEnv unbatched("KOMPUTED_EXECUTE_BATCHES", "0");
       s->remote_unbatched = std::make_unique<kp::Manager>(s->address);
     }
+    s->remote_alone = std::make_unique<kp::Manager>(s->alone_server->address());
     for (uint32_t i = 0; i < s->config.async_depth; ++i) {
       s->async_inprocess.push_back(MakeKpTiny(*s->inprocess, s->config.tiny_spirv));
       s->async_remote.push_back(MakeKpTiny(*s->remote, s->config.tiny_spirv));
       s->async_remote_unbatched.push_back(MakeKpTiny(*s->remote_unbatched, s->config.tiny_spirv));
+      s->async_remote_alone.push_back(MakeKpTiny(*s->remote_alone, s->config.tiny_spirv));
       s->async_same_host.push_back(MakeKpTiny(*s->same_host, s->config.tiny_spirv));
       s->copies_inprocess.push_back(MakeKpTiny(*s->inprocess, {}, /*dispatch=*/false));
       s->copies_remote.push_back(MakeKpTiny(*s->remote, {}, /*dispatch=*/false));
@@ -396,6 +412,7 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
     s->tiny_remote.sequence->eval();
     for (KpTiny& t : s->async_remote) t.sequence->eval();
     for (KpTiny& t : s->async_remote_unbatched) t.sequence->eval();
+    for (KpTiny& t : s->async_remote_alone) t.sequence->eval();
   } catch (const kp::Error& e) {
     return absl::Status(static_cast<absl::StatusCode>(e.code()), e.what());
   }
@@ -556,6 +573,12 @@ void RemoteBench::RegisterLatencyBenchmarks() {
                                  RunKpAsync(state, s->async_remote_unbatched,
                                             kAsyncRemoteUnbatched);
                                })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(
+      kAsyncRemoteAlone,
+      [s](benchmark::State& state) { RunKpAsync(state, s->async_remote_alone, kAsyncRemoteAlone); })
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);

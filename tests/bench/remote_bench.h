@@ -40,6 +40,9 @@ inline constexpr char kAsyncRemote[] = "async_evals/remote";
 // The same with the Execute stream's batches turned off in the client (KOMPUTED_EXECUTE_BATCHES=0):
 // one eval per request, one event per message.
 inline constexpr char kAsyncRemoteUnbatched[] = "async_evals/remote_unbatched";
+// The same on a daemon that submits every eval alone (--submit_together=false), where the remote
+// one puts the evals of a stream that are ready at once into one vkQueueSubmit.
+inline constexpr char kAsyncRemoteAlone[] = "async_evals/remote_alone";
 // The async evals again with copy-only sequences (sync up, sync back: KpTiny without dispatch), on
 // which the device spends next to no time: what remains is the path of an eval through the
 // client and the daemon.

@@ -144,8 +144,9 @@ TEST(CompletionWaiter, CallsBackOnItsNamedThread) {
   EXPECT_STREQ(name, "kd-waiter");
 }
 
-// Eight submissions watched at once all complete, each with its results.
-void ExpectManyComplete(CompletionWaiter* waiter, int kCount = 8) {
+// Eight submissions watched at once all complete, each with its results. `together`: made in one
+// vkQueueSubmit (Sequence::SubmitTogether), where only the last one has a fence.
+void ExpectManyComplete(CompletionWaiter* waiter, int kCount = 8, bool together = false) {
   std::vector<Work> works;
   std::vector<std::unique_ptr<Done>> dones;
   for (int i = 0; i < kCount; ++i) {
@@ -153,8 +154,14 @@ void ExpectManyComplete(CompletionWaiter* waiter, int kCount = 8) {
     works.push_back(std::move(w));
     dones.push_back(std::make_unique<Done>());
   }
+  if (together) {
+    std::vector<Sequence::Submission> batch;
+    for (const Work& w : works) batch.push_back({w.seq.get()});
+    for (const absl::Status& s : Sequence::SubmitTogether(batch)) ASSERT_OK(s);
+    ASSERT_EQ(works.front().seq->InFlight().fence, VK_NULL_HANDLE);
+  }
   for (int i = 0; i < kCount; ++i) {
-    ASSERT_OK(works[i].seq->Submit());
+    if (!together) ASSERT_OK(works[i].seq->Submit());
     waiter->Watch(works[i].seq, absl::Now() + kTimeout, dones[i]->Callback());
   }
   for (int i = 0; i < kCount; ++i) {
@@ -192,6 +199,21 @@ TEST(CompletionWaiter, ManySubmissionsInSeveralLanes) {
     for (int round = 0; round < 3; ++round) {
       SCOPED_TRACE(round);
       ExpectManyComplete(waiter.get());
+    }
+  }
+}
+
+// Submitted in one vkQueueSubmit, followed through their timeline semaphores but the last: each
+// completes with its results, polled or not.
+TEST(CompletionWaiter, SubmissionsMadeTogether) {
+  if (!TestDevice()->timeline_supported()) GTEST_SKIP() << "no timeline semaphores";
+  for (absl::Duration spin : {absl::ZeroDuration(), absl::Microseconds(200)}) {
+    SCOPED_TRACE(absl::FormatDuration(spin));
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
+                         CompletionWaiter::Create(TestDevice(), spin));
+    for (int round = 0; round < 3; ++round) {
+      SCOPED_TRACE(round);
+      ExpectManyComplete(waiter.get(), 8, /*together=*/true);
     }
   }
 }

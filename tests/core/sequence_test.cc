@@ -985,15 +985,17 @@ TEST(Sequence, SubmitTogetherRunsEachAndFollowsEachOnItsOwn) {
     // ones[2] is running already; `idle` never recorded anything.
     ASSERT_OK(ones[2].seq->Submit());
     ASSERT_OK_AND_ASSIGN(std::unique_ptr<Sequence> idle, Sequence::Create(device, 0, 0));
-    const std::vector<Sequence::Submission> batch = {
-        {ones[0].seq.get()}, {ones[1].seq.get()}, {ones[2].seq.get()}, {idle.get()},
-        {ones[3].seq.get()}};
+    const std::vector<Sequence::Submission> batch = {{ones[0].seq.get()},
+                                                     {ones[1].seq.get()},
+                                                     {ones[2].seq.get()},
+                                                     {idle.get()},
+                                                     {ones[3].seq.get()}};
     const std::vector<absl::Status> statuses = Sequence::SubmitTogether(batch);
     ASSERT_THAT(statuses, SizeIs(5));
     EXPECT_THAT(statuses[0], StatusIs(absl::StatusCode::kOk));
     EXPECT_THAT(statuses[1], StatusIs(absl::StatusCode::kOk));
-    EXPECT_THAT(statuses[2], StatusIs(absl::StatusCode::kFailedPrecondition,
-                                      HasSubstr("already running")));
+    EXPECT_THAT(statuses[2],
+                StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already running")));
     EXPECT_THAT(statuses[3], StatusIs(absl::StatusCode::kOk));
     EXPECT_THAT(statuses[4], StatusIs(absl::StatusCode::kOk));
     EXPECT_FALSE(idle->IsRunning());

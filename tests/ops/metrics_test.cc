@@ -35,6 +35,7 @@ const std::map<std::string, std::string> kTable = {
     {"komputed_execute_queued_bytes", "gauge"},
     {"komputed_execute_messages_total", "counter"},
     {"komputed_execute_evals_total", "counter"},
+    {"komputed_submitted_together_total", "counter"},
     {"komputed_shared_memory_tensors_total", "counter"},
     {"komputed_same_host_evals_total", "counter"},
     {"komputed_sequences_released_total", "counter"},

@@ -41,6 +41,9 @@ class ExecuteTest : public ServerTest {
     req.mutable_eval()->set_request_id(id);
     return req;
   }
+  // One request that evaluates the four pipelines (ids 100 to 103) on a new stream: each event
+  // has its pipeline's result.
+  void ExpectFourPipelinesInOneRequest();
 
   std::string session_;
 };
@@ -115,6 +118,20 @@ std::map<uint64_t, v1::ExecuteEvent> ReadAll(
   return events;
 }
 
+void ExecuteTest::ExpectFourPipelinesInOneRequest() {
+  grpc::ClientContext ctx;
+  auto stream = client_->sequences->Execute(&ctx);
+  v1::ExecuteRequest request = Request(100, 0);
+  for (int p = 1; p < 4; ++p) *request.add_more_evals() = Request(100 + p, p).eval();
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  int messages = 0, more = 0;
+  std::map<uint64_t, v1::ExecuteEvent> events = ReadAll(*stream, &messages, &more);
+  EXPECT_THAT(stream->Finish(), IsOk());
+  ASSERT_EQ(events.size(), 4u);
+  for (int p = 0; p < 4; ++p) ExpectResult(events.at(100 + p), p);
+}
+
 TEST_F(ExecuteTest, ARequestCarriesSeveralEvalsAndEventsComeTogetherWhenAsked) {
   v1::OpenSessionRequest open;
   v1::OpenSessionResponse opened;
@@ -147,6 +164,57 @@ TEST_F(ExecuteTest, ARequestCarriesSeveralEvalsAndEventsComeTogetherWhenAsked) {
       EXPECT_EQ(more, 0) << "events came together to a client that did not ask";
     }
   }
+}
+
+// Evals ready at once go to the device in one vkQueueSubmit (komputed_submitted_together_total
+// counts them), each with its own result; an eval that uploads into a tensor that an earlier one
+// submits, or evaluates the same sequence again, waits for the submission before it.
+TEST_F(ExecuteTest, EvalsReadyAtOnceAreSubmittedTogetherUnlessOneChangesWhatAnotherUses) {
+  prometheus::Counter& together = server_->metrics().submitted_together_total();
+  const double before = together.Value();
+  ExpectFourPipelinesInOneRequest();
+  EXPECT_EQ(together.Value() - before, 4) << "the four evals went to the device together";
+
+  // Pipeline 1's eval also uploads into pipeline 0's input, which the eval before it submits;
+  // pipeline 0 then comes again. None of them shares a submission with the one before it.
+  const double between = together.Value();
+  {
+    grpc::ClientContext ctx;
+    auto stream = client_->sequences->Execute(&ctx);
+    v1::ExecuteRequest request = Request(200, 0);
+    v1::EvalRequest touching = Request(201, 1).eval();
+    v1::TensorData* upload = touching.add_uploads();
+    upload->set_handle(Base(0));
+    upload->set_data(FloatBytes(Input(202)));
+    *request.add_more_evals() = touching;
+    *request.add_more_evals() = Request(202, 0).eval();
+    ASSERT_TRUE(stream->Write(request));
+    stream->WritesDone();
+    int messages = 0, more = 0;
+    std::map<uint64_t, v1::ExecuteEvent> events = ReadAll(*stream, &messages, &more);
+    EXPECT_THAT(stream->Finish(), IsOk());
+    ASSERT_EQ(events.size(), 3u);
+    ExpectResult(events.at(201), 1);
+    // The same sequence again while its first eval runs: refused as it always was.
+    EXPECT_EQ(events.at(202).code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION))
+        << events.at(202).message();
+    EXPECT_EQ(events.at(200).code(), 0) << events.at(200).message();
+  }
+  EXPECT_EQ(together.Value(), between) << "an eval joined one whose tensors it changes";
+}
+
+class ExecuteAloneTest : public ExecuteTest {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions options = TestServerOptions();
+    options.submit_together = false;
+    return options;
+  }
+};
+
+TEST_F(ExecuteAloneTest, WithoutSubmittingTogetherEachEvalIsSubmittedAlone) {
+  ExpectFourPipelinesInOneRequest();
+  EXPECT_EQ(server_->metrics().submitted_together_total().Value(), 0);
 }
 
 TEST_F(ExecuteTest, ARequestOfTooManyEvalsFailsEachOfThemAndRunsNone) {
