@@ -1397,6 +1397,11 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
                  Ratio(async_remote, async_unbatched));
   PrintInfoRatio("submitted together/alone (remote async evals per second)",
                  Ratio(async_remote, async_alone));
+  if (const auto share = r.MeanCounter(kb::kAsyncRemote, kb::kSubmittedTogether);
+      share.has_value()) {
+    std::cout << "remote async evals that shared a vkQueueSubmit with others: "
+              << absl::StrFormat("%.0f%%", 100 * *share) << "\n";
+  }
   met &= PrintRatio("remote/tcp_loopback (upload 256 MiB throughput)", Ratio(up_remote, tcp), false,
                     0.50);
   met &= PrintRatio("remote/tcp_loopback (download 256 MiB throughput)", Ratio(down_remote, tcp),

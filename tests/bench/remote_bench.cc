@@ -564,7 +564,16 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark(
       kAsyncRemote,
-      [s](benchmark::State& state) { RunKpAsync(state, s->async_remote, kAsyncRemote); })
+      [s](benchmark::State& state) {
+        // The share of the evals that went to the device with others in one vkQueueSubmit.
+        prometheus::Counter& together = s->server->metrics().submitted_together_total();
+        const double before = together.Value();
+        RunKpAsync(state, s->async_remote, kAsyncRemote);
+        if (state.iterations() > 0) {
+          state.counters[kSubmittedTogether] =
+              (together.Value() - before) / static_cast<double>(state.iterations());
+        }
+      })
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);

@@ -43,6 +43,8 @@ inline constexpr char kAsyncRemoteUnbatched[] = "async_evals/remote_unbatched";
 // The same on a daemon that submits every eval alone (--submit_together=false), where the remote
 // one puts the evals of a stream that are ready at once into one vkQueueSubmit.
 inline constexpr char kAsyncRemoteAlone[] = "async_evals/remote_alone";
+// async_evals/remote's counter: the share of its evals that shared a vkQueueSubmit with others.
+inline constexpr char kSubmittedTogether[] = "submitted_together";
 // The async evals again with copy-only sequences (sync up, sync back: KpTiny without dispatch), on
 // which the device spends next to no time: what remains is the path of an eval through the
 // client and the daemon.
