@@ -75,9 +75,8 @@ ABSL_FLAG(absl::Duration, eval_spin, absl::Microseconds(50),
           "blocked thread wakes tens of microseconds late on an idle host); not done on CPU "
           "devices; 0: block at once");
 ABSL_FLAG(bool, submit_together, true,
-          "evals of one Execute stream or same-host channel that are ready at once and submit "
-          "sequences of one queue go to the device in one vkQueueSubmit (each still sees what it "
-          "would alone)");
+          "evals of one Execute stream that are ready at once and submit sequences of one queue "
+          "go to the device in one vkQueueSubmit (each still runs on what it would alone)");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(25),
           "on SIGTERM or SIGINT: health turns NOT_SERVING, new sessions and evaluations are "
           "refused, and evaluations in flight get this long to complete before the daemon exits "

@@ -752,7 +752,7 @@ absl::Status Device::WaitTimeline(VkSemaphore timeline, uint64_t value, absl::Du
   wi.semaphoreCount = 1;
   wi.pSemaphores = &timeline;
   wi.pValues = &value;
-  VkResult r = vkWaitSemaphores(device_, &wi, TimeoutNs(timeout));
+  VkResult r = calls_->WaitSemaphores(device_, &wi, TimeoutNs(timeout));
   if (r == VK_TIMEOUT) {
     return absl::DeadlineExceededError(
         absl::StrCat("the submission did not complete within ", absl::FormatDuration(timeout)));

@@ -2,8 +2,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "komputed/core/spin.h"
@@ -378,7 +380,7 @@ std::vector<absl::Status> Sequence::SubmitTogether(absl::Span<const Submission> 
   // place that holds two sequences' locks).
   std::vector<Sequence*> order;
   for (const Submission& s : batch) order.push_back(s.sequence);
-  std::sort(order.begin(), order.end());
+  std::sort(order.begin(), order.end(), std::less<Sequence*>());
   if (std::adjacent_find(order.begin(), order.end()) != order.end()) {
     for (absl::Status& s : statuses) {
       s = absl::InvalidArgumentError("a sequence appears twice in one submission");

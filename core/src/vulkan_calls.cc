@@ -17,6 +17,11 @@ VkResult VulkanCalls::WaitForFences(VkDevice device, uint32_t count, const VkFen
   return vkWaitForFences(device, count, fences, wait_all, timeout_ns);
 }
 
+VkResult VulkanCalls::WaitSemaphores(VkDevice device, const VkSemaphoreWaitInfo* info,
+                                     uint64_t timeout_ns) {
+  return vkWaitSemaphores(device, info, timeout_ns);
+}
+
 std::shared_ptr<VulkanCalls> VulkanCalls::Default() {
   static const auto* calls = new std::shared_ptr<VulkanCalls>(std::make_shared<VulkanCalls>());
   return *calls;
@@ -60,6 +65,12 @@ VkResult FaultInjectingCalls::WaitForFences(VkDevice device, uint32_t count, con
   VkResult injected = Take(VulkanCall::kWaitForFences);
   return injected != VK_SUCCESS ? injected
                                 : base_->WaitForFences(device, count, fences, wait_all, timeout_ns);
+}
+
+VkResult FaultInjectingCalls::WaitSemaphores(VkDevice device, const VkSemaphoreWaitInfo* info,
+                                             uint64_t timeout_ns) {
+  VkResult injected = Take(VulkanCall::kWaitForFences);
+  return injected != VK_SUCCESS ? injected : base_->WaitSemaphores(device, info, timeout_ns);
 }
 
 }  // namespace komputed::core

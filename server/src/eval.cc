@@ -77,7 +77,8 @@ struct Session::Together {
   std::vector<size_t> indices;    // the evals' places in EvalMany's plans
   std::vector<uint64_t> handles;  // their sequences' handles
   size_t queue = 0;
-  // The tensors that their submissions use (an upload into one waits for the next submission).
+  // The tensors that their submissions use and that they download (an upload into one waits
+  // for the next run).
   absl::flat_hash_set<const core::Tensor*> touched;
 };
 
@@ -165,6 +166,11 @@ absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const EvalPlan& pla
       for (const core::Op& op : ops) {
         for (const auto& tensor : TensorsOf(op)) together->touched.insert(tensor.get());
       }
+      // Its downloads are read once it has completed (or, with nothing submitted, once the run
+      // proceeds): after the later members' uploads were written.
+      for (const auto& download : prepared.downloads) {
+        together->touched.insert(download.second.get());
+      }
       return prepared;
     }
     if (!pending_init_.empty()) {
@@ -237,13 +243,20 @@ void Session::SubmitTogetherLocked(Together& together,
                                    std::vector<absl::StatusOr<Prepared>>& prepared) {
   if (together.indices.empty()) return;
   const std::vector<absl::Status> statuses = core::Sequence::SubmitTogether(together.submissions);
-  if (together.indices.size() > 1) {
-    submitted_together_->Increment(static_cast<double>(together.indices.size()));
-  }
+  size_t submitted = 0;
   for (size_t k = 0; k < together.indices.size(); ++k) {
     absl::StatusOr<Prepared>& mine = prepared[together.indices[k]];
     absl::Status s = SubmittedLocked(together.handles[k], statuses[k], /*inits=*/false, *mine);
-    if (!s.ok()) mine = std::move(s);
+    if (!s.ok()) {
+      mine = std::move(s);
+    } else if (mine->submitted) {
+      ++submitted;
+    }
+  }
+  // Counted where they really shared one (SubmitTogether submits each alone on a device without
+  // timeline semaphores).
+  if (submitted > 1 && facts_.instance->device->timeline_supported()) {
+    submitted_together_->Increment(static_cast<double>(submitted));
   }
   together = Together();
 }
@@ -290,18 +303,24 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
 
 void Session::EvalMany(absl::Span<const EvalPlan> plans, std::vector<EvalDone> dones) {
   std::vector<std::optional<Admitted>> admitted(plans.size());
-  for (size_t i = 0; i < plans.size(); ++i) admitted[i] = Admit(plans[i], std::move(dones[i]));
   std::vector<absl::StatusOr<Prepared>> prepared(plans.size());
+  // Evals are let in (the drain gate, the tenant's inflight_submissions quota) at most one run
+  // ahead of those submitted: without submitting together, one at a time, as Eval does.
+  const size_t ahead = options_.submit_together ? kMostTogether : 1;
+  size_t admitted_end = 0;  // evals [0, admitted_end) have been let in or refused
   // Run by run: an eval that cannot go with others alone, or evals that go together. A run is
   // prepared and submitted under the session's lock, then proceeds (an eval without a submission
   // collects its downloads then) before the next run's commands and uploads are applied.
   size_t i = 0;
   while (i < plans.size()) {
+    for (; admitted_end < plans.size() && admitted_end < i + ahead; ++admitted_end) {
+      admitted[admitted_end] = Admit(plans[admitted_end], std::move(dones[admitted_end]));
+    }
     std::vector<size_t> run;
     {
       absl::MutexLock lock(&mu_);
       Together together;
-      for (; i < plans.size(); ++i) {
+      for (; i < admitted_end; ++i) {
         if (!admitted[i].has_value()) continue;
         const EvalPlan& plan = plans[i];
         if (!CanGoTogetherLocked(plan)) {

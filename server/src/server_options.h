@@ -75,8 +75,8 @@ struct ServerOptions {
   // tens of microseconds late on an idle host). Not done on CPU devices, whose work needs the
   // cores.
   absl::Duration eval_spin = absl::Microseconds(50);
-  // Evals of one Execute stream (or same-host channel) that are ready at once and submit
-  // sequences of one queue go to the device in one vkQueueSubmit (Session::EvalMany).
+  // Evals of one Execute stream that are ready at once and submit sequences of one queue go to
+  // the device in one vkQueueSubmit (Session::EvalMany).
   bool submit_together = true;
   // Largest message received or sent.
   int max_message_bytes = 64 << 20;

@@ -439,6 +439,14 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
     for (const Unprocessed& w : work) {
       const v1::ExecuteRequest& request = w.request;
       const size_t evals = 1 + static_cast<size_t>(request.more_evals_size());
+      {
+        absl::MutexLock lock(&mu_);
+        if (dropping_) {
+          // Cancelled or broken meanwhile: nobody will read its events, so it is not run.
+          pending_ -= static_cast<int>(evals);
+          continue;
+        }
+      }
       if (evals > v1::wire::kMaxExecuteBatch) {
         const absl::Status refused = absl::InvalidArgumentError(
             absl::StrCat("an Execute request carries ", evals, " evals; at most ",

@@ -865,6 +865,7 @@ TEST(Sequence, WaitWithATinyTimeout) {
   if (absl::IsDeadlineExceeded(first)) {
     // Still in flight: no new work can be recorded or submitted.
     EXPECT_TRUE(seq->IsRunning());
+    EXPECT_TRUE(seq->InFlight().running);
     EXPECT_NE(seq->InFlight().fence, VK_NULL_HANDLE);
     EXPECT_THAT(seq->Record(op::SyncToHost{{busy.out}}),
                 StatusIs(absl::StatusCode::kFailedPrecondition));
@@ -872,6 +873,7 @@ TEST(Sequence, WaitWithATinyTimeout) {
     ASSERT_OK(seq->Wait(absl::Seconds(30)));
   }
   EXPECT_FALSE(seq->IsRunning());
+  EXPECT_FALSE(seq->InFlight().running);
   EXPECT_EQ(seq->InFlight().fence, VK_NULL_HANDLE);
   // Completed normally: new work runs.
   ASSERT_OK(seq->Record(op::SyncToHost{{busy.out}}));

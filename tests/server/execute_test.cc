@@ -203,6 +203,39 @@ TEST_F(ExecuteTest, EvalsReadyAtOnceAreSubmittedTogetherUnlessOneChangesWhatAnot
   EXPECT_EQ(together.Value(), between) << "an eval joined one whose tensors it changes";
 }
 
+// An eval of a sequence with nothing recorded downloads a tensor that the next eval uploads into:
+// the download has the data from before that upload, as if each eval had come alone.
+TEST_F(ExecuteTest, ADownloadIsReadBeforeALaterEvalsUploadIntoItsTensor) {
+  constexpr uint64_t kEmpty = 900;  // a sequence that never records anything
+  ASSERT_THAT(CreateSequence(session_, kEmpty), IsOk());
+  grpc::ClientContext ctx;
+  auto stream = client_->sequences->Execute(&ctx);
+  v1::ExecuteRequest request;
+  v1::EvalRequest& first = *request.mutable_eval();
+  first.set_session_id(session_);
+  first.set_request_id(1);
+  first.set_sequence(kEmpty);
+  first.add_downloads(Base(0));
+  v1::EvalRequest second = Request(2, 1).eval();
+  v1::TensorData* upload = second.add_uploads();
+  upload->set_handle(Base(0));
+  upload->set_data(FloatBytes(Input(3)));
+  *request.add_more_evals() = second;
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  int messages = 0, more = 0;
+  std::map<uint64_t, v1::ExecuteEvent> events = ReadAll(*stream, &messages, &more);
+  EXPECT_THAT(stream->Finish(), IsOk());
+  ASSERT_EQ(events.size(), 2u);
+  ExpectResult(events.at(2), 1);
+  const v1::ExecuteEvent& downloaded = events.at(1);
+  ASSERT_EQ(downloaded.code(), 0) << downloaded.message();
+  ASSERT_EQ(downloaded.result().downloads_size(), 1);
+  const std::vector<float> seen = Floats(downloaded.result().downloads(0).data());
+  ASSERT_EQ(seen.size(), kN);
+  for (uint32_t i = 0; i < kN; ++i) ASSERT_EQ(seen[i], 0.0f) << "element " << i;
+}
+
 class ExecuteAloneTest : public ExecuteTest {
  protected:
   ServerOptions Options() override {

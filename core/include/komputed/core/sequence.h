@@ -134,7 +134,7 @@ class Sequence {
   size_t queue() const { return queue_; }
   // What signals when the submission in flight completes (for completion waiters): its fence,
   // and, where the device has timeline semaphores, a semaphore and the value it will reach.
-  // fence is VK_NULL_HANDLE when nothing is in flight.
+  // Nothing is in flight where `running` is false.
   struct Completion {
     bool running = false;  // a submission is in flight (the rest is empty otherwise)
     // Its fence; VK_NULL_HANDLE for a submission that shared its vkQueueSubmit with later ones

@@ -23,11 +23,16 @@ class VulkanCalls {
                                VkFence fence);
   virtual VkResult WaitForFences(VkDevice device, uint32_t count, const VkFence* fences,
                                  VkBool32 wait_all, uint64_t timeout_ns);
+  // A submission's wait through its timeline semaphore (one that shared its vkQueueSubmit).
+  virtual VkResult WaitSemaphores(VkDevice device, const VkSemaphoreWaitInfo* info,
+                                  uint64_t timeout_ns);
 
   // The real Vulkan calls. Lives forever.
   static std::shared_ptr<VulkanCalls> Default();
 };
 
+// kWaitForFences: a wait for a submission, on its fence or (WaitSemaphores) its timeline
+// semaphore.
 enum class VulkanCall { kAllocateMemory = 0, kQueueSubmit = 1, kWaitForFences = 2 };
 
 // Passes calls to `base` until told to fail: FailNext(call, result, n) makes the next n calls of
@@ -47,6 +52,8 @@ class FaultInjectingCalls : public VulkanCalls {
                        VkFence fence) override;
   VkResult WaitForFences(VkDevice device, uint32_t count, const VkFence* fences, VkBool32 wait_all,
                          uint64_t timeout_ns) override;
+  VkResult WaitSemaphores(VkDevice device, const VkSemaphoreWaitInfo* info,
+                          uint64_t timeout_ns) override;
 
  private:
   struct Plan {
