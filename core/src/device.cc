@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "komputed/core/status.h"
@@ -704,9 +705,11 @@ absl::Status Device::SubmitBatch(size_t queue, absl::Span<const SubmitItem> item
   if (items.empty()) return absl::InvalidArgumentError("a submission of no command buffers");
   // Each item's command buffers (its prologue first), its submit info and its timeline info;
   // sized up front so that the pointers between them stay put.
-  std::vector<VkCommandBuffer> buffers(2 * items.size());
-  std::vector<VkSubmitInfo> infos(items.size(), VkSubmitInfo{VK_STRUCTURE_TYPE_SUBMIT_INFO});
-  std::vector<VkTimelineSemaphoreSubmitInfo> timelines(
+  // Inline for one submission, so that Sequence::Submit allocates nothing here.
+  absl::InlinedVector<VkCommandBuffer, 2> buffers(2 * items.size());
+  absl::InlinedVector<VkSubmitInfo, 1> infos(items.size(),
+                                             VkSubmitInfo{VK_STRUCTURE_TYPE_SUBMIT_INFO});
+  absl::InlinedVector<VkTimelineSemaphoreSubmitInfo, 1> timelines(
       items.size(),
       VkTimelineSemaphoreSubmitInfo{VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO});
   for (size_t i = 0; i < items.size(); ++i) {

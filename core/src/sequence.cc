@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "komputed/core/spin.h"
 #include "komputed/core/status.h"
@@ -350,16 +351,10 @@ void Sequence::SubmittedLocked(std::shared_ptr<TensorInitBatch> prologue, uint64
 
 absl::Status Sequence::Submit(std::shared_ptr<TensorInitBatch> prologue) {
   absl::MutexLock lock(&mu_);
-  KD_ASSIGN_OR_RETURN(VkCommandBuffer cb, ReadyLocked());
-  if (cb == VK_NULL_HANDLE) return absl::OkStatus();
-  VkFence fence = fence_.get();
-  KD_RETURN_IF_ERROR(device_->Check(vkResetFences(device_->handle(), 1, &fence), "vkResetFences"));
-  uint64_t order = 0;
-  KD_RETURN_IF_ERROR(
-      device_->Submit(queue_, cb, fence, timeline_.get(), timeline_value_ + 1,
-                      prologue != nullptr ? prologue->command_buffer() : VK_NULL_HANDLE, &order));
-  SubmittedLocked(std::move(prologue), order, /*fenced=*/true);
-  return absl::OkStatus();
+  const Submission alone{this, std::move(prologue)};
+  absl::Status status;
+  SubmitLockedTogether(absl::MakeConstSpan(&alone, 1), absl::MakeSpan(&status, 1));
+  return status;
 }
 
 std::vector<absl::Status> Sequence::SubmitTogether(absl::Span<const Submission> batch) {
@@ -371,7 +366,7 @@ std::vector<absl::Status> Sequence::SubmitTogether(absl::Span<const Submission> 
                s.sequence->device_ == batch[0].sequence->device_ &&
                s.sequence->queue_ == batch[0].sequence->queue_;
   }
-  if (!together || batch.size() == 1) {
+  if (!together) {
     for (size_t i = 0; i < batch.size(); ++i)
       statuses[i] = batch[i].sequence->Submit(batch[i].prologue);
     return statuses;
@@ -388,15 +383,15 @@ std::vector<absl::Status> Sequence::SubmitTogether(absl::Span<const Submission> 
     return statuses;
   }
   for (Sequence* s : order) s->mu_.Lock();
-  SubmitLockedTogether(batch, statuses);
+  SubmitLockedTogether(batch, absl::MakeSpan(statuses));
   for (auto it = order.rbegin(); it != order.rend(); ++it) (*it)->mu_.Unlock();
   return statuses;
 }
 
 void Sequence::SubmitLockedTogether(absl::Span<const Submission> batch,
-                                    std::vector<absl::Status>& statuses) {
-  std::vector<Device::SubmitItem> items;
-  std::vector<size_t> submitted;  // indices into batch, in items' order
+                                    absl::Span<absl::Status> statuses) {
+  absl::InlinedVector<Device::SubmitItem, 1> items;
+  absl::InlinedVector<size_t, 1> submitted;  // indices into batch, in items' order
   for (size_t i = 0; i < batch.size(); ++i) {
     Sequence& s = *batch[i].sequence;
     absl::StatusOr<VkCommandBuffer> cb = s.ReadyLocked();

@@ -74,8 +74,7 @@ struct Session::Admitted {
 
 struct Session::Together {
   std::vector<core::Sequence::Submission> submissions;
-  std::vector<size_t> indices;    // the evals' places in EvalMany's plans
-  std::vector<uint64_t> handles;  // their sequences' handles
+  std::vector<size_t> indices;  // the evals' places in EvalMany's plans
   size_t queue = 0;
   // The tensors that their submissions use and that they download (an upload into one waits
   // for the next run).
@@ -162,7 +161,6 @@ absl::StatusOr<Session::Prepared> Session::PrepareEvalLocked(const EvalPlan& pla
       if (together->indices.empty()) together->queue = sequence.queue();
       together->submissions.push_back({&sequence, nullptr});
       together->indices.push_back(index);
-      together->handles.push_back(plan.sequence);
       for (const core::Op& op : ops) {
         for (const auto& tensor : TensorsOf(op)) together->touched.insert(tensor.get());
       }
@@ -226,12 +224,13 @@ bool Session::CanGoTogetherLocked(const EvalPlan& plan) const {
 bool Session::JoinsLocked(const EvalPlan& plan, const Together& together) const {
   if (together.indices.empty()) return true;  // the first of a run
   if (together.indices.size() >= kMostTogether) return false;
-  if (std::find(together.handles.begin(), together.handles.end(), plan.sequence) !=
-      together.handles.end()) {
-    return false;  // its earlier eval must be submitted first (and then refuses this one)
-  }
   absl::StatusOr<std::shared_ptr<SequenceEntry>> entry = sequences_.Find(plan.sequence);
   if (!entry.ok() || (*entry)->sequence->queue() != together.queue) return false;
+  const core::Sequence* sequence = (*entry)->sequence.get();
+  for (const core::Sequence::Submission& s : together.submissions) {
+    // Its earlier eval must be submitted first (and then refuses this one).
+    if (s.sequence == sequence) return false;
+  }
   for (const EvalPlan::Upload& upload : plan.uploads) {
     absl::StatusOr<std::shared_ptr<core::Tensor>> tensor = tensors_.Find(upload.tensor);
     if (tensor.ok() && together.touched.contains(tensor->get())) return false;
@@ -246,7 +245,7 @@ void Session::SubmitTogetherLocked(Together& together,
   size_t submitted = 0;
   for (size_t k = 0; k < together.indices.size(); ++k) {
     absl::StatusOr<Prepared>& mine = prepared[together.indices[k]];
-    absl::Status s = SubmittedLocked(together.handles[k], statuses[k], /*inits=*/false, *mine);
+    absl::Status s = SubmittedLocked(mine->sequence_handle, statuses[k], /*inits=*/false, *mine);
     if (!s.ok()) {
       mine = std::move(s);
     } else if (mine->submitted) {

@@ -44,6 +44,8 @@ class ExecuteTest : public ServerTest {
   // One request that evaluates the four pipelines (ids 100 to 103) on a new stream: each event
   // has its pipeline's result.
   void ExpectFourPipelinesInOneRequest();
+  // Writes `request` on a new stream, half-closes it and returns every event, by request id.
+  std::map<uint64_t, v1::ExecuteEvent> RunOneRequest(const v1::ExecuteRequest& request);
 
   std::string session_;
 };
@@ -118,16 +120,21 @@ std::map<uint64_t, v1::ExecuteEvent> ReadAll(
   return events;
 }
 
-void ExecuteTest::ExpectFourPipelinesInOneRequest() {
+std::map<uint64_t, v1::ExecuteEvent> ExecuteTest::RunOneRequest(const v1::ExecuteRequest& request) {
   grpc::ClientContext ctx;
   auto stream = client_->sequences->Execute(&ctx);
-  v1::ExecuteRequest request = Request(100, 0);
-  for (int p = 1; p < 4; ++p) *request.add_more_evals() = Request(100 + p, p).eval();
-  ASSERT_TRUE(stream->Write(request));
+  EXPECT_TRUE(stream->Write(request));
   stream->WritesDone();
   int messages = 0, more = 0;
   std::map<uint64_t, v1::ExecuteEvent> events = ReadAll(*stream, &messages, &more);
   EXPECT_THAT(stream->Finish(), IsOk());
+  return events;
+}
+
+void ExecuteTest::ExpectFourPipelinesInOneRequest() {
+  v1::ExecuteRequest request = Request(100, 0);
+  for (int p = 1; p < 4; ++p) *request.add_more_evals() = Request(100 + p, p).eval();
+  std::map<uint64_t, v1::ExecuteEvent> events = RunOneRequest(request);
   ASSERT_EQ(events.size(), 4u);
   for (int p = 0; p < 4; ++p) ExpectResult(events.at(100 + p), p);
 }
@@ -179,8 +186,6 @@ TEST_F(ExecuteTest, EvalsReadyAtOnceAreSubmittedTogetherUnlessOneChangesWhatAnot
   // pipeline 0 then comes again. None of them shares a submission with the one before it.
   const double between = together.Value();
   {
-    grpc::ClientContext ctx;
-    auto stream = client_->sequences->Execute(&ctx);
     v1::ExecuteRequest request = Request(200, 0);
     v1::EvalRequest touching = Request(201, 1).eval();
     v1::TensorData* upload = touching.add_uploads();
@@ -188,11 +193,7 @@ TEST_F(ExecuteTest, EvalsReadyAtOnceAreSubmittedTogetherUnlessOneChangesWhatAnot
     upload->set_data(FloatBytes(Input(202)));
     *request.add_more_evals() = touching;
     *request.add_more_evals() = Request(202, 0).eval();
-    ASSERT_TRUE(stream->Write(request));
-    stream->WritesDone();
-    int messages = 0, more = 0;
-    std::map<uint64_t, v1::ExecuteEvent> events = ReadAll(*stream, &messages, &more);
-    EXPECT_THAT(stream->Finish(), IsOk());
+    std::map<uint64_t, v1::ExecuteEvent> events = RunOneRequest(request);
     ASSERT_EQ(events.size(), 3u);
     ExpectResult(events.at(201), 1);
     // The same sequence again while its first eval runs: refused as it always was.
@@ -208,8 +209,6 @@ TEST_F(ExecuteTest, EvalsReadyAtOnceAreSubmittedTogetherUnlessOneChangesWhatAnot
 TEST_F(ExecuteTest, ADownloadIsReadBeforeALaterEvalsUploadIntoItsTensor) {
   constexpr uint64_t kEmpty = 900;  // a sequence that never records anything
   ASSERT_THAT(CreateSequence(session_, kEmpty), IsOk());
-  grpc::ClientContext ctx;
-  auto stream = client_->sequences->Execute(&ctx);
   v1::ExecuteRequest request;
   v1::EvalRequest& first = *request.mutable_eval();
   first.set_session_id(session_);
@@ -221,11 +220,7 @@ TEST_F(ExecuteTest, ADownloadIsReadBeforeALaterEvalsUploadIntoItsTensor) {
   upload->set_handle(Base(0));
   upload->set_data(FloatBytes(Input(3)));
   *request.add_more_evals() = second;
-  ASSERT_TRUE(stream->Write(request));
-  stream->WritesDone();
-  int messages = 0, more = 0;
-  std::map<uint64_t, v1::ExecuteEvent> events = ReadAll(*stream, &messages, &more);
-  EXPECT_THAT(stream->Finish(), IsOk());
+  std::map<uint64_t, v1::ExecuteEvent> events = RunOneRequest(request);
   ASSERT_EQ(events.size(), 2u);
   ExpectResult(events.at(2), 1);
   const v1::ExecuteEvent& downloaded = events.at(1);

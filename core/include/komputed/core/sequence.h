@@ -166,9 +166,10 @@ class Sequence {
   // (signalling its timeline to timeline_value_ + 1, and its fence where `fenced`).
   void SubmittedLocked(std::shared_ptr<TensorInitBatch> prologue, uint64_t order, bool fenced)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // SubmitTogether's work once every sequence of `batch` is locked.
+  // Submit's and SubmitTogether's work once every sequence of `batch` is locked: each one's
+  // status goes to `statuses` (OK where left alone).
   static void SubmitLockedTogether(absl::Span<const Submission> batch,
-                                   std::vector<absl::Status>& statuses)
+                                   absl::Span<absl::Status> statuses)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Waits for the submission in flight: its fence, or its timeline value where it has none.
   absl::Status WaitInFlightLocked(absl::Duration timeout) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
