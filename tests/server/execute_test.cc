@@ -421,10 +421,9 @@ class ExecuteCancelTest : public ExecuteTest {
 };
 
 TEST_F(ExecuteCancelTest, ClientThatDisappearsMidStreamDoesNotHurtTheDaemon) {
-  // Checked between rounds in another session: the stream's own sequences may still be running
-  // the cancelled evals (a new eval of them is FAILED_PRECONDITION until they complete).
-  const std::string other = Open("other");
-  MakePipeline(other, 1, kN, 3.0f);
+  // Checked after each round in a fresh session: the stream's own sequences may still be running
+  // the cancelled evals (a new eval of them is FAILED_PRECONDITION until they complete). Each
+  // round's session is closed at once, so no idle timeout can reap it while it is checked.
   for (int round = 0; round < 5; ++round) {
     auto ctx = std::make_unique<grpc::ClientContext>();
     auto stream = client_->sequences->Execute(ctx.get());
@@ -435,7 +434,14 @@ TEST_F(ExecuteCancelTest, ClientThatDisappearsMidStreamDoesNotHurtTheDaemon) {
     }
     ctx->TryCancel();
     EXPECT_THAT(stream->Finish(), HasCode(grpc::StatusCode::CANCELLED));
+    const std::string other = Open("other");
+    MakePipeline(other, 1, kN, 3.0f);
     ExpectPipelineWorks(other, 1, kN, 3.0f);
+    grpc::ClientContext close_ctx;
+    v1::CloseSessionRequest close;
+    close.set_session_id(other);
+    v1::CloseSessionResponse closed;
+    EXPECT_THAT(client_->sessions->CloseSession(&close_ctx, close, &closed), IsOk());
   }
   // The sessions have no open stream left: they are reaped.
   const absl::Time until = absl::Now() + absl::Seconds(10);
