@@ -17,10 +17,13 @@
 namespace kp::internal {
 
 // How long a wait for the device (its fence in-process, the daemon's answer on the same-host
-// channel) polls before it sleeps: $KOMPUTED_FENCE_SPIN_US microseconds, else 50 on a GPU (a
-// sleeping wait wakes tens of microseconds late) and none on a CPU device (whose work would compete
-// with the polling for the same cores).
+// channel) polls before it sleeps, at least: $KOMPUTED_FENCE_SPIN_US microseconds, else 50 on a
+// GPU (a sleeping wait wakes tens of microseconds late) and none on a CPU device (whose work would
+// compete with the polling for the same cores).
 absl::Duration WaitSpin(VkPhysicalDeviceType type);
+// How long after its submission a wait polls at most, for submissions that have been taking about
+// that long (core::SpinWindow): $KOMPUTED_FENCE_SPIN_MAX_US microseconds, else 10 times `base`.
+absl::Duration WaitSpinLimit(absl::Duration base);
 
 // Objects made by one backend carry it as their owner; a backend refuses objects of another.
 // Destructors only release: no network call, no wait for the daemon (a remote object's destroy

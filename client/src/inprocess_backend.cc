@@ -1,22 +1,39 @@
 // The in-process backend: kp objects map one to one onto core objects.
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "backend.h"
 #include "komputed/core/sequence.h"
+#include "komputed/core/spin.h"
 #include "komputed/core/status.h"
 
 namespace kp::internal {
 
-absl::Duration WaitSpin(VkPhysicalDeviceType type) {
-  if (const char* value = std::getenv("KOMPUTED_FENCE_SPIN_US"); value != nullptr) {
-    int64_t us = 0;
-    if (absl::SimpleAtoi(value, &us) && us >= 0 && us <= 10000) return absl::Microseconds(us);
+namespace {
+
+// $name in microseconds, when it is set to 0..10000.
+std::optional<absl::Duration> EnvMicroseconds(const char* name) {
+  const char* value = std::getenv(name);
+  int64_t us = 0;
+  if (value == nullptr || !absl::SimpleAtoi(value, &us) || us < 0 || us > 10000) {
+    return std::nullopt;
   }
+  return absl::Microseconds(us);
+}
+
+}  // namespace
+
+absl::Duration WaitSpin(VkPhysicalDeviceType type) {
+  if (std::optional<absl::Duration> set = EnvMicroseconds("KOMPUTED_FENCE_SPIN_US")) return *set;
   if (type == VK_PHYSICAL_DEVICE_TYPE_CPU) return absl::ZeroDuration();
   return absl::Microseconds(50);
+}
+
+absl::Duration WaitSpinLimit(absl::Duration base) {
+  return std::max(base, EnvMicroseconds("KOMPUTED_FENCE_SPIN_MAX_US").value_or(base * 10));
 }
 
 namespace {
@@ -70,9 +87,9 @@ absl::StatusOr<std::shared_ptr<core::Algorithm>> Unwrap(const void* owner,
 
 class LocalSequence final : public BackendSequence {
  public:
-  // `spin`: how long a wait polls the fence before it sleeps (WaitSpin).
+  // `spin`: how long a wait polls the fence before it sleeps, at least (WaitSpin).
   LocalSequence(const void* owner, std::unique_ptr<core::Sequence> sequence, absl::Duration spin)
-      : BackendSequence(owner), sequence_(std::move(sequence)), spin_(spin) {}
+      : BackendSequence(owner), sequence_(std::move(sequence)), spin_(spin, WaitSpinLimit(spin)) {}
 
   absl::Status Record(const Op& op) override {
     const void* me = owner();
@@ -83,11 +100,36 @@ class LocalSequence final : public BackendSequence {
     }
     return sequence_->Record(std::move(local));
   }
-  absl::Status Submit() override { return sequence_->Submit(); }
+  absl::Status Submit() override {
+    KD_RETURN_IF_ERROR(sequence_->Submit());
+    absl::MutexLock lock(&mu_);
+    submitted_ = absl::Now();
+    unobserved_ = true;
+    return absl::OkStatus();
+  }
   absl::Status Wait(absl::Duration timeout) override {
-    // A short submission ends sooner than a sleeping wait wakes: poll first, then sleep.
-    if (spin_ > absl::ZeroDuration()) sequence_->Poll(std::min(timeout, spin_));
-    return sequence_->Wait(timeout);
+    // A short submission ends sooner than a sleeping wait wakes: poll first, then sleep; for as
+    // long as the sequence's submissions have been taking (spin_).
+    if (spin_.base() <= absl::ZeroDuration()) return sequence_->Wait(timeout);
+    absl::Time submitted;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!unobserved_) return sequence_->Wait(timeout);  // seen complete already, or never run
+      submitted = submitted_;
+    }
+    const bool seen_running = !sequence_->Poll(absl::ZeroDuration());
+    absl::Time done = absl::InfiniteFuture();  // when a look saw it complete
+    if (!seen_running || sequence_->Poll(std::min(timeout, spin_.Window(submitted, absl::Now())))) {
+      done = absl::Now();
+    }
+    const absl::Status status = sequence_->Wait(timeout);  // and its host steps
+    if (!status.ok()) return status;  // still running (seen by a later wait), or failed
+    absl::MutexLock lock(&mu_);
+    if (unobserved_ && submitted_ == submitted) {
+      spin_.Observe(std::min(done, absl::Now()) - submitted, seen_running);
+      unobserved_ = false;
+    }
+    return status;
   }
   absl::Status End() override { return sequence_->End(); }
   absl::Status Clear() override { return sequence_->Clear(); }
@@ -98,7 +140,10 @@ class LocalSequence final : public BackendSequence {
 
  private:
   std::unique_ptr<core::Sequence> sequence_;
-  const absl::Duration spin_;
+  core::SpinWindow spin_;
+  absl::Mutex mu_;
+  absl::Time submitted_ ABSL_GUARDED_BY(mu_);     // the last submission's
+  bool unobserved_ ABSL_GUARDED_BY(mu_) = false;  // no wait has seen it complete yet
 };
 
 class InProcessBackend final : public Backend {

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "backend.h"
 #include "bench_common.h"
 #include "eval.h"
 #include "komputed/core/shared_memory.h"
@@ -279,6 +280,7 @@ void RunSameHostEvalStages(benchmark::State& state, const std::string& address,
     return;
   }
   float* host = static_cast<float*>((*memory)->data());
+  core::SpinWindow window(spin, kp::internal::WaitSpinLimit(spin));  // as kp's sessions poll
   v1::EvalRequest request;
   request.set_session_id(session.id());
   request.set_sequence(kSequence);
@@ -291,7 +293,7 @@ void RunSameHostEvalStages(benchmark::State& state, const std::string& address,
     bool sent = false;
     const uint64_t before = MonotonicNs();
     absl::StatusOr<v1::EvalResponse> response =
-        (*channel)->Eval(request, absl::Seconds(30), spin, &sent);
+        (*channel)->Eval(request, absl::Seconds(30), window, &sent);
     const uint64_t back = MonotonicNs();
     if (!response.ok()) {
       state.SkipWithError(

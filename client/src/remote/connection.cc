@@ -109,6 +109,7 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Open(const RemoteOptions
   c->session_id_ = response.session_id();
   c->properties_ = PropertiesOf(response.device());
   c->spin_ = WaitSpin(c->properties_.deviceType);
+  c->eval_spin_ = std::make_unique<komputed::core::SpinWindow>(c->spin_, WaitSpinLimit(c->spin_));
   if (response.idle_timeout_ms() > 0) {
     c->idle_timeout_ = absl::Milliseconds(response.idle_timeout_ms());
   }
@@ -197,7 +198,8 @@ std::optional<absl::StatusOr<v1::EvalResponse>> Connection::EvalSameHost(
     same_host_ = *std::move(opened);
   }
   bool sent = false;
-  absl::StatusOr<v1::EvalResponse> response = same_host_->Eval(request, timeout, spin_, &sent);
+  absl::StatusOr<v1::EvalResponse> response =
+      same_host_->Eval(request, timeout, *eval_spin_, &sent);
   if (same_host_->broken()) same_host_.reset();  // opened again for the next eval
   if (!sent) return std::nullopt;                // it never reached the daemon
   return response;

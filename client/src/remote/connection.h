@@ -137,6 +137,8 @@ class Connection {
   bool channel_failed_ = false;                 // guarded by channel_mu_: it could not be opened
   VkPhysicalDeviceProperties properties_{};
   absl::Duration spin_ = absl::ZeroDuration();
+  // How long an eval on the same-host channel polls for its answer (from spin_; channel_mu_).
+  std::unique_ptr<komputed::core::SpinWindow> eval_spin_;
   absl::Duration idle_timeout_ = absl::Seconds(60);
   std::unique_ptr<BulkTransfer> bulk_;
 

@@ -46,9 +46,10 @@ absl::StatusOr<std::unique_ptr<SameHostChannel>> SameHostChannel::Open(
   if (!fd.ok()) return absl::UnavailableError(fd.status().message());
   auto channel = std::unique_ptr<SameHostChannel>(new SameHostChannel(*fd));
   bool sent = false;
+  komputed::core::SpinWindow sleep_at_once(absl::ZeroDuration(), absl::ZeroDuration());
   absl::StatusOr<std::string> answer =
       channel->RoundTrip(v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kBind, ticket),
-                         timeout, absl::ZeroDuration(), &sent);
+                         timeout, sleep_at_once, &sent);
   if (!answer.ok()) return answer.status();
   absl::StatusOr<std::string> bound = v1::wire::DecodeChannelReply(*answer);
   if (!bound.ok()) return bound.status();
@@ -68,7 +69,8 @@ bool SameHostChannel::Takes(const v1::EvalRequest& request) {
 }
 
 absl::StatusOr<std::string> SameHostChannel::RoundTrip(const std::string& record,
-                                                       absl::Duration timeout, absl::Duration spin,
+                                                       absl::Duration timeout,
+                                                       komputed::core::SpinWindow& spin,
                                                        bool* sent) {
   *sent = false;
   if (absl::Status status = Send(record); !status.ok()) {
@@ -76,10 +78,12 @@ absl::StatusOr<std::string> SameHostChannel::RoundTrip(const std::string& record
     return status;
   }
   *sent = true;
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time now = absl::Now();
+  const absl::Time deadline = now + timeout;
   thread_local std::vector<char> buffer(v1::wire::kMaxChannelRecord + 1);
-  if (const ssize_t n = ReceiveSpinning(fd_, buffer, spin);
+  if (const ssize_t n = ReceiveSpinning(fd_, buffer, std::min(timeout, spin.Window(now, now)));
       n > 0 && static_cast<size_t>(n) <= v1::wire::kMaxChannelRecord) {
+    spin.Observe(absl::Now() - now, /*seen_running=*/true);
     return std::string(buffer.data(), static_cast<size_t>(n));
   }
   for (;;) {
@@ -98,12 +102,14 @@ absl::StatusOr<std::string> SameHostChannel::RoundTrip(const std::string& record
       Break();
       return absl::UnavailableError("the daemon closed the same-host channel");
     }
+    spin.Observe(absl::Now() - now, /*seen_running=*/true);  // late by the wake-up
     return std::string(buffer.data(), static_cast<size_t>(n));
   }
 }
 
 absl::StatusOr<v1::EvalResponse> SameHostChannel::Eval(const v1::EvalRequest& request,
-                                                       absl::Duration timeout, absl::Duration spin,
+                                                       absl::Duration timeout,
+                                                       komputed::core::SpinWindow& spin,
                                                        bool* sent) {
   absl::StatusOr<std::string> answer = RoundTrip(
       v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kEval, request.SerializeAsString()),

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "komputed/core/spin.h"
 #include "komputed/v1/komputed.pb.h"
 
 namespace kp::internal::remote {
@@ -30,10 +31,11 @@ class SameHostChannel {
   // Sends `request` and waits up to `timeout` for its answer. UNAVAILABLE (`sent` false) when it
   // could not be sent: nothing reached the daemon, and the caller may send it another way. Once
   // sent, a missing answer is DEADLINE_EXCEEDED and the channel is unusable (broken() is true).
-  // The answer is polled for without sleeping for up to `spin` first (WaitSpin).
+  // The answer is polled for without sleeping first, for as long as `spin` says (what the evals
+  // before it took feeds it: pass the same one to the evals of one session).
   absl::StatusOr<komputed::v1::EvalResponse> Eval(const komputed::v1::EvalRequest& request,
-                                                  absl::Duration timeout, absl::Duration spin,
-                                                  bool* sent);
+                                                  absl::Duration timeout,
+                                                  komputed::core::SpinWindow& spin, bool* sent);
   bool broken() const { return fd_ < 0; }
 
   // Pipelined use (one thread sends, another receives): sends a kSubmit of `request` tagged
@@ -54,7 +56,7 @@ class SameHostChannel {
   absl::Status Send(const std::string& record);
   // Sends `record` and receives the answer's record within `timeout`.
   absl::StatusOr<std::string> RoundTrip(const std::string& record, absl::Duration timeout,
-                                        absl::Duration spin, bool* sent);
+                                        komputed::core::SpinWindow& spin, bool* sent);
   void Break();
 
   int fd_;
