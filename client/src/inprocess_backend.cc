@@ -117,12 +117,15 @@ class LocalSequence final : public BackendSequence {
       if (!unobserved_) return sequence_->Wait(timeout);  // seen complete already, or never run
       submitted = submitted_;
     }
+    const absl::Time start = absl::Now();
     const bool seen_running = !sequence_->Poll(absl::ZeroDuration());
     absl::Time done = absl::InfiniteFuture();  // when a look saw it complete
-    if (!seen_running || sequence_->Poll(std::min(timeout, spin_.Window(submitted, absl::Now())))) {
+    if (!seen_running || sequence_->Poll(std::min(timeout, spin_.Window(submitted, start)))) {
       done = absl::Now();
     }
-    const absl::Status status = sequence_->Wait(timeout);  // and its host steps
+    // What is left of the timeout after the polling; and the host steps.
+    const absl::Status status =
+        sequence_->Wait(std::max(absl::ZeroDuration(), start + timeout - absl::Now()));
     if (!status.ok()) return status;  // still running (seen by a later wait), or failed
     absl::MutexLock lock(&mu_);
     if (unobserved_ && submitted_ == submitted) {

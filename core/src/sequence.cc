@@ -552,6 +552,11 @@ bool Sequence::IsRecording() const {
   return recording_;
 }
 
+bool Sequence::HasCommands() const {
+  absl::MutexLock lock(&mu_);
+  return recording_ || !cb_ops_.empty();  // as ReadyLocked decides
+}
+
 std::vector<uint64_t> Sequence::Timestamps() const {
   absl::MutexLock lock(&mu_);
   return timestamps_;

@@ -44,6 +44,7 @@ struct Session::Prepared {
   std::shared_ptr<SequenceEntry> sequence;
   uint64_t sequence_handle = 0;
   bool submitted = false;  // a command buffer went to the device queue
+  uint64_t order = 0;      // the submission's place in its queue's order (the watchdog's)
   Downloads downloads;
   std::shared_ptr<core::CancelWord> cancel;  // what the watchdog sets to stop it (null: none yet)
   // Held while the submission may change host data (HostWrites), until the device has finished it.
@@ -205,6 +206,7 @@ absl::Status Session::SubmittedLocked(uint64_t handle, const absl::Status& submi
   prepared.submitted = sequence.IsRunning();
   if (prepared.submitted && inits) pending_init_.clear();
   if (prepared.submitted) {
+    prepared.order = sequence.InFlight().order;
     facts_.device->Submitted(sequence.queue());
   } else {
     prepared.host_writes.reset();
@@ -217,8 +219,14 @@ absl::Status Session::SubmittedLocked(uint64_t handle, const absl::Status& submi
 bool Session::CanGoTogetherLocked(const EvalPlan& plan) const {
   // An eval's commands change what earlier evals' submissions would run; a submission that
   // carries new tensors' first contents (pending_init_) goes alone.
-  return options_.submit_together && plan.sequence != 0 && plan.commands.empty() &&
-         pending_init_.empty();
+  if (!options_.submit_together || plan.sequence == 0 || !plan.commands.empty() ||
+      !pending_init_.empty()) {
+    return false;
+  }
+  // One that submits nothing reads its downloads as it proceeds: alone, before a later eval's
+  // submission can change them.
+  absl::StatusOr<std::shared_ptr<SequenceEntry>> entry = sequences_.Find(plan.sequence);
+  return entry.ok() && (*entry)->sequence->HasCommands();
 }
 
 bool Session::JoinsLocked(const EvalPlan& plan, const Together& together) const {
@@ -300,19 +308,40 @@ void Session::Eval(const EvalPlan& plan, absl::Time deadline, bool may_wait_inli
   Proceed(plan, *std::move(admitted), std::move(prepared), deadline, may_wait_inline);
 }
 
-void Session::EvalMany(absl::Span<const EvalPlan> plans, std::vector<EvalDone> dones) {
+void Session::EvalMany(absl::Span<const EvalPlan> plans, std::vector<EvalDone> dones,
+                       const std::function<bool()>& cancelled) {
   std::vector<std::optional<Admitted>> admitted(plans.size());
   std::vector<absl::StatusOr<Prepared>> prepared(plans.size());
-  // Evals are let in (the drain gate, the tenant's inflight_submissions quota) at most one run
-  // ahead of those submitted: without submitting together, one at a time, as Eval does.
-  const size_t ahead = options_.submit_together ? kMostTogether : 1;
   size_t admitted_end = 0;  // evals [0, admitted_end) have been let in or refused
   // Run by run: an eval that cannot go with others alone, or evals that go together. A run is
   // prepared and submitted under the session's lock, then proceeds (an eval without a submission
   // collects its downloads then) before the next run's commands and uploads are applied.
   size_t i = 0;
   while (i < plans.size()) {
-    for (; admitted_end < plans.size() && admitted_end < i + ahead; ++admitted_end) {
+    if (cancelled != nullptr && cancelled()) {
+      const absl::Status why =
+          absl::CancelledError("the stream was cancelled before this eval ran");
+      for (; i < plans.size(); ++i) {
+        if (i >= admitted_end) {
+          dones[i](why);
+        } else if (admitted[i].has_value()) {
+          admitted[i]->done(why);
+          admitted[i].reset();  // gives its place in the quota back
+        }
+      }
+      return;
+    }
+    // Evals are let in (the drain gate, the tenant's inflight_submissions quota) one at a time,
+    // as Eval does, except those that may go together: those are let in up to one run ahead, so
+    // that no eval holds a place in the quota long before its submission.
+    size_t until = i + 1;
+    if (options_.submit_together) {
+      absl::MutexLock lock(&mu_);
+      size_t j = i;
+      while (j < plans.size() && j < i + kMostTogether && CanGoTogetherLocked(plans[j])) ++j;
+      until = std::max(until, j);
+    }
+    for (; admitted_end < until; ++admitted_end) {
       admitted[admitted_end] = Admit(plans[admitted_end], std::move(dones[admitted_end]));
     }
     std::vector<size_t> run;
@@ -383,7 +412,7 @@ void Session::Proceed(const EvalPlan& plan, Admitted admitted, absl::StatusOr<Pr
   if (submitted && facts_.watchdog != nullptr) {
     in_flight->ticket = facts_.watchdog->Started(
         {facts_.instance.get(), static_cast<uint32_t>(entry->sequence->queue())}, facts_.id, cancel,
-        kernel_limit);
+        kernel_limit, prepared->order);
   }
   PooledDevice* const device = facts_.device;  // the pool outlives the waiter's callbacks
   // The instance outlives its waiter's callbacks (and the inline wait holds the session).

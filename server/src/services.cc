@@ -432,7 +432,10 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
     std::shared_ptr<Session> session;  // of plans (one stream's evals all name one session)
     auto run = [&] {
       if (plans.empty()) return;
-      session->EvalMany(plans, std::move(dones));
+      session->EvalMany(plans, std::move(dones), [this] {
+        absl::MutexLock lock(&mu_);
+        return dropping_;  // cancelled or broken meanwhile: nobody will read their events
+      });
       plans.clear();
       dones.clear();
     };

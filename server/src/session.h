@@ -145,7 +145,10 @@ class Session {
   // (--submit_together), consecutive evals that each submit a sequence of one queue, carry no
   // commands and upload nothing into a tensor that an earlier one of them submits go to the
   // device in one vkQueueSubmit: what each eval sees is what it would see submitted alone.
-  void EvalMany(absl::Span<const EvalPlan> plans, std::vector<EvalDone> dones);
+  // `cancelled` (optional) is asked before each run: once it says yes, the evals not run yet are
+  // answered CANCELLED and change nothing.
+  void EvalMany(absl::Span<const EvalPlan> plans, std::vector<EvalDone> dones,
+                const std::function<bool()>& cancelled = nullptr);
 
   // A tensor whose host data a WriteTensor/ReadTensor call accesses: NOT_FOUND, or
   // FAILED_PRECONDITION for a storage tensor (it has no host data).

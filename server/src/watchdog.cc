@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -55,13 +56,20 @@ Watchdog::Ticket::~Ticket() { watchdog_->Finished(queue_, id_); }
 
 std::unique_ptr<Watchdog::Ticket> Watchdog::Started(QueueKey queue, std::string session_id,
                                                     std::shared_ptr<core::CancelWord> word,
-                                                    absl::Duration limit) {
+                                                    absl::Duration limit, uint64_t order) {
   absl::MutexLock lock(&mu_);
   const uint64_t id = next_id_++;
   Queue& q = queues_[queue];
   const absl::Time now = MonotonicNow();
-  if (q.entries.empty()) q.head_since = now;
-  q.entries.push_back({id, std::move(session_id), std::move(word), limit, now});
+  Entry entry{id, std::move(session_id), std::move(word), limit, now};
+  entry.order = order;
+  // Usually last; before the later submissions already told.
+  auto at = q.entries.end();
+  while (at != q.entries.begin() && std::prev(at)->order > order) --at;
+  // A new head: the queue runs it (it ran before the one taken for the head until now, whose
+  // time starts again when it is the head once more).
+  if (at == q.entries.begin()) q.head_since = now;
+  q.entries.insert(at, std::move(entry));
   return std::unique_ptr<Ticket>(new Ticket(shared_from_this(), queue, id));
 }
 

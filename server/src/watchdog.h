@@ -67,9 +67,13 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
     const QueueKey queue_;
     const uint64_t id_;
   };
-  // A submission was made to `queue` for `session_id`, whose dispatches read `word`.
+  // A submission was made to `queue` for `session_id`, whose dispatches read `word`, at the
+  // queue's place `order` (core::Sequence::Completion::order). The queue runs its submissions in
+  // that order, so they are followed in it whatever the order of the calls: one submission of a
+  // batch told after another session's later one does not make that one look as if it ran.
   std::unique_ptr<Ticket> Started(QueueKey queue, std::string session_id,
-                                  std::shared_ptr<core::CancelWord> word, absl::Duration limit);
+                                  std::shared_ptr<core::CancelWord> word, absl::Duration limit,
+                                  uint64_t order);
 
   // Submissions followed now.
   size_t size() const;
@@ -84,9 +88,10 @@ class Watchdog : public std::enable_shared_from_this<Watchdog> {
     bool stopped = false;
     absl::Time stopped_at;
     bool reported_unresponsive = false;
+    uint64_t order = 0;  // its place in the queue's order
   };
   struct Queue {
-    std::deque<Entry> entries;  // in submission order
+    std::deque<Entry> entries;  // in the queue's order
     absl::Time head_since;      // when the head reached the head
   };
   Watchdog(absl::Duration interval, Overrun on_overrun, absl::Duration stop_grace,

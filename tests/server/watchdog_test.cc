@@ -231,10 +231,11 @@ const char kDeviceA = 'a', kDeviceB = 'b';
 TEST_F(WatchdogUnitTest, ARunawayCostsItsNeighboursTheWaitNotTheirSessions) {
   // The runaway holds device A's compute units: the neighbour's submission on another queue of
   // A cannot run meanwhile and would pass its own limit.
-  auto runaway = watchdog_->Started({&kDeviceA, 0}, "runaway", nullptr, absl::Milliseconds(20));
+  auto runaway =
+      watchdog_->Started({&kDeviceA, 0}, "runaway", nullptr, absl::Milliseconds(20), /*order=*/1);
   ASSERT_TRUE(AwaitStopped(1));
-  auto neighbour =
-      watchdog_->Started({&kDeviceA, 1}, "neighbour", nullptr, absl::Milliseconds(300));
+  auto neighbour = watchdog_->Started({&kDeviceA, 1}, "neighbour", nullptr, absl::Milliseconds(300),
+                                      /*order=*/1);
   // While the stopped runaway is still ending, the neighbour is not judged: 3 of its limits.
   absl::SleepFor(absl::Milliseconds(900));
   EXPECT_THAT(Stopped(), ElementsAre("runaway"));
@@ -245,9 +246,11 @@ TEST_F(WatchdogUnitTest, ARunawayCostsItsNeighboursTheWaitNotTheirSessions) {
 }
 
 TEST_F(WatchdogUnitTest, AfterTheRunawayHasEndedAStillRunningNeighbourGetsItsLimitAgain) {
-  auto runaway = watchdog_->Started({&kDeviceA, 0}, "runaway", nullptr, absl::Milliseconds(20));
+  auto runaway =
+      watchdog_->Started({&kDeviceA, 0}, "runaway", nullptr, absl::Milliseconds(20), /*order=*/1);
   ASSERT_TRUE(AwaitStopped(1));
-  auto second = watchdog_->Started({&kDeviceA, 1}, "second", nullptr, absl::Milliseconds(20));
+  auto second =
+      watchdog_->Started({&kDeviceA, 1}, "second", nullptr, absl::Milliseconds(20), /*order=*/1);
   absl::SleepFor(absl::Milliseconds(100));
   EXPECT_THAT(Stopped(), ElementsAre("runaway"));
   const absl::Time ended = absl::Now();
@@ -259,9 +262,11 @@ TEST_F(WatchdogUnitTest, AfterTheRunawayHasEndedAStillRunningNeighbourGetsItsLim
 }
 
 TEST_F(WatchdogUnitTest, OtherDevicesAreJudgedWhileARunawayEnds) {
-  auto runaway = watchdog_->Started({&kDeviceA, 0}, "runaway", nullptr, absl::Milliseconds(20));
+  auto runaway =
+      watchdog_->Started({&kDeviceA, 0}, "runaway", nullptr, absl::Milliseconds(20), /*order=*/1);
   ASSERT_TRUE(AwaitStopped(1));
-  auto other = watchdog_->Started({&kDeviceB, 0}, "other", nullptr, absl::Milliseconds(20));
+  auto other =
+      watchdog_->Started({&kDeviceB, 0}, "other", nullptr, absl::Milliseconds(20), /*order=*/1);
   ASSERT_TRUE(AwaitStopped(2));
   EXPECT_THAT(Stopped(), ElementsAre("runaway", "other"));
 }
@@ -276,8 +281,10 @@ TEST(WatchdogUnresponsive, AStoppedSubmissionThatDoesNotLeaveIsReportedOnce) {
         absl::MutexLock lock(&mu);
         reported.emplace_back(device, session);
       });
-  auto runaway = watchdog->Started({&kDeviceA, 0}, "runaway", nullptr, absl::Milliseconds(20));
-  auto ends = watchdog->Started({&kDeviceB, 0}, "ends", nullptr, absl::Milliseconds(20));
+  auto runaway =
+      watchdog->Started({&kDeviceA, 0}, "runaway", nullptr, absl::Milliseconds(20), /*order=*/1);
+  auto ends =
+      watchdog->Started({&kDeviceB, 0}, "ends", nullptr, absl::Milliseconds(20), /*order=*/1);
   absl::SleepFor(absl::Milliseconds(60));
   ends.reset();  // stopped, and left its device within the grace
   {
@@ -296,9 +303,29 @@ TEST(WatchdogUnresponsive, AStoppedSubmissionThatDoesNotLeaveIsReportedOnce) {
   watchdog->Stop();
 }
 
+TEST_F(WatchdogUnitTest, SubmissionsAreFollowedInTheQueuesOrderNotTheOrderTheyAreTold) {
+  // Session a submits two at once (the queue's places 1 and 2); b's submission (3) is told
+  // before a's second.
+  auto a1 = watchdog_->Started({&kDeviceA, 0}, "a", nullptr, absl::Seconds(30), /*order=*/1);
+  auto b3 = watchdog_->Started({&kDeviceA, 0}, "b", nullptr, absl::Milliseconds(30), /*order=*/3);
+  auto a2 = watchdog_->Started({&kDeviceA, 0}, "a", nullptr, absl::Seconds(30), /*order=*/2);
+  a1.reset();
+  // a's second runs now, and b's waits behind it on the queue: b is not judged meanwhile.
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_THAT(Stopped(), ::testing::IsEmpty());
+  // Once a's second is done, b runs, and its limit counts from then.
+  const absl::Time b_runs = absl::Now();
+  a2.reset();
+  ASSERT_TRUE(AwaitStopped(1));
+  EXPECT_GE(absl::Now() - b_runs, absl::Milliseconds(30));
+  EXPECT_THAT(Stopped(), ElementsAre("b"));
+}
+
 TEST_F(WatchdogUnitTest, OfTwoOverrunsOnOneDeviceTheFirstIsStopped) {
-  auto late = watchdog_->Started({&kDeviceA, 1}, "late", nullptr, absl::Milliseconds(200));
-  auto early = watchdog_->Started({&kDeviceA, 0}, "early", nullptr, absl::Milliseconds(20));
+  auto late =
+      watchdog_->Started({&kDeviceA, 1}, "late", nullptr, absl::Milliseconds(200), /*order=*/1);
+  auto early =
+      watchdog_->Started({&kDeviceA, 0}, "early", nullptr, absl::Milliseconds(20), /*order=*/1);
   ASSERT_TRUE(AwaitStopped(1));
   EXPECT_THAT(Stopped(), ElementsAre("early"));
 }

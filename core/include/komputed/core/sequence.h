@@ -129,6 +129,8 @@ class Sequence {
   // `limit` has passed; returns whether it has completed. Wait still collects the result.
   bool Poll(absl::Duration limit) const;
   bool IsRecording() const;
+  // Whether a Submit now would submit anything: false while nothing has been recorded.
+  bool HasCommands() const;
   // The timestamps of the last completed submission, in nanoseconds.
   std::vector<uint64_t> Timestamps() const;
   size_t queue() const { return queue_; }
