@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -43,6 +44,7 @@
 #include "bench_common.h"
 #include "support/daemon_process.h"
 #include "support/metrics.h"
+#include "support/stubs.h"
 
 ABSL_FLAG(int, sessions, 256, "sessions, each a kp::Manager with a connection of its own");
 ABSL_FLAG(double, seconds, 5, "how long every session evaluates at once");
@@ -69,9 +71,24 @@ int64_t ProcStatus(pid_t pid, const std::string& field) {
 }
 
 struct Session {
+  std::unique_ptr<komputed::test_support::Stubs> bare;  // a connection without a session
   std::unique_ptr<kp::Manager> mgr;
   KpTiny tiny;
 };
+
+// A connection of its own (not shared with other channels to the daemon) with one Ping on it.
+void BareConnection(Session& x, const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  x.bare = std::make_unique<komputed::test_support::Stubs>(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  komputed::v1::PingResponse pong;
+  const grpc::Status status = x.bare->sessions->Ping(&ctx, komputed::v1::PingRequest(), &pong);
+  if (!status.ok())
+    throw std::runtime_error("a Ping on a bare connection failed: " + status.error_message());
+}
 
 // One evaluation of the tiny sequence, asynchronously: false when its result is wrong.
 bool EvalOnce(KpTiny& tiny, uint64_t i) {
@@ -105,6 +122,8 @@ int Run() {
     std::function<void(Session&, int)> step;
   };
   const std::vector<Stage> stages = {
+      {"a bare connection (one Ping; not the session's)",
+       [&](Session& x, int) { BareConnection(x, daemon.address()); }},
       {"a session (kp::Manager, a connection of its own)",
        [&](Session& x, int) {
          x.mgr = std::make_unique<kp::Manager>(kp::Remote{daemon.address(), 0, {}});
