@@ -207,6 +207,43 @@ TEST_F(SessionTest, SaxpyEvalReturnsTheResult) {
   EXPECT_THAT(Floats(result->downloads[0].data), ElementsAre(14, 26, 38, 50));
 }
 
+TEST_F(SessionTest, EvalManyRunsNoFurtherRunOnceCancelled) {
+  MakeSaxpy();
+  // The second uploads into x, which the first submits: it goes in a run of its own.
+  const std::string ones = FloatBytes({1, 1, 1, 1});
+  const std::string fives = FloatBytes({5, 5, 5, 5});
+  EvalPlan first;
+  first.sequence = 4;
+  first.uploads = {{1, 0, ones}};
+  first.downloads = {2};
+  EvalPlan second = first;
+  second.uploads = {{1, 0, fives}};
+  std::vector<EvalPlan> plans = {first, second};
+  std::vector<std::optional<absl::StatusOr<EvalResult>>> results(2);
+  std::vector<absl::Notification> done(2);
+  std::vector<Session::EvalDone> dones;
+  for (size_t i = 0; i < 2; ++i) {
+    dones.push_back([&, i](absl::StatusOr<EvalResult> r) {
+      results[i] = std::move(r);
+      done[i].Notify();
+    });
+  }
+  int asked = 0;
+  session_->EvalMany(plans, std::move(dones), [&] { return ++asked > 1; });  // after the first
+  for (auto& d : done) ASSERT_TRUE(d.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_EQ(asked, 2);
+  ASSERT_TRUE(results[0]->ok()) << results[0]->status();
+  EXPECT_THAT(Floats((*results[0])->downloads[0].data), ElementsAre(12, 22, 32, 42));
+  EXPECT_EQ(results[1]->status().code(), absl::StatusCode::kCancelled);
+  // The cancelled one changed nothing: x is still the first one's.
+  EvalPlan again;
+  again.sequence = 4;
+  again.downloads = {2};
+  absl::StatusOr<EvalResult> result = Eval(again);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_THAT(Floats(result->downloads[0].data), ElementsAre(14, 24, 34, 44));
+}
+
 // As on a GPU whose device memory the host cannot map: new tensors' first contents travel with
 // the session's next submission, so creating one waits for nothing on the device.
 class UnmappedSessionTest : public SessionTest {
