@@ -196,12 +196,19 @@ TEST_F(ExecuteTest, EvalsReadyAtOnceAreSubmittedTogetherUnlessOneChangesWhatAnot
     std::map<uint64_t, v1::ExecuteEvent> events = RunOneRequest(request);
     ASSERT_EQ(events.size(), 3u);
     ExpectResult(events.at(201), 1);
-    // The same sequence again while its first eval runs: refused as it always was.
-    EXPECT_EQ(events.at(202).code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION))
-        << events.at(202).message();
     EXPECT_EQ(events.at(200).code(), 0) << events.at(200).message();
+    if (events.at(202).code() == 0) {
+      // Pipeline 0's first eval had completed when the eval after 201 was prepared (a fast
+      // device): 202 went with 201, and ran.
+      ExpectResult(events.at(202), 0);
+      EXPECT_EQ(together.Value() - between, 2);
+    } else {
+      // The same sequence again while its first eval runs: refused as it always was.
+      EXPECT_EQ(events.at(202).code(), static_cast<int>(grpc::StatusCode::FAILED_PRECONDITION))
+          << events.at(202).message();
+      EXPECT_EQ(together.Value(), between) << "an eval joined one whose tensors it changes";
+    }
   }
-  EXPECT_EQ(together.Value(), between) << "an eval joined one whose tensors it changes";
 }
 
 // An eval of a sequence with nothing recorded downloads a tensor that the next eval uploads into:
