@@ -181,6 +181,47 @@ TEST(Faults, SubmitOutOfMemoryCanBeRetried) {
   EXPECT_THAT(HostFloats(*w.b), ElementsAre(1, 2, 3));  // ran once
 }
 
+TEST(Faults, AFailedSubmissionOfSeveralLeavesNoneRunning) {
+  ASSERT_OK_AND_ASSIGN(FaultyDevice f, MakeFaultyDevice());
+  ASSERT_OK_AND_ASSIGN(Work first, MakeWork(f.device));
+  ASSERT_OK_AND_ASSIGN(Work second, MakeWork(f.device));
+  const std::vector<Sequence::Submission> both = {{first.seq.get(), nullptr},
+                                                  {second.seq.get(), nullptr}};
+  f.calls->FailNext(VulkanCall::kQueueSubmit, VK_ERROR_OUT_OF_HOST_MEMORY);
+  for (const absl::Status& s : Sequence::SubmitTogether(both)) {
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted));
+  }
+  EXPECT_FALSE(first.seq->IsRunning());
+  EXPECT_FALSE(second.seq->IsRunning());
+  ASSERT_OK(first.seq->Wait(kTimeout));  // nothing in flight
+  // Both can be submitted again, and each runs once.
+  for (const absl::Status& s : Sequence::SubmitTogether(both)) ASSERT_OK(s);
+  ASSERT_OK(first.seq->Wait(kTimeout));
+  ASSERT_OK(second.seq->Wait(kTimeout));
+  EXPECT_THAT(HostFloats(*first.b), ElementsAre(1, 2, 3));
+  EXPECT_THAT(HostFloats(*second.b), ElementsAre(1, 2, 3));
+}
+
+TEST(Faults, AWaitForOneOfSeveralSubmittedTogetherTimesOut) {
+  ASSERT_OK_AND_ASSIGN(FaultyDevice f, MakeFaultyDevice());
+  if (!f.device->timeline_supported()) GTEST_SKIP() << "no timeline semaphores: submitted alone";
+  ASSERT_OK_AND_ASSIGN(Work first, MakeWork(f.device));
+  ASSERT_OK_AND_ASSIGN(Work second, MakeWork(f.device));
+  for (const absl::Status& s :
+       Sequence::SubmitTogether({{first.seq.get(), nullptr}, {second.seq.get(), nullptr}})) {
+    ASSERT_OK(s);
+  }
+  // The first has no fence of its own: its wait is on its timeline semaphore.
+  f.calls->FailNext(VulkanCall::kWaitForFences, VK_TIMEOUT);
+  EXPECT_THAT(first.seq->Wait(kTimeout), StatusIs(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_TRUE(first.seq->IsRunning());
+  EXPECT_FALSE(f.device->lost());
+  ASSERT_OK(first.seq->Wait(kTimeout));
+  ASSERT_OK(second.seq->Wait(kTimeout));
+  EXPECT_THAT(HostFloats(*first.b), ElementsAre(1, 2, 3));
+  EXPECT_THAT(HostFloats(*second.b), ElementsAre(1, 2, 3));
+}
+
 TEST(Faults, WaitTimesOut) {
   ASSERT_OK_AND_ASSIGN(FaultyDevice f, MakeFaultyDevice());
   ASSERT_OK_AND_ASSIGN(Work w, MakeWork(f.device));
