@@ -209,11 +209,14 @@ TEST(CompletionWaiter, SubmissionsMadeTogether) {
   if (!TestDevice()->timeline_supported()) GTEST_SKIP() << "no timeline semaphores";
   for (absl::Duration spin : {absl::ZeroDuration(), absl::Microseconds(200)}) {
     SCOPED_TRACE(absl::FormatDuration(spin));
-    ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
-                         CompletionWaiter::Create(TestDevice(), spin));
-    for (int round = 0; round < 3; ++round) {
-      SCOPED_TRACE(round);
-      ExpectManyComplete(waiter.get(), 8, /*together=*/true);
+    for (size_t lanes : {size_t{0}, size_t{3}}) {  // the device's lanes, and three in turn
+      SCOPED_TRACE(lanes);
+      ASSERT_OK_AND_ASSIGN(std::unique_ptr<CompletionWaiter> waiter,
+                           CompletionWaiter::Create(TestDevice(), spin, lanes));
+      for (int round = 0; round < 3; ++round) {
+        SCOPED_TRACE(round);
+        ExpectManyComplete(waiter.get(), 8, /*together=*/true);
+      }
     }
   }
 }
