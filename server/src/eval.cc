@@ -333,11 +333,13 @@ void Session::EvalMany(absl::Span<const EvalPlan> plans, std::vector<EvalDone> d
     }
     // Evals are let in (the drain gate, the tenant's inflight_submissions quota) one at a time,
     // as Eval does, except those that may go together: those are let in up to one run ahead, so
-    // that no eval holds a place in the quota long before its submission.
+    // that no eval holds a place in the quota long before its submission. Those let in already
+    // were found able to go together then, so the look ahead goes on from the first one not let
+    // in (each eval is looked at once here, however short the runs).
     size_t until = i + 1;
     if (options_.submit_together) {
       absl::MutexLock lock(&mu_);
-      size_t j = i;
+      size_t j = std::max(i, admitted_end);
       while (j < plans.size() && j < i + kMostTogether && CanGoTogetherLocked(plans[j])) ++j;
       until = std::max(until, j);
     }
