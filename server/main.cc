@@ -77,6 +77,10 @@ ABSL_FLAG(absl::Duration, eval_spin, absl::Microseconds(50),
 ABSL_FLAG(bool, submit_together, true,
           "evals of one Execute stream that are ready at once and submit sequences of one queue "
           "go to the device in one vkQueueSubmit (each still runs on what it would alone)");
+ABSL_FLAG(bool, pool_tensor_memory, true,
+          "small tensors' device memory comes from blocks that the sessions of one tenant share "
+          "on each device, not from a Vulkan allocation each (each costs the driver host "
+          "memory); tenants never share a block");
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(25),
           "on SIGTERM or SIGINT: health turns NOT_SERVING, new sessions and evaluations are "
           "refused, and evaluations in flight get this long to complete before the daemon exits "
@@ -248,6 +252,7 @@ int main(int argc, char** argv) {
   options.eval_inline_wait = absl::GetFlag(FLAGS_eval_inline_wait);
   options.eval_spin = absl::GetFlag(FLAGS_eval_spin);
   options.submit_together = absl::GetFlag(FLAGS_submit_together);
+  options.pool_tensor_memory = absl::GetFlag(FLAGS_pool_tensor_memory);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);

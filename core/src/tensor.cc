@@ -59,22 +59,37 @@ absl::StatusOr<std::pair<BufferHandle, VkMemoryRequirements>> NewBuffer(Device& 
 
 absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsageFlags usage,
                                       VkMemoryPropertyFlags required,
-                                      VkMemoryPropertyFlags preferred, absl::string_view what) {
+                                      VkMemoryPropertyFlags preferred, absl::string_view what,
+                                      MemoryPool* pool) {
   Buffer b;
   b.size_ = size;
   KD_ASSIGN_OR_RETURN(auto made, NewBuffer(device, size, usage, nullptr, what));
   b.buffer_ = std::move(made.first);
   const VkBuffer buffer = b.buffer_.get();
   const VkMemoryRequirements& req = made.second;
+  if (pool != nullptr && &pool->device() != &device) {
+    return absl::InternalError(absl::StrCat("the memory pool for ", what, " is another device's"));
+  }
+  KD_ASSIGN_OR_RETURN(uint32_t type,
+                      device.FindMemoryType(req.memoryTypeBits, required, preferred));
+  b.properties_ = device.info().memory.memoryTypes[type].propertyFlags;
+  const bool map =
+      (b.properties_ & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
+      ((required & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) || device.maps_device_memory());
+  if (pool != nullptr && pool->Serves(req, type)) {
+    KD_ASSIGN_OR_RETURN(b.piece_, pool->Allocate(req, type, what));
+    KD_RETURN_IF_ERROR(device.Check(
+        vkBindBufferMemory(device.handle(), buffer, b.piece_.memory(), b.piece_.offset()),
+        "vkBindBufferMemory"));
+    if (map) b.mapped_ = b.piece_.mapped();
+    return b;
+  }
   KD_ASSIGN_OR_RETURN(auto allocated, AllocateFor(device, req, required, preferred, what));
-  const uint32_t type = allocated.second;
   b.memory_ = std::move(allocated.first);
   const VkDeviceMemory memory = b.memory_.get();
   KD_RETURN_IF_ERROR(
       device.Check(vkBindBufferMemory(device.handle(), buffer, memory, 0), "vkBindBufferMemory"));
-  b.properties_ = device.info().memory.memoryTypes[type].propertyFlags;
-  if ((b.properties_ & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) &&
-      ((required & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) || device.maps_device_memory())) {
+  if (map) {
     KD_RETURN_IF_ERROR(device.Check(
         vkMapMemory(device.handle(), memory, 0, VK_WHOLE_SIZE, 0, &b.mapped_), "vkMapMemory"));
   }
@@ -331,7 +346,8 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
                                                        ElementType type, uint64_t count,
                                                        uint32_t element_size, MemoryType memory,
                                                        const void* initial, TensorInit init,
-                                                       const HostMemory* host_memory) {
+                                                       const HostMemory* host_memory,
+                                                       MemoryPool* pool) {
   KD_ASSIGN_OR_RETURN(element_size, CheckTensorShape(type, memory, count, element_size));
   if (host_memory != nullptr && memory != MemoryType::kDevice && memory != MemoryType::kHost) {
     return absl::UnimplementedError(
@@ -365,8 +381,8 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
   switch (memory) {
     case MemoryType::kDevice: {
       KD_ASSIGN_OR_RETURN(
-          t->primary_,
-          Buffer::Create(*device, alloc, kUsage, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0, what));
+          t->primary_, Buffer::Create(*device, alloc, kUsage, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT,
+                                      0, what, pool));
       constexpr VkBufferUsageFlags kStaging =
           VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
       const std::string staging = absl::StrCat("the staging buffer of ", what);
@@ -376,7 +392,7 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
       } else {
         KD_ASSIGN_OR_RETURN(t->staging_,
                             Buffer::Create(*device, alloc, kStaging, kHostVisible,
-                                           VK_MEMORY_PROPERTY_HOST_CACHED_BIT, staging));
+                                           VK_MEMORY_PROPERTY_HOST_CACHED_BIT, staging, pool));
       }
       break;
     }
@@ -385,21 +401,23 @@ absl::StatusOr<std::shared_ptr<Tensor>> Tensor::Create(std::shared_ptr<Device> d
         KD_ASSIGN_OR_RETURN(t->primary_,
                             Buffer::Import(*device, *host_memory, alloc, kUsage, what));
       } else {
-        KD_ASSIGN_OR_RETURN(t->primary_, Buffer::Create(*device, alloc, kUsage, kHostVisible,
-                                                        VK_MEMORY_PROPERTY_HOST_CACHED_BIT, what));
+        KD_ASSIGN_OR_RETURN(t->primary_,
+                            Buffer::Create(*device, alloc, kUsage, kHostVisible,
+                                           VK_MEMORY_PROPERTY_HOST_CACHED_BIT, what, pool));
       }
       break;
     }
     case MemoryType::kStorage: {
       KD_ASSIGN_OR_RETURN(
-          t->primary_,
-          Buffer::Create(*device, alloc, kUsage, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0, what));
+          t->primary_, Buffer::Create(*device, alloc, kUsage, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT,
+                                      0, what, pool));
       break;
     }
     case MemoryType::kDeviceAndHost: {
       KD_ASSIGN_OR_RETURN(
-          t->primary_, Buffer::Create(*device, alloc, kUsage,
-                                      VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | kHostVisible, 0, what));
+          t->primary_,
+          Buffer::Create(*device, alloc, kUsage, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT | kHostVisible,
+                         0, what, pool));
       break;
     }
   }

@@ -20,8 +20,10 @@ namespace {
 // Opens the device and starts the waiter that watches its submissions, polling for up to `spin`
 // before it blocks on a GPU.
 absl::StatusOr<std::shared_ptr<DeviceInstance>> OpenInstance(const core::DeviceOptions& options,
-                                                             absl::Duration spin) {
+                                                             absl::Duration spin,
+                                                             bool pool_tensor_memory) {
   auto instance = std::make_shared<DeviceInstance>();
+  instance->pool_tensor_memory = pool_tensor_memory;
   KD_ASSIGN_OR_RETURN(instance->device, core::Device::Create(options));
   const bool cpu = instance->device->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
   KD_ASSIGN_OR_RETURN(instance->waiter, core::CompletionWaiter::Create(
@@ -30,6 +32,14 @@ absl::StatusOr<std::shared_ptr<DeviceInstance>> OpenInstance(const core::DeviceO
 }
 
 }  // namespace
+
+std::shared_ptr<core::MemoryPool> DeviceInstance::MemoryPoolFor(const std::string& tenant) {
+  if (!pool_tensor_memory) return nullptr;
+  absl::MutexLock lock(&pools_mu);
+  std::shared_ptr<core::MemoryPool>& pool = pools[tenant];
+  if (pool == nullptr) pool = core::MemoryPool::Create(device);
+  return pool;
+}
 
 absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
     uint32_t pool_index, uint32_t physical_index, const ServerOptions& server_options, Metrics& m) {
@@ -55,8 +65,9 @@ absl::StatusOr<std::unique_ptr<PooledDevice>> PooledDevice::Open(
   pooled->info_ = info;
   pooled->options_ = options;
   pooled->waiter_spin_ = server_options.eval_spin;
+  pooled->pool_tensor_memory_ = server_options.pool_tensor_memory;
   KD_ASSIGN_OR_RETURN(std::shared_ptr<DeviceInstance> instance,
-                      OpenInstance(options, pooled->waiter_spin_));
+                      OpenInstance(options, pooled->waiter_spin_, pooled->pool_tensor_memory_));
   const core::Device& device = *instance->device;
   for (uint32_t i = 0; i < device.queue_count(); ++i) {
     const core::Queue& q = device.queue(i);
@@ -221,7 +232,8 @@ absl::Status PooledDevice::Recover() {
   std::shared_ptr<DeviceInstance> lost = instance();
   if (!lost->device->lost()) return absl::OkStatus();
   const absl::Time start = absl::Now();
-  KD_ASSIGN_OR_RETURN(std::shared_ptr<DeviceInstance> fresh, OpenInstance(options_, waiter_spin_));
+  KD_ASSIGN_OR_RETURN(std::shared_ptr<DeviceInstance> fresh,
+                      OpenInstance(options_, waiter_spin_, pool_tensor_memory_));
   {
     absl::MutexLock lock(&mu_);
     retired_.push_back(std::move(instance_));

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/time/time.h"
 #include "komputed/core/completion_waiter.h"
 #include "komputed/core/device.h"
+#include "komputed/core/memory_pool.h"
 #include "metrics.h"
 #include "server_options.h"
 
@@ -25,6 +27,15 @@ namespace komputed::server {
 // on; when the device is lost, the PooledDevice opens a new instance for new sessions.
 struct DeviceInstance {
   std::shared_ptr<core::Device> device;
+  // The memory pool (core::MemoryPool) of `tenant`'s small tensors on this opening, made at its
+  // first use; null when pool_tensor_memory is off. A tenant's sessions share it; tenants never
+  // share one.
+  std::shared_ptr<core::MemoryPool> MemoryPoolFor(const std::string& tenant)
+      ABSL_LOCKS_EXCLUDED(pools_mu);
+  bool pool_tensor_memory = false;
+  absl::Mutex pools_mu;
+  absl::flat_hash_map<std::string, std::shared_ptr<core::MemoryPool>> pools
+      ABSL_GUARDED_BY(pools_mu);
   // Declared last, so destroyed first: it completes every watched submission, whose callbacks
   // use the device (and it holds the device itself).
   std::unique_ptr<core::CompletionWaiter> waiter;
@@ -125,6 +136,7 @@ class PooledDevice {
   core::PhysicalDeviceInfo info_;
   core::DeviceOptions options_;                        // how each instance is opened
   absl::Duration waiter_spin_ = absl::ZeroDuration();  // its waiter's polling (--eval_spin)
+  bool pool_tensor_memory_ = true;                     // --pool_tensor_memory
   // (queue family, index within the family) → device queue index (the same in every instance).
   absl::flat_hash_map<std::pair<uint32_t, uint32_t>, uint32_t> queue_index_;
   std::atomic<int64_t> memory_in_use_{0};

@@ -78,6 +78,9 @@ struct ServerOptions {
   // Evals of one Execute stream that are ready at once and submit sequences of one queue go to
   // the device in one vkQueueSubmit (Session::EvalMany).
   bool submit_together = true;
+  // Small tensors' device memory comes from blocks that the sessions of one tenant share on each
+  // device (core::MemoryPool), not from an allocation each.
+  bool pool_tensor_memory = true;
   // Largest message received or sent.
   int max_message_bytes = 64 << 20;
   // gRPC's limits on each client connection (Server::Start applies them to every listener).

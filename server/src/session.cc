@@ -74,6 +74,10 @@ const std::string kNoTenant;
 Session::Session(SessionFacts facts, const ServerOptions& options, Metrics* metrics, WorkGate* gate,
                  Charge session_charge)
     : facts_(std::move(facts)),
+      memory_pool_(facts_.instance == nullptr
+                       ? nullptr
+                       : facts_.instance->MemoryPoolFor(
+                             facts_.account != nullptr ? facts_.account->tenant() : "")),
       options_(options),
       metrics_(metrics),
       gate_(gate),
@@ -314,7 +318,7 @@ absl::Status Session::CreateTensorLocked(const TensorRequest& request) {
                                       request.memory, initial, core::TensorInit::kDeferred, shared)
           : core::Tensor::Create(facts_.instance->device, request.type, request.count,
                                  *element_size, request.memory, initial,
-                                 core::TensorInit::kDeferred, shared);
+                                 core::TensorInit::kDeferred, shared, memory_pool_.get());
   if (!tensor.ok()) {
     facts_.device->CheckLost(*facts_.instance);
     return Annotate(tensor.status(), what);

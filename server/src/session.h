@@ -265,6 +265,8 @@ class Session {
   void CountValidation(const absl::Status& build) const;
 
   const SessionFacts facts_;
+  // Its tenant's pool for small tensors' memory on its device opening; null: none.
+  const std::shared_ptr<core::MemoryPool> memory_pool_;
   const ServerOptions& options_;
   Metrics* const metrics_;
   WorkGate* const gate_;

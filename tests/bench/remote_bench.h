@@ -22,6 +22,14 @@ namespace komputed_bench {
 inline constexpr char kPing[] = "ping";
 // The same Ping on a bare completion-queue gRPC server of the same build.
 inline constexpr char kPingBare[] = "ping/bare_async_server";
+// The same Ping on a bare callback-API server of the same build.
+inline constexpr char kPingBareCallback[] = "ping/bare_callback_server";
+// The three in turn (komputed, bare completion queue, bare callback), each one's mean round trip a
+// counter of this benchmark.
+inline constexpr char kPingInterleaved[] = "ping/interleaved";
+inline constexpr char kPingInterleavedKomputed[] = "komputed_us";
+inline constexpr char kPingInterleavedBare[] = "bare_cq_us";
+inline constexpr char kPingInterleavedCallback[] = "bare_callback_us";
 inline constexpr char kTcpLoopback[] = "tcp_loopback";
 inline constexpr char kTinyEvalInprocess[] = "tiny_eval/inprocess";
 inline constexpr char kTinyEvalRemote[] = "tiny_eval/remote";
@@ -123,6 +131,8 @@ class RemoteBench {
   struct State;
   explicit RemoteBench(std::unique_ptr<State> state);
   static void Ping(benchmark::State& state, komputed::v1::Sessions::Stub& stub);
+  static void PingInterleaved(benchmark::State& state,
+                              komputed::v1::Sessions::Stub* const stubs[3]);
   static void TcpLoopback(benchmark::State& state);
   std::unique_ptr<State> s_;
 };

@@ -48,6 +48,8 @@
 
 ABSL_FLAG(int, sessions, 256, "sessions, each a kp::Manager with a connection of its own");
 ABSL_FLAG(double, seconds, 5, "how long every session evaluates at once");
+ABSL_FLAG(std::vector<std::string>, daemon_flags, {},
+          "flags for the daemon, comma-separated (--daemon_flags=--pool_tensor_memory=false)");
 
 namespace komputed_bench {
 namespace {
@@ -101,7 +103,7 @@ bool EvalOnce(KpTiny& tiny, uint64_t i) {
 
 int Run() {
   const int sessions = absl::GetFlag(FLAGS_sessions);
-  DaemonProcess daemon;
+  DaemonProcess daemon(absl::GetFlag(FLAGS_daemon_flags));
   if (!daemon.started()) {
     std::fprintf(stderr, "the daemon did not start\n");
     return 1;

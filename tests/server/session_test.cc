@@ -14,6 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "device_pool.h"
 #include "metrics.h"
+#include "quota.h"
 #include "server_options.h"
 
 namespace komputed::server {
@@ -402,6 +403,50 @@ TEST_F(SessionTest, CloseFreesMemoryAndLaterCallsAreNotFound) {
   EXPECT_EQ(Eval(plan).status().code(), absl::StatusCode::kNotFound);
   session_->Close();  // idempotent
   EXPECT_EQ(session_->Describe().tensors, 0u);
+}
+
+TEST_F(SessionTest, SessionsOfATenantShareTheirSmallTensorsBlocksAndTenantsDoNot) {
+  PooledDevice& device = pool_->at(0);
+  std::vector<std::unique_ptr<Session>> sessions;
+  auto open = [&](const std::string& id, std::shared_ptr<TenantAccount> account) -> Session& {
+    auto queues = device.AcquireQueues({});
+    EXPECT_TRUE(queues.ok()) << queues.status();
+    SessionFacts facts;
+    facts.id = id;
+    facts.device = &device;
+    facts.instance = device.instance();
+    facts.queues = queues.ok() ? *std::move(queues) : std::vector<uint32_t>{};
+    facts.client_name = id;
+    facts.account = std::move(account);
+    sessions.push_back(std::make_unique<Session>(std::move(facts), options_, &metrics_, nullptr));
+    return *sessions.back();
+  };
+  auto a = std::make_shared<TenantAccount>("a", Quota{}, &metrics_);
+  auto b = std::make_shared<TenantAccount>("b", Quota{}, &metrics_);
+  const std::string data = FloatBytes({1, 2, 3, 4});
+  for (Session* s : {&open("a1", a), &open("a2", a), &open("b1", b)}) {
+    ASSERT_TRUE(s->CreateTensor(Floats32(1, data)).ok());
+  }
+  std::shared_ptr<core::MemoryPool> pool_a = device.instance()->MemoryPoolFor("a");
+  std::shared_ptr<core::MemoryPool> pool_b = device.instance()->MemoryPoolFor("b");
+  ASSERT_NE(pool_a, nullptr);
+  EXPECT_NE(pool_a, pool_b);
+  EXPECT_EQ(pool_a, device.instance()->MemoryPoolFor("a"));
+  // A device tensor: its device buffer and its staging buffer.
+  EXPECT_EQ(pool_a->pieces(), 4u);
+  EXPECT_EQ(pool_b->pieces(), 2u);
+  for (auto& s : sessions) s->Close();
+  EXPECT_EQ(pool_a->pieces(), 0u);
+  EXPECT_EQ(pool_a->blocks(), 0u);
+  EXPECT_EQ(pool_b->blocks(), 0u);
+}
+
+TEST_F(SessionTest, TensorMemoryIsNotPooledWhenTurnedOff) {
+  ServerOptions options = options_;
+  options.pool_tensor_memory = false;
+  auto pool = DevicePool::Create(options, &metrics_);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ((*pool)->at(0).instance()->MemoryPoolFor(""), nullptr);
 }
 
 }  // namespace

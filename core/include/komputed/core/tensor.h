@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "komputed/core/device.h"
 #include "komputed/core/handle.h"
+#include "komputed/core/memory_pool.h"
 #include "komputed/core/op_semantics.h"
 #include "komputed/core/types.h"
 
@@ -60,9 +61,11 @@ class Buffer {
   static absl::StatusOr<Buffer> Import(Device& device, const HostMemory& memory, uint64_t size,
                                        VkBufferUsageFlags usage, absl::string_view what);
   // required: memory properties the buffer must have; preferred: ones to pick when offered.
+  // With `pool` (of `device`), memory that it serves comes from it.
   static absl::StatusOr<Buffer> Create(Device& device, uint64_t size, VkBufferUsageFlags usage,
                                        VkMemoryPropertyFlags required,
-                                       VkMemoryPropertyFlags preferred, absl::string_view what);
+                                       VkMemoryPropertyFlags preferred, absl::string_view what,
+                                       MemoryPool* pool = nullptr);
   Buffer() = default;
   Buffer(Buffer&&) = default;
   Buffer& operator=(Buffer&&) = default;
@@ -71,10 +74,13 @@ class Buffer {
   void* mapped() const { return mapped_; }
   uint64_t size() const { return size_; }
   VkMemoryPropertyFlags properties() const { return properties_; }
+  // Whether its memory is a piece of a MemoryPool's block.
+  bool pooled() const { return static_cast<bool>(piece_); }
 
  private:
   std::shared_ptr<void> keep_;  // imported host memory: released after the memory made over it
   std::shared_ptr<const ImportedMemory> imported_;  // released after the buffer bound to it
+  MemoryPiece piece_;                               // given back after the buffer bound to it
   BufferHandle buffer_;
   MemoryHandle memory_;  // declared after buffer_: destroyed before it... order does not matter
   void* mapped_ = nullptr;
@@ -133,12 +139,12 @@ class Tensor {
   // With `host_memory`, the tensor's host data is that memory (kDevice: its staging buffer; kHost:
   // the buffer itself) and its initial contents are the memory's, not `initial`: UNIMPLEMENTED for
   // other memory types or where Buffer::Import is.
-  static absl::StatusOr<std::shared_ptr<Tensor>> Create(std::shared_ptr<Device> device,
-                                                        ElementType type, uint64_t count,
-                                                        uint32_t element_size, MemoryType memory,
-                                                        const void* initial,
-                                                        TensorInit init = TensorInit::kWait,
-                                                        const HostMemory* host_memory = nullptr);
+  // With `pool` (of `device`), the buffers' memory comes from it where it serves them
+  // (MemoryPool::Serves: small buffers).
+  static absl::StatusOr<std::shared_ptr<Tensor>> Create(
+      std::shared_ptr<Device> device, ElementType type, uint64_t count, uint32_t element_size,
+      MemoryType memory, const void* initial, TensorInit init = TensorInit::kWait,
+      const HostMemory* host_memory = nullptr, MemoryPool* pool = nullptr);
 
   // A 2-D image (shape.is_image(); CheckImageShape in types.h): its device memory is a
   // DeviceImage, which shaders bind as a storage image; its host data (kDevice) is the texels,
