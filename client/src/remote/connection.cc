@@ -110,6 +110,8 @@ absl::StatusOr<std::shared_ptr<Connection>> Connection::Open(const RemoteOptions
   c->properties_ = PropertiesOf(response.device());
   c->spin_ = WaitSpin(c->properties_.deviceType);
   c->eval_spin_ = std::make_unique<komputed::core::SpinWindow>(c->spin_, WaitSpinLimit(c->spin_));
+  c->grpc_eval_spin_ =
+      std::make_unique<komputed::core::SpinWindow>(c->spin_, WaitSpinLimit(c->spin_));
   if (response.idle_timeout_ms() > 0) {
     c->idle_timeout_ = absl::Milliseconds(response.idle_timeout_ms());
   }
@@ -203,6 +205,39 @@ std::optional<absl::StatusOr<v1::EvalResponse>> Connection::EvalSameHost(
   if (same_host_->broken()) same_host_.reset();  // opened again for the next eval
   if (!sent) return std::nullopt;                // it never reached the daemon
   return response;
+}
+
+grpc::Status Connection::EvalOverGrpc(grpc::ClientContext* context, const v1::EvalRequest& request,
+                                      v1::EvalResponse* response) {
+  if (spin_ <= absl::ZeroDuration()) return sequences_->Eval(context, request, response);
+  grpc::CompletionQueue cq;
+  const absl::Time sent = absl::Now();
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::EvalResponse>> call =
+      sequences_->AsyncEval(context, request, &cq);
+  grpc::Status status;
+  call->Finish(response, &status, nullptr);
+  void* tag = nullptr;
+  bool ok = false;
+  // Each AsyncNext with a deadline already past looks at the connection once without sleeping.
+  const absl::Time poll_until = absl::Now() + grpc_eval_spin_->Window(sent, absl::Now());
+  bool seen_running = false;
+  bool answered = false;
+  while (true) {
+    if (cq.AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) ==
+        grpc::CompletionQueue::GOT_EVENT) {
+      answered = true;
+      break;
+    }
+    seen_running = true;
+    if (absl::Now() >= poll_until) break;
+  }
+  if (!answered) answered = cq.Next(&tag, &ok);  // the call ends by its deadline at the latest
+  grpc_eval_spin_->Observe(absl::Now() - sent, seen_running);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (!answered) return grpc::Status(grpc::StatusCode::INTERNAL, "the eval's call never ended");
+  return status;
 }
 
 Connection::~Connection() {

@@ -75,6 +75,13 @@ class Connection {
   // Nothing (the caller sends it over gRPC) otherwise, or when it could not be sent.
   std::optional<absl::StatusOr<komputed::v1::EvalResponse>> EvalSameHost(
       const komputed::v1::EvalRequest& request, absl::Duration timeout);
+  // A unary Eval over gRPC. On a device whose waits poll (spin() > 0), the calling thread polls
+  // its own completion queue for the answer for a while (a SpinWindow learned from the evals
+  // before) before it sleeps: a thread asleep in the kernel wakes tens of microseconds after the
+  // answer arrives, more on a virtual machine. Otherwise, and after that window, gRPC's blocking
+  // call. The context's deadline bounds it either way.
+  grpc::Status EvalOverGrpc(grpc::ClientContext* context, const komputed::v1::EvalRequest& request,
+                            komputed::v1::EvalResponse* response);
   // How long a wait for the daemon's answer on the same-host channel polls before it sleeps
   // (WaitSpin of the session's device).
   absl::Duration spin() const { return spin_; }
@@ -139,6 +146,8 @@ class Connection {
   absl::Duration spin_ = absl::ZeroDuration();
   // How long an eval on the same-host channel polls for its answer (from spin_; channel_mu_).
   std::unique_ptr<komputed::core::SpinWindow> eval_spin_;
+  // How long a unary Eval over gRPC polls for its answer (EvalOverGrpc; thread-safe).
+  std::unique_ptr<komputed::core::SpinWindow> grpc_eval_spin_;
   absl::Duration idle_timeout_ = absl::Seconds(60);
   std::unique_ptr<BulkTransfer> bulk_;
 

@@ -131,7 +131,7 @@ absl::Status RemoteSequence::Eval(absl::Duration timeout) {
   SetDeadline(context, timeout + RpcTimeout());
   v1::EvalResponse response;
   KD_RETURN_IF_ERROR(
-      FromGrpcStatusWithHint(connection_->sequences().Eval(&context, request, &response), "eval"));
+      FromGrpcStatusWithHint(connection_->EvalOverGrpc(&context, request, &response), "eval"));
   return FinishLocked(response);
 }
 
