@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "backend.h"
+#include "komputed/core/memory_pool.h"
 #include "komputed/core/sequence.h"
 #include "komputed/core/spin.h"
 #include "komputed/core/status.h"
@@ -152,7 +153,9 @@ class LocalSequence final : public BackendSequence {
 class InProcessBackend final : public Backend {
  public:
   explicit InProcessBackend(std::shared_ptr<core::Device> device)
-      : device_(std::move(device)), spin_(WaitSpin(device_->properties().deviceType)) {}
+      : device_(std::move(device)),
+        spin_(WaitSpin(device_->properties().deviceType)),
+        memory_pool_(core::MemoryPool::Create(device_)) {}
 
   // The device goes with the last object that holds it.
   absl::Status Close(absl::Duration) override { return absl::OkStatus(); }
@@ -164,7 +167,7 @@ class InProcessBackend final : public Backend {
         spec.image.is_image()
             ? core::Tensor::CreateImage(device_, spec.type, spec.image, spec.memory, data)
             : core::Tensor::Create(device_, spec.type, spec.count, spec.element_size, spec.memory,
-                                   data));
+                                   data, core::TensorInit::kWait, nullptr, memory_pool_.get()));
     return std::make_shared<LocalTensor>(this, std::move(tensor));
   }
 
@@ -221,6 +224,8 @@ class InProcessBackend final : public Backend {
 
   std::shared_ptr<core::Device> device_;
   const absl::Duration spin_;
+  // The Manager's small tensors share its blocks (the daemon's sessions share their tenant's).
+  const std::shared_ptr<core::MemoryPool> memory_pool_;
 };
 
 }  // namespace
