@@ -686,6 +686,17 @@ absl::Status Device::Check(VkResult result, absl::string_view what) {
   return VkStatus(result, what);
 }
 
+absl::StatusOr<MemoryHandle> Device::AllocateMemory(uint64_t size, uint32_t type,
+                                                    absl::string_view what) {
+  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+  ai.allocationSize = size;
+  ai.memoryTypeIndex = type;
+  VkDeviceMemory memory = VK_NULL_HANDLE;
+  KD_RETURN_IF_ERROR(Check(calls_->AllocateMemory(handle(), &ai, &memory),
+                           absl::StrCat("vkAllocateMemory of ", size, " bytes for ", what)));
+  return MemoryHandle(handle(), memory);
+}
+
 absl::Status Device::Submit(size_t queue, VkCommandBuffer command_buffer, VkFence fence,
                             VkSemaphore timeline, uint64_t timeline_value, VkCommandBuffer prologue,
                             uint64_t* order) {

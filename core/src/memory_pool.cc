@@ -102,14 +102,9 @@ absl::StatusOr<MemoryPiece> MemoryPool::Allocate(const VkMemoryRequirements& req
     auto block = std::make_unique<Block>();
     block->type = type;
     block->size = options_.block_bytes;
-    VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
-    ai.allocationSize = block->size;
-    ai.memoryTypeIndex = type;
-    VkDeviceMemory memory = VK_NULL_HANDLE;
-    KD_RETURN_IF_ERROR(device_->Check(
-        device_->calls().AllocateMemory(device_->handle(), &ai, &memory),
-        absl::StrCat("vkAllocateMemory of a ", block->size, "-byte block for ", what)));
-    block->memory = MemoryHandle(device_->handle(), memory);
+    KD_ASSIGN_OR_RETURN(block->memory, device_->AllocateMemory(block->size, type,
+                                                               absl::StrCat("a block for ", what)));
+    const VkDeviceMemory memory = block->memory.get();
     if (device_->info().memory.memoryTypes[type].propertyFlags &
         VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) {
       KD_RETURN_IF_ERROR(device_->Check(

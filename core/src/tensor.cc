@@ -11,28 +11,16 @@ namespace komputed::core {
 
 namespace {
 
-// Device memory for a buffer's or an image's requirements: of a type with `required` (and
-// `preferred` where offered), within its heap. Returns the memory and its type's index.
-absl::StatusOr<std::pair<MemoryHandle, uint32_t>> AllocateFor(Device& device,
-                                                              const VkMemoryRequirements& req,
-                                                              VkMemoryPropertyFlags required,
-                                                              VkMemoryPropertyFlags preferred,
-                                                              absl::string_view what) {
-  KD_ASSIGN_OR_RETURN(uint32_t type,
-                      device.FindMemoryType(req.memoryTypeBits, required, preferred));
+// Device memory of memory type `type` for a buffer's or an image's requirements, within the
+// type's heap.
+absl::StatusOr<MemoryHandle> AllocateFor(Device& device, const VkMemoryRequirements& req,
+                                         uint32_t type, absl::string_view what) {
   if (req.size > device.HeapSize(type)) {
     return absl::ResourceExhaustedError(absl::StrCat(what, " needs ", req.size,
                                                      " bytes, more than its memory heap's ",
                                                      device.HeapSize(type), " bytes"));
   }
-  VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
-  ai.allocationSize = req.size;
-  ai.memoryTypeIndex = type;
-  VkDeviceMemory memory = VK_NULL_HANDLE;
-  KD_RETURN_IF_ERROR(
-      device.Check(device.calls().AllocateMemory(device.handle(), &ai, &memory),
-                   absl::StrCat("vkAllocateMemory of ", req.size, " bytes for ", what)));
-  return std::make_pair(MemoryHandle(device.handle(), memory), type);
+  return device.AllocateMemory(req.size, type, what);
 }
 
 // A buffer of `size` bytes for `usage` with `next` chained to its create info, and its memory
@@ -84,8 +72,7 @@ absl::StatusOr<Buffer> Buffer::Create(Device& device, uint64_t size, VkBufferUsa
     if (map) b.mapped_ = b.piece_.mapped();
     return b;
   }
-  KD_ASSIGN_OR_RETURN(auto allocated, AllocateFor(device, req, required, preferred, what));
-  b.memory_ = std::move(allocated.first);
+  KD_ASSIGN_OR_RETURN(b.memory_, AllocateFor(device, req, type, what));
   const VkDeviceMemory memory = b.memory_.get();
   KD_RETURN_IF_ERROR(
       device.Check(vkBindBufferMemory(device.handle(), buffer, memory, 0), "vkBindBufferMemory"));
@@ -252,9 +239,9 @@ absl::StatusOr<DeviceImage> DeviceImage::Create(Device& device, const ImageShape
   out.image_ = ImageHandle(dev, image);
   VkMemoryRequirements req;
   vkGetImageMemoryRequirements(dev, image, &req);
-  KD_ASSIGN_OR_RETURN(auto allocated,
-                      AllocateFor(device, req, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0, what));
-  out.memory_ = std::move(allocated.first);
+  KD_ASSIGN_OR_RETURN(uint32_t type, device.FindMemoryType(req.memoryTypeBits,
+                                                           VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0));
+  KD_ASSIGN_OR_RETURN(out.memory_, AllocateFor(device, req, type, what));
   const VkDeviceMemory memory = out.memory_.get();
   KD_RETURN_IF_ERROR(device.Check(vkBindImageMemory(dev, image, memory, 0), "vkBindImageMemory"));
   VkImageViewCreateInfo vi{VK_STRUCTURE_TYPE_IMAGE_VIEW_CREATE_INFO};

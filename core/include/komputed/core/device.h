@@ -272,6 +272,9 @@ class Device {
   void MarkLost(absl::string_view why);
   // Turns a failed result into a status, remembering device loss.
   absl::Status Check(VkResult result, absl::string_view what);
+  // `size` bytes of memory type `type` (vkAllocateMemory through calls()); errors as Check's,
+  // naming the size and `what` the memory is for.
+  absl::StatusOr<MemoryHandle> AllocateMemory(uint64_t size, uint32_t type, absl::string_view what);
 
  private:
   Device() = default;
