@@ -29,26 +29,6 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// A device of its own (faults must not leak into other tests) whose calls can fail.
-struct FaultyDevice {
-  std::shared_ptr<FaultInjectingCalls> calls;
-  std::shared_ptr<Device> device;
-};
-
-// map_device_memory false: device tensors need a one-off submission, as on a GPU whose device
-// memory the host cannot map.
-absl::StatusOr<FaultyDevice> MakeFaultyDevice(bool map_device_memory = false) {
-  FaultyDevice f;
-  f.calls = std::make_shared<FaultInjectingCalls>();
-  DeviceOptions options;
-  options.calls = f.calls;
-  options.map_device_memory = map_device_memory;
-  absl::StatusOr<std::shared_ptr<Device>> device = Device::Create(options);
-  if (!device.ok()) return device.status();
-  f.device = *device;
-  return f;
-}
-
 absl::StatusOr<std::shared_ptr<Tensor>> Floats(const std::shared_ptr<Device>& device,
                                                const std::vector<float>& values,
                                                MemoryType memory = MemoryType::kDevice) {

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "komputed/core/device.h"
 #include "komputed/core/types.h"
+#include "komputed/core/vulkan_calls.h"
 
 namespace komputed::core {
 
@@ -29,6 +30,26 @@ inline std::shared_ptr<Device> TestDevice() {
     return new std::shared_ptr<Device>(*std::move(d));
   }();
   return *device;
+}
+
+// A device of its own (faults must not leak into other tests) whose calls can fail.
+struct FaultyDevice {
+  std::shared_ptr<FaultInjectingCalls> calls;
+  std::shared_ptr<Device> device;
+};
+
+// map_device_memory false: device tensors need a one-off submission, as on a GPU whose device
+// memory the host cannot map.
+inline absl::StatusOr<FaultyDevice> MakeFaultyDevice(bool map_device_memory = false) {
+  FaultyDevice f;
+  f.calls = std::make_shared<FaultInjectingCalls>();
+  DeviceOptions options;
+  options.calls = f.calls;
+  options.map_device_memory = map_device_memory;
+  absl::StatusOr<std::shared_ptr<Device>> device = Device::Create(options);
+  if (!device.ok()) return device.status();
+  f.device = *device;
+  return f;
 }
 
 // Every element type that the built-in multiply (MultiplyShader) takes.
