@@ -219,7 +219,8 @@ grpc::Status Connection::EvalOverGrpc(grpc::ClientContext* context, const v1::Ev
   void* tag = nullptr;
   bool ok = false;
   // Each AsyncNext with a deadline already past looks at the connection once without sleeping.
-  const absl::Time poll_until = absl::Now() + grpc_eval_spin_->Window(sent, absl::Now());
+  const absl::Time started = absl::Now();
+  const absl::Time poll_until = started + grpc_eval_spin_->Window(sent, started);
   bool seen_running = false;
   bool answered = false;
   while (true) {
