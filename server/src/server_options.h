@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,9 @@ namespace komputed::server {
 // Everything the daemon is configured with, in one place: main.cc fills it from its flags, and the
 // Server, the DevicePool, the SessionManager and every Session read it (Server::Start checks the
 // values). What is particular to one session lives in SessionFacts.
+// ServerOptions::eval_poll where a GPU is served and the option is unset.
+inline constexpr absl::Duration kDefaultEvalPoll = absl::Microseconds(250);
+
 struct ServerOptions {
   // host:port to listen on; port 0 picks a free port (see Server::port()). Also unix:PATH (a
   // socket file, made at start and removed at exit) or unix-abstract:NAME.
@@ -75,6 +79,13 @@ struct ServerOptions {
   // tens of microseconds late on an idle host). Not done on CPU devices, whose work needs the
   // cores.
   absl::Duration eval_spin = absl::Microseconds(50);
+  // Threads that serve the unary Eval (EvalQueue); each may also wait inline (above).
+  int eval_threads = 4;
+  // How long an Eval serving thread that has just served a call polls for the next one before it
+  // sleeps (one thread at a time): a client's next eval then finds it awake. Unset:
+  // kDefaultEvalPoll where a GPU is served, and never where only CPU devices are (the polling
+  // would take the cores their work needs). Zero: never.
+  std::optional<absl::Duration> eval_poll;
   // Evals of one Execute stream that are ready at once and submit sequences of one queue go to
   // the device in one vkQueueSubmit (Session::EvalMany).
   bool submit_together = true;

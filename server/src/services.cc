@@ -107,7 +107,7 @@ grpc::ServerUnaryReactor* InSessionOnBuildPool(grpc::CallbackServerContext* cont
                      [session = *std::move(session), fn = std::move(fn)] { return fn(*session); });
 }
 
-absl::Time Deadline(const grpc::CallbackServerContext& context) {
+absl::Time Deadline(const grpc::ServerContextBase& context) {
   const auto deadline = context.deadline();
   if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
   return absl::FromChrono(deadline);
@@ -844,27 +844,29 @@ grpc::ServerUnaryReactor* SequencesService::Record(grpc::CallbackServerContext* 
   });
 }
 
-grpc::ServerUnaryReactor* SequencesService::Eval(grpc::CallbackServerContext* context,
-                                                 const v1::EvalRequest* request,
-                                                 v1::EvalResponse* response) {
+void SequencesService::ServeEval(grpc::ServerContext* context, const v1::EvalRequest* request,
+                                 v1::EvalResponse* response,
+                                 std::function<void(const grpc::Status&)> finish) {
   const uint64_t received_ns = request->stage_times() ? MonotonicNs() : 0;
+  auto fail = [&](const std::string& session_id, const absl::Status& status, const Caller* caller) {
+    LogFailure("Eval", session_id, context->peer(), status);
+    if (caller != nullptr) caller->account->CountError(status);
+    finish(ToGrpcStatus(status));
+  };
   absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
-  if (!caller.ok()) return Reply(context, "Eval", "", caller.status());
+  if (!caller.ok()) return fail("", caller.status(), nullptr);
   absl::StatusOr<std::shared_ptr<Session>> found =
       ctx_.sessions->Get(request->session_id(), *caller);
-  if (!found.ok()) {
-    return Reply(context, "Eval", request->session_id(), found.status(), &*caller);
-  }
+  if (!found.ok()) return fail(request->session_id(), found.status(), &*caller);
   std::shared_ptr<Session> session = *std::move(found);  // alive until Eval has returned
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // The callback holds the session in use (not reaped) until the eval has completed. `request`
   // lives until the call is finished, which the callback does last.
-  auto eval = [context, request, response, reactor, session, received_ns,
+  auto eval = [context, request, response, finish, session, received_ns,
                account = caller->account](bool may_wait_inline) {
     EvalPlan plan = wire::FromWire(*request, session->id());
     plan.received_ns = received_ns;
     session->Eval(plan, Deadline(*context), may_wait_inline,
-                  [reactor, session, response, account](absl::StatusOr<EvalResult> result) mutable {
+                  [finish, session, response, account](absl::StatusOr<EvalResult> result) mutable {
                     if (result.ok()) {
                       wire::ToWire(*std::move(result), response);
                     } else {
@@ -872,22 +874,17 @@ grpc::ServerUnaryReactor* SequencesService::Eval(grpc::CallbackServerContext* co
                       account->CountError(result.status());
                     }
                     session.reset();
-                    reactor->Finish(ToGrpcStatus(result.status()));
+                    finish(ToGrpcStatus(result.status()));
                   });
   };
   if (!CreatesLargeTensor(*request)) {
     eval(/*may_wait_inline=*/true);
-    return reactor;
+    return;
   }
   // Large tensors are created off the serving thread (kBuildPoolTensorElements), and the eval
   // with them.
   absl::Status queued = ctx_.builds->Run([eval] { eval(/*may_wait_inline=*/false); });
-  if (!queued.ok()) {
-    LogFailure("Eval", request->session_id(), context->peer(), queued);
-    caller->account->CountError(queued);
-    reactor->Finish(ToGrpcStatus(queued));
-  }
-  return reactor;
+  if (!queued.ok()) fail(request->session_id(), queued, &*caller);
 }
 
 grpc::ServerUnaryReactor* SequencesService::DestroySequence(

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "auth.h"
 #include "build_pool.h"
@@ -107,18 +108,28 @@ class AlgorithmsService final : public v1::Algorithms::CallbackService {
   ServiceContext ctx_;
 };
 
-class SequencesService final : public v1::Sequences::CallbackService {
+// Eval is served on the completion-queue API, by an EvalQueue (eval_queue.h) that calls
+// ServeEval; the other methods on the callback API.
+class SequencesService final
+    : public v1::Sequences::WithCallbackMethod_CreateSequence<
+          v1::Sequences::WithCallbackMethod_Record<
+              v1::Sequences::WithCallbackMethod_DestroySequence<
+                  v1::Sequences::WithCallbackMethod_GetTimestamps<
+                      v1::Sequences::WithCallbackMethod_Execute<
+                          v1::Sequences::WithAsyncMethod_Eval<v1::Sequences::Service>>>>>> {
  public:
   explicit SequencesService(ServiceContext context) : ctx_(context) {}
+  // Serves one Eval call: `finish` is called once, with the call's status, after `response` has
+  // been filled (on this thread, or on the device's completion waiter or the build pool later).
+  // The call's context, request and response live until then.
+  void ServeEval(grpc::ServerContext* context, const v1::EvalRequest* request,
+                 v1::EvalResponse* response, std::function<void(const grpc::Status&)> finish);
   grpc::ServerUnaryReactor* CreateSequence(grpc::CallbackServerContext* context,
                                            const v1::CreateSequenceRequest* request,
                                            v1::CreateSequenceResponse* response) override;
   grpc::ServerUnaryReactor* Record(grpc::CallbackServerContext* context,
                                    const v1::RecordRequest* request,
                                    v1::RecordResponse* response) override;
-  grpc::ServerUnaryReactor* Eval(grpc::CallbackServerContext* context,
-                                 const v1::EvalRequest* request,
-                                 v1::EvalResponse* response) override;
   grpc::ServerUnaryReactor* DestroySequence(grpc::CallbackServerContext* context,
                                             const v1::DestroySequenceRequest* request,
                                             v1::DestroySequenceResponse* response) override;

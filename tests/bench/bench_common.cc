@@ -78,6 +78,30 @@ void RunKpTiny(benchmark::State& state, KpTiny& t, const char* what) {
   }
 }
 
+void RunKpTinyPaced(benchmark::State& state, KpTiny& t, const char* what, absl::Duration gap) {
+  float* data = t.tensor->data();
+  kp::Sequence& seq = *t.sequence;
+  uint64_t i = 0;
+  try {
+    for (auto _ : state) {
+      state.PauseTiming();
+      const absl::Time until = absl::Now() + gap;
+      while (absl::Now() < until) {
+      }
+      state.ResumeTiming();
+      const TinyStep step(i++);
+      data[step.k] = step.v;
+      seq.eval();
+      if (data[step.k] != t.Expected(step)) {
+        state.SkipWithError(absl::StrCat(what, ": wrong result").c_str());
+        break;
+      }
+    }
+  } catch (const kp::Error& e) {
+    state.SkipWithError(absl::StrCat(what, ": ", e.what()).c_str());
+  }
+}
+
 void RunKpAsync(benchmark::State& state, std::vector<KpTiny>& lanes, const char* what) {
   const size_t k = lanes.size();
   std::vector<TinyStep> steps;

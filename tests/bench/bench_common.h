@@ -10,6 +10,9 @@
 #include <memory>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
 namespace komputed_bench {
 
 inline constexpr uint32_t kTinyCount = 1024;
@@ -82,6 +85,9 @@ KpTiny MakeKpTiny(kp::Manager& mgr, const std::vector<uint32_t>& tiny_spirv, boo
 
 // One sequence->eval() per iteration, each writing one input and checking one output.
 void RunKpTiny(benchmark::State& state, KpTiny& tiny, const char* what);
+// The same with `gap` between two evals, not timed, spent polling the clock: the device idles
+// between submissions as it does between the evals of a client one round trip away.
+void RunKpTinyPaced(benchmark::State& state, KpTiny& tiny, const char* what, absl::Duration gap);
 
 // Pipelined asynchronous evals: every lane's sequence is evalAsync'ed, then each iteration awaits
 // the oldest (round robin), checks its result and submits it again, so that lanes.size() evals

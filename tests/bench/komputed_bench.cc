@@ -53,10 +53,13 @@
 //   KOMPUTED_BENCH_REMOTE_BULK_ITERS  iterations of each remote 256 MiB transfer (default 3)
 //   KOMPUTED_BENCH_ASYNC_DEPTH  sequences in flight in async_evals (default 16: enough to cover
 //                               a loopback round trip, as a pipelining client keeps)
-//   KOMPUTED_BENCH_EVAL_SPIN_US, KOMPUTED_BENCH_EVAL_INLINE_US  the in-process daemons'
-//                               --eval_spin and --eval_inline_wait (default: the daemon's)
+//   KOMPUTED_BENCH_EVAL_SPIN_US, KOMPUTED_BENCH_EVAL_INLINE_US, KOMPUTED_BENCH_EVAL_POLL_US
+//                               the in-process daemons' --eval_spin, --eval_inline_wait and
+//                               --eval_poll (default: the daemon's)
 //   KOMPUTED_BENCH_MAX_KERNEL_TIME_MS, KOMPUTED_BENCH_DAEMON_DISPATCH_SHARE  the in-process
 //                               daemons' --max_kernel_time (0: no watchdog) and --dispatch_share
+//   KOMPUTED_BENCH_DAEMON=HOST:PORT  a komputed of another process, serving the same device, that
+//                               the TCP benchmarks reach instead of the daemon in this process
 //   KOMPUTED_BENCH_STRICT=1     exit with status 1 when a ratio misses its target
 //   KOMPUTED_VALIDATION=1       Vulkan validation (core and the raw path share the instance)
 #include <benchmark/benchmark.h>
@@ -180,6 +183,8 @@ struct Config {
   uint32_t async_depth = 16;
   std::optional<double> eval_spin_us;           // the daemons' --eval_spin (unset: their default)
   std::optional<double> eval_inline_us;         // the daemons' --eval_inline_wait
+  std::optional<double> eval_poll_us;           // the daemons' --eval_poll
+  std::string daemon_address;                   // KOMPUTED_BENCH_DAEMON
   std::optional<double> max_kernel_time_ms;     // the daemons' --max_kernel_time
   std::optional<double> daemon_dispatch_share;  // the daemons' --dispatch_share
   // The share of the device's invocation slots that the bounded variants' dispatches may hold
@@ -221,6 +226,8 @@ Config ReadConfig() {
   c.max_kernel_time_ms = EnvNumber("KOMPUTED_BENCH_MAX_KERNEL_TIME_MS");
   c.daemon_dispatch_share = EnvNumber("KOMPUTED_BENCH_DAEMON_DISPATCH_SHARE");
   c.eval_inline_us = EnvNumber("KOMPUTED_BENCH_EVAL_INLINE_US");
+  c.eval_poll_us = EnvNumber("KOMPUTED_BENCH_EVAL_POLL_US");
+  if (const char* v = std::getenv("KOMPUTED_BENCH_DAEMON"); v != nullptr) c.daemon_address = v;
   if (auto v = EnvNumber("KOMPUTED_BENCH_ASYNC_DEPTH"); v && *v >= 1) {
     c.async_depth = static_cast<uint32_t>(*v);
   }
@@ -751,6 +758,10 @@ absl::Status SetUp(Env& env) {
     if (env.config.eval_inline_us.has_value()) {
       rc.eval_inline_wait = absl::Microseconds(*env.config.eval_inline_us);
     }
+    if (env.config.eval_poll_us.has_value()) {
+      rc.eval_poll = absl::Microseconds(*env.config.eval_poll_us);
+    }
+    rc.daemon_address = env.config.daemon_address;
     if (env.config.max_kernel_time_ms.has_value()) {
       rc.max_kernel_time = absl::Milliseconds(*env.config.max_kernel_time_ms);
     }
@@ -1322,8 +1333,9 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   const auto tcp = r.MeanBytesPerSecond(kb::kTcpLoopback);
   const auto up_remote = r.MeanBytesPerSecond(kb::kUploadRemote);
   const auto down_remote = r.MeanBytesPerSecond(kb::kDownloadRemote);
-  std::cout << "\nremote (daemon in this process at " << g_env->remote->address()
-            << ", TCP loopback)\n";
+  std::cout << "\nremote (daemon "
+            << (g_env->remote->daemon_in_process() ? "in this process" : "of another process")
+            << " at " << g_env->remote->address() << ", TCP loopback)\n";
   std::cout << "gRPC ping, mean round trip: " << Micros(ping) << "\n";
   std::cout << "tcp loopback 256 MiB: " << GBps(tcp) << "\n";
   std::cout << "tiny eval, mean: in-process " << Micros(tiny_in) << ", remote "
@@ -1381,6 +1393,13 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   }
   met &= PrintRatio("remote/(in-process + ping) (tiny eval)",
                     Ratio(tiny_remote, Sum(tiny_in, ping)), true, 1.25);
+  // The device answers a submission later when it has idled since the last one: the in-process
+  // evals paced as far apart as the remote ones show how much of the remote eval that is.
+  const auto tiny_paced = r.MeanSeconds(kb::kTinyEvalInprocessPaced);
+  std::cout << "in-process tiny eval with " << absl::FormatDuration(kb::kTinyEvalPacedGap)
+            << " between evals (as far apart as the remote ones): " << Micros(tiny_paced) << "\n";
+  PrintInfoRatio("remote/(in-process paced + ping) (tiny eval)",
+                 Ratio(tiny_remote, Sum(tiny_paced, ping)));
   const auto ping_bare = r.MeanSeconds(kb::kPingBare);
   std::cout << "gRPC ping on a bare completion-queue server of this build: " << Micros(ping_bare)
             << "\n";

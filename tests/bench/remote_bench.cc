@@ -304,6 +304,7 @@ RemoteBench::~RemoteBench() {
 }
 
 const std::string& RemoteBench::address() const { return s_->address; }
+bool RemoteBench::daemon_in_process() const { return s_->config.daemon_address.empty(); }
 std::string RemoteBench::same_host_address() const { return s_->same_host_server->address(); }
 uint64_t RemoteBench::same_host_shared_tensors() const {
   return static_cast<uint64_t>(
@@ -336,6 +337,7 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
   options.devices = {s->config.physical_device};
   options.shared_memory = false;  // every byte through gRPC: the remote path's figures
   if (s->config.eval_spin.has_value()) options.eval_spin = *s->config.eval_spin;
+  options.eval_poll = s->config.eval_poll;
   if (s->config.max_kernel_time.has_value()) {
     options.max_kernel_time = *s->config.max_kernel_time;
   }
@@ -345,7 +347,7 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
   auto server = komputed::server::Server::Start(options);
   if (!server.ok()) return server.status();
   s->server = *std::move(server);
-  s->address = s->server->address();
+  s->address = s->config.daemon_address.empty() ? s->server->address() : s->config.daemon_address;
 
   // A daemon with one tenant (its token's hash in a tenants file), and one that serves TLS.
   if (!s->certs.ok()) return s->certs.status();
@@ -400,7 +402,7 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
     grpc::Status st = s->ping_stub->Ping(&context, request, &response);
     if (!st.ok()) {
       return absl::UnavailableError(
-          absl::StrCat("ping of the in-process daemon at ", s->address, ": ", st.error_message()));
+          absl::StrCat("ping of the daemon at ", s->address, ": ", st.error_message()));
     }
   }
 
@@ -582,6 +584,14 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
 
+  benchmark::RegisterBenchmark(kTinyEvalInprocessPaced,
+                               [s](benchmark::State& state) {
+                                 RunKpTinyPaced(state, s->tiny_inprocess, kTinyEvalInprocessPaced,
+                                                kTinyEvalPacedGap);
+                               })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
   if (s->default_family_inprocess != nullptr) {
     benchmark::RegisterBenchmark(kTinyEvalInprocessDefaultFamily,
                                  [s](benchmark::State& state) {

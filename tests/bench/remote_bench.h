@@ -33,6 +33,10 @@ inline constexpr char kPingInterleavedCallback[] = "bare_callback_us";
 inline constexpr char kTcpLoopback[] = "tcp_loopback";
 inline constexpr char kTinyEvalInprocess[] = "tiny_eval/inprocess";
 inline constexpr char kTinyEvalRemote[] = "tiny_eval/remote";
+// In-process, with kTinyEvalPacedGap between two evals (not timed): about what separates the
+// submissions of the remote tiny evals, one round trip.
+inline constexpr char kTinyEvalInprocessPaced[] = "tiny_eval/inprocess_paced";
+inline constexpr absl::Duration kTinyEvalPacedGap = absl::Microseconds(150);
 // In-process on kp's default queue family, where the daemon's sessions use another one.
 inline constexpr char kTinyEvalInprocessDefaultFamily[] = "tiny_eval/inprocess_default_family";
 // The same eval through the gRPC API alone, split into its stages (eval_stages.h).
@@ -91,6 +95,12 @@ struct RemoteConfig {
   // The daemons' --eval_spin and --eval_inline_wait (unset: their defaults).
   std::optional<absl::Duration> eval_spin;
   std::optional<absl::Duration> eval_inline_wait;
+  // The daemons' --eval_poll (unset: their default).
+  std::optional<absl::Duration> eval_poll;
+  // A daemon of another process (host:port) that the TCP benchmarks (ping, tiny_eval/remote and
+  // its stages, the remote async evals) reach instead of the daemon in this process: client and
+  // daemon as they run on one host, each with its own gRPC threads. Empty: the one in this process.
+  std::string daemon_address;
   // The daemons' --max_kernel_time (zero: no watchdog) and --dispatch_share.
   std::optional<absl::Duration> max_kernel_time;
   std::optional<double> dispatch_share;
@@ -111,7 +121,9 @@ class RemoteBench {
   RemoteBench(const RemoteBench&) = delete;
   RemoteBench& operator=(const RemoteBench&) = delete;
 
+  // The address of the daemon that the TCP benchmarks reach, and whether it is in this process.
   const std::string& address() const;
+  bool daemon_in_process() const;
   // The same-host daemon's address, and how many tensors it has made over shared memory.
   std::string same_host_address() const;
   uint64_t same_host_shared_tensors() const;

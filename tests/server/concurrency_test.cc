@@ -1,5 +1,7 @@
 // Many clients at once, each in its own session.
 #include <atomic>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "test_util.h"
@@ -7,7 +9,26 @@
 namespace komputed::server::testing {
 namespace {
 
-TEST_F(ServerTest, EightClientsFiftyEvalsEachAreCorrect) {
+// The unary Eval's serving threads (--eval_threads) and their polling (--eval_poll).
+struct EvalThreads {
+  std::string name;
+  int threads;
+  std::optional<absl::Duration> poll;
+};
+
+class ConcurrentEvalTest : public ServerTest, public ::testing::WithParamInterface<EvalThreads> {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions options = ServerTest::Options();
+    options.eval_threads = GetParam().threads;
+    options.eval_poll = GetParam().poll;
+    return options;
+  }
+};
+
+// Eight clients' evals at once, also where one polling thread serves them all: each answer is the
+// one to its own request.
+TEST_P(ConcurrentEvalTest, EightClientsFiftyEvalsEachAreCorrect) {
   constexpr int kClients = 8;
   constexpr int kEvals = 50;
   constexpr uint32_t kN = 1024;
@@ -73,6 +94,13 @@ TEST_F(ServerTest, EightClientsFiftyEvalsEachAreCorrect) {
   EXPECT_EQ(devices.devices(0).memory_in_use_bytes(), 0u);
   EXPECT_EQ(devices.devices(0).sessions(), 0u);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Threads, ConcurrentEvalTest,
+    ::testing::Values(EvalThreads{"Default", ServerOptions().eval_threads, std::nullopt},
+                      EvalThreads{"OnePolling", 1, absl::Microseconds(250)},
+                      EvalThreads{"TwoPolling", 2, absl::Microseconds(250)}),
+    [](const ::testing::TestParamInfo<EvalThreads>& info) { return info.param.name; });
 
 // A large tensor's memory takes milliseconds per MiB to fill, so it is created on the build pool
 // rather than on one of gRPC's few serving threads, whether CreateTensor or an eval's command

@@ -10,13 +10,22 @@ using ::testing::StartsWith;
 
 constexpr uint32_t kN = 16;
 
-// Every eval test runs twice: with the unary fast path (the serving thread waits for short
-// submissions) and with every submission handed to the device's completion waiter.
-class EvalTest : public ServerTest, public ::testing::WithParamInterface<absl::Duration> {
+// How the daemon serves a unary Eval.
+struct EvalServing {
+  std::string name;
+  absl::Duration inline_wait;  // --eval_inline_wait
+  absl::Duration poll;         // --eval_poll
+};
+
+// Every eval test runs three times: with the unary fast path (the serving thread waits for short
+// submissions), the same with the serving threads polling for the next call, and with every
+// submission handed to the device's completion waiter.
+class EvalTest : public ServerTest, public ::testing::WithParamInterface<EvalServing> {
  protected:
   ServerOptions Options() override {
     ServerOptions options = ServerTest::Options();
-    options.eval_inline_wait = GetParam();
+    options.eval_inline_wait = GetParam().inline_wait;
+    options.eval_poll = GetParam().poll;
     return options;
   }
   void SetUp() override {
@@ -56,7 +65,7 @@ TEST_P(EvalTest, StageTimesComeInOrderOnlyWhenAsked) {
   // One clock (the host's monotonic one) for this test and the daemon it runs in.
   ExpectStagesInOrder(before, s, after);
   // Without an inline wait, the completion waiter saw the submission complete.
-  if (GetParam() == absl::ZeroDuration()) {
+  if (GetParam().inline_wait == absl::ZeroDuration()) {
     EXPECT_FALSE(s.waited_inline());
   }
 }
@@ -562,12 +571,13 @@ TEST_P(EvalTest, DownloadsLargerThanAMessageAreRejectedBeforeSubmitting) {
   ExpectWorks();
 }
 
-INSTANTIATE_TEST_SUITE_P(InlineWaitAndHandOff, EvalTest,
-                         ::testing::Values(absl::Milliseconds(2), absl::ZeroDuration()),
-                         [](const ::testing::TestParamInfo<absl::Duration>& info) {
-                           return info.param > absl::ZeroDuration() ? std::string("InlineWait")
-                                                                    : std::string("HandOff");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    InlineWaitPollingAndHandOff, EvalTest,
+    ::testing::Values(EvalServing{"InlineWait", absl::Milliseconds(2), absl::ZeroDuration()},
+                      EvalServing{"InlineWaitPolling", absl::Milliseconds(2),
+                                  absl::Microseconds(250)},
+                      EvalServing{"HandOff", absl::ZeroDuration(), absl::ZeroDuration()}),
+    [](const ::testing::TestParamInfo<EvalServing>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace komputed::server::testing

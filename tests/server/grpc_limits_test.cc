@@ -62,6 +62,16 @@ TEST(GrpcLimits, StartRefusesBadValues) {
     EXPECT_TRUE(absl::IsInvalidArgument(status)) << share << ": " << status;
     EXPECT_THAT(std::string(status.message()), HasSubstr("dispatch_share"));
   }
+  for (int threads : {0, -1, 65}) {
+    static int bad;
+    bad = threads;
+    const absl::Status status = start([](ServerOptions& o) { o.eval_threads = bad; });
+    EXPECT_TRUE(absl::IsInvalidArgument(status)) << threads << ": " << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("--eval_threads"));
+  }
+  const absl::Status poll = start([](ServerOptions& o) { o.eval_poll = -absl::Microseconds(1); });
+  EXPECT_TRUE(absl::IsInvalidArgument(poll)) << poll;
+  EXPECT_THAT(std::string(poll.message()), HasSubstr("--eval_poll"));
   const absl::Status small = start([](ServerOptions& o) { o.grpc_memory_bytes = 128 << 20; });
   EXPECT_TRUE(absl::IsInvalidArgument(small)) << small;
   EXPECT_THAT(std::string(small.message()), HasSubstr("at least 268435456"));

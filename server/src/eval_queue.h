@@ -1,0 +1,55 @@
+#pragma once
+// Sequences.Eval, served on gRPC's completion-queue API by threads of komputed's own.
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "services.h"
+
+namespace komputed::server {
+
+// The unary Eval is the call whose latency a client feels on every step, and the callback API
+// hands each of its calls from the thread that read it to another one (Debian's gRPC 1.51). On a
+// queue of its own, a call reaches the thread that serves it without that hand-off, and a thread
+// that has just served a call looks at the queue without sleeping for `poll` before it blocks
+// (one thread at a time), so that a client's next eval finds it awake instead of waking it tens
+// of microseconds late. Polling costs that thread's core for up to `poll` after each call; zero
+// turns it off.
+//
+// Lifetime: made before the server is built (it adds its queue to the builder), Start after the
+// server has started, Shutdown after the server's Shutdown has returned (the threads serve the
+// calls still in flight until then). The service outlives it.
+class EvalQueue {
+ public:
+  EvalQueue(grpc::ServerBuilder& builder, SequencesService* service, int threads,
+            absl::Duration poll);
+  ~EvalQueue();
+  EvalQueue(const EvalQueue&) = delete;
+  EvalQueue& operator=(const EvalQueue&) = delete;
+
+  void Start();
+  // Shuts the queue down and joins the threads; idempotent.
+  void Shutdown();
+
+ private:
+  struct Call;
+  void Serve();
+  // Asks gRPC for the next Eval call on the queue.
+  void Request();
+  void Handle(Call* call, bool ok);
+
+  SequencesService* const service_;
+  const int thread_count_;
+  const absl::Duration poll_;
+  std::unique_ptr<grpc::ServerCompletionQueue> cq_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> polling_{false};  // a thread is polling the queue
+  bool shut_down_ = false;
+};
+
+}  // namespace komputed::server
