@@ -1500,6 +1500,8 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   }
   met &= PrintRatio("same-host/in-process (tiny eval)", if_shared(Ratio(tiny_same, tiny_in)), true,
                     1.5);
+  PrintInfoRatio("same-host/in-process paced (tiny eval)",
+                 if_shared(Ratio(tiny_same, r.MeanSeconds(kb::kTinyEvalInprocessPaced))));
   met &= PrintRatio("same-host/in-process (async evals per second)",
                     if_shared(Ratio(async_same, async_in)), false, 0.5);
 
