@@ -75,7 +75,8 @@ ABSL_FLAG(absl::Duration, eval_spin, absl::Microseconds(50),
           "blocked thread wakes tens of microseconds late on an idle host); not done on CPU "
           "devices; 0: block at once");
 ABSL_FLAG(int, eval_threads, 4,
-          "threads that serve the unary Eval (each may also wait inline, --eval_inline_wait)");
+          "threads that serve the unary Eval and Ping (each may also wait inline, "
+          "--eval_inline_wait)");
 ABSL_FLAG(std::optional<absl::Duration>, eval_poll, std::nullopt,
           "an Eval serving thread that has just served a call polls for the next one this long "
           "before it sleeps (one thread at a time, its core busy meanwhile): a client's next eval "

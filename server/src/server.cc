@@ -332,8 +332,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   builder.RegisterService(s->health_.get());
   bool any_gpu = false;
   for (size_t i = 0; i < s->pool_->size(); ++i) any_gpu |= !s->pool_->at(i).is_cpu();
-  s->eval_queue_ = std::make_unique<EvalQueue>(
-      builder, s->sequences_service_.get(), o.eval_threads,
+  s->unary_queue_ = std::make_unique<UnaryQueue>(
+      builder, s->sequences_service_.get(), s->sessions_service_.get(), o.eval_threads,
       o.eval_poll.value_or(any_gpu ? kDefaultEvalPoll : absl::ZeroDuration()));
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<RpcMetricsFactory>(s->metrics_.get(), s->gate_.get(),
@@ -344,7 +344,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", o.listen, " (address in use, or not a host:port?)"));
   }
-  s->eval_queue_->Start();
+  s->unary_queue_->Start();
   if (std::optional<std::string> path = UnixSocketPath(o.listen)) {
     KD_ASSIGN_OR_RETURN(s->socket_inode_, SocketInode(*path));
     s->socket_path_ = *path;  // removed with the server, also when the permissions fail
@@ -383,7 +383,7 @@ Server::~Server() {
   TimedStep("gRPC server released", [this] {
     health_server_.reset();
     grpc_server_.reset();
-    eval_queue_.reset();
+    unary_queue_.reset();
     sequences_service_.reset();
     algorithms_service_.reset();
     tensors_service_.reset();
@@ -479,8 +479,8 @@ void Server::Shutdown(absl::Duration grace) {
     TimedStep("gRPC calls ended",
               [&] { grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace)); });
   }
-  // After every call has ended: the Eval threads have served the last ones.
-  if (eval_queue_ != nullptr) eval_queue_->Shutdown();
+  // After every call has ended: the UnaryQueue's threads have served the last ones.
+  if (unary_queue_ != nullptr) unary_queue_->Shutdown();
   if (sessions_ != nullptr) TimedStep("sessions freed", [this] { sessions_->Shutdown(); });
   absl::MutexLock lock(&mu_);
   shut_down_ = true;

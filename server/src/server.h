@@ -14,12 +14,12 @@
 #include "absl/time/time.h"
 #include "auth.h"
 #include "device_pool.h"
-#include "eval_queue.h"
 #include "health.h"
 #include "metrics.h"
 #include "server_options.h"
 #include "services.h"
 #include "session_manager.h"
+#include "unary_queue.h"
 #include "work_gate.h"
 
 namespace komputed::server {
@@ -106,7 +106,8 @@ class Server {
   std::unique_ptr<AlgorithmsService> algorithms_service_;
   std::unique_ptr<SequencesService> sequences_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
-  std::unique_ptr<EvalQueue> eval_queue_;  // Sequences.Eval's queue and threads (in grpc_server_)
+  std::unique_ptr<UnaryQueue>
+      unary_queue_;  // Eval's and Ping's queue and threads (in grpc_server_)
   std::unique_ptr<grpc::Server> health_server_;
   int health_port_ = 0;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;

@@ -79,7 +79,7 @@ struct ServerOptions {
   // tens of microseconds late on an idle host). Not done on CPU devices, whose work needs the
   // cores.
   absl::Duration eval_spin = absl::Microseconds(50);
-  // Threads that serve the unary Eval (EvalQueue); each may also wait inline (above).
+  // Threads that serve the unary Eval and Ping (UnaryQueue); each may also wait inline (above).
   int eval_threads = 4;
   // How long an Eval serving thread that has just served a call polls for the next one before it
   // sleeps (one thread at a time): a client's next eval then finds it awake. Unset:

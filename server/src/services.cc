@@ -718,13 +718,16 @@ grpc::ServerUnaryReactor* SessionsService::ListSessions(grpc::CallbackServerCont
   return Reply(context, "ListSessions", "", absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* SessionsService::Ping(grpc::CallbackServerContext* context,
-                                                const v1::PingRequest* request,
-                                                v1::PingResponse* response) {
+grpc::Status SessionsService::ServePing(grpc::ServerContext* context,
+                                        const v1::PingRequest* request,
+                                        v1::PingResponse* response) {
   absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
-  if (!caller.ok()) return Reply(context, "Ping", "", caller.status());
+  if (!caller.ok()) {
+    LogFailure("Ping", "", context->peer(), caller.status());
+    return ToGrpcStatus(caller.status());
+  }
   response->set_payload(request->payload());
-  return Reply(context, "Ping", "", absl::OkStatus());
+  return grpc::Status::OK;
 }
 
 // ---------------------------------------------------------------------------------------------

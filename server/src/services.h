@@ -38,9 +38,18 @@ class DevicesService final : public v1::Devices::CallbackService {
   ServiceContext ctx_;
 };
 
-class SessionsService final : public v1::Sessions::CallbackService {
+// Ping is served on the completion-queue API, by the UnaryQueue (unary_queue.h) that calls
+// ServePing; the other methods on the callback API.
+class SessionsService final
+    : public v1::Sessions::WithCallbackMethod_OpenSession<
+          v1::Sessions::WithCallbackMethod_CloseSession<v1::Sessions::WithCallbackMethod_KeepAlive<
+              v1::Sessions::WithCallbackMethod_ListSessions<
+                  v1::Sessions::WithAsyncMethod_Ping<v1::Sessions::Service>>>>> {
  public:
   explicit SessionsService(ServiceContext context) : ctx_(context) {}
+  // Serves one Ping call: fills `response` and returns the call's status.
+  grpc::Status ServePing(grpc::ServerContext* context, const v1::PingRequest* request,
+                         v1::PingResponse* response);
   grpc::ServerUnaryReactor* OpenSession(grpc::CallbackServerContext* context,
                                         const v1::OpenSessionRequest* request,
                                         v1::OpenSessionResponse* response) override;
@@ -53,9 +62,6 @@ class SessionsService final : public v1::Sessions::CallbackService {
   grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
                                          const v1::ListSessionsRequest* request,
                                          v1::ListSessionsResponse* response) override;
-  grpc::ServerUnaryReactor* Ping(grpc::CallbackServerContext* context,
-                                 const v1::PingRequest* request,
-                                 v1::PingResponse* response) override;
 
  private:
   ServiceContext ctx_;
@@ -108,7 +114,7 @@ class AlgorithmsService final : public v1::Algorithms::CallbackService {
   ServiceContext ctx_;
 };
 
-// Eval is served on the completion-queue API, by an EvalQueue (eval_queue.h) that calls
+// Eval is served on the completion-queue API, by the UnaryQueue (unary_queue.h) that calls
 // ServeEval; the other methods on the callback API.
 class SequencesService final
     : public v1::Sequences::WithCallbackMethod_CreateSequence<

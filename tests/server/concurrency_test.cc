@@ -26,8 +26,8 @@ class ConcurrentEvalTest : public ServerTest, public ::testing::WithParamInterfa
   }
 };
 
-// Eight clients' evals at once, also where one polling thread serves them all: each answer is the
-// one to its own request.
+// Eight clients' evals at once and a ninth's pings, also where one polling thread serves them all:
+// each answer is the one to its own request.
 TEST_P(ConcurrentEvalTest, EightClientsFiftyEvalsEachAreCorrect) {
   constexpr int kClients = 8;
   constexpr int kEvals = 50;
@@ -83,7 +83,25 @@ TEST_P(ConcurrentEvalTest, EightClientsFiftyEvalsEachAreCorrect) {
       EXPECT_THAT(client.sessions->CloseSession(&cctx, close, &closed), IsOk());
     });
   }
+  // Pings on the same threads meanwhile, each answered with its own payload.
+  std::atomic<bool> evals_done{false};
+  int pings = 0;
+  std::thread pinger([&] {
+    Client client(server_->address());
+    while (!evals_done.load() || pings == 0) {
+      grpc::ClientContext ctx;
+      v1::PingRequest ping;
+      ping.set_payload(absl::StrCat("ping ", pings));
+      v1::PingResponse pong;
+      ASSERT_THAT(client.sessions->Ping(&ctx, ping, &pong), IsOk());
+      ASSERT_EQ(pong.payload(), ping.payload());
+      ++pings;
+    }
+  });
   for (auto& t : threads) t.join();
+  evals_done.store(true);
+  pinger.join();
+  EXPECT_GT(pings, 0);
   EXPECT_EQ(correct.load(), kClients * kEvals);
   std::printf("%d evals by %d clients in %s\n", kClients * kEvals, kClients,
               absl::FormatDuration(absl::Now() - start).c_str());
