@@ -2,9 +2,9 @@
 
 #include <grpc/support/time.h>
 
+#include <algorithm>
+#include <chrono>
 #include <utility>
-
-#include "absl/time/clock.h"
 
 namespace komputed::server {
 
@@ -90,6 +90,13 @@ void UnaryQueue::Start() {
 void UnaryQueue::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  {
+    // The threads go on serving the queue meanwhile: each answer's event deletes its call.
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    mu_.Await(absl::Condition(
+        +[](int* answering) { return *answering == 0; }, &answering_));
+  }
   cq_->Shutdown();
   if (threads_.empty()) {  // never started: what the queue holds is drained here
     void* tag = nullptr;
@@ -101,29 +108,41 @@ void UnaryQueue::Shutdown() {
 }
 
 void UnaryQueue::Handle(Call* call, bool ok) {
-  // Answered (whether or not the answer reached the client), or a call asked for that will not
-  // come: the server is shutting down.
-  if (call->answering || !ok) {
+  if (call->answering) {  // answered, whether or not the answer reached the client
+    delete call;
+    absl::MutexLock lock(&mu_);
+    --answering_;
+    return;
+  }
+  if (!ok) {  // a call asked for that will not come: the server is shutting down
     delete call;
     return;
   }
-  call->RequestAnother(*this);
+  {
+    absl::MutexLock lock(&mu_);
+    ++answering_;
+    // Once Shutdown has begun the queue may be shut down as soon as the last answer is in: no
+    // call is asked for on it any more.
+    if (!stopping_) call->RequestAnother(*this);
+  }
   call->answering = true;
   call->Answer(*this);
 }
 
 void UnaryQueue::Serve() {
-  absl::Time poll_until = absl::InfinitePast();
+  using Clock = std::chrono::steady_clock;
+  const auto poll = absl::ToChronoNanoseconds(poll_);
+  Clock::time_point poll_until = Clock::time_point::min();
   void* tag = nullptr;
   bool ok = false;
   for (;;) {
     bool got = false;
-    if (poll_ > absl::ZeroDuration() && absl::Now() < poll_until &&
+    if (poll_ > absl::ZeroDuration() && Clock::now() < poll_until &&
         !polling_.exchange(true, std::memory_order_acquire)) {
       // Each AsyncNext with a deadline already past looks at the queue (and the connections)
       // once, without sleeping.
       grpc::CompletionQueue::NextStatus next = grpc::CompletionQueue::TIMEOUT;
-      while (next == grpc::CompletionQueue::TIMEOUT && absl::Now() < poll_until) {
+      while (next == grpc::CompletionQueue::TIMEOUT && Clock::now() < poll_until) {
         next = cq_->AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC));
       }
       polling_.store(false, std::memory_order_release);
@@ -136,7 +155,7 @@ void UnaryQueue::Serve() {
     // which may delete the call).
     const bool polls = ok && !call->answering && call->polls();
     Handle(call, ok);
-    if (polls) poll_until = absl::Now() + poll_;
+    if (polls) poll_until = Clock::now() + poll;
   }
 }
 

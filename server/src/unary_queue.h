@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "services.h"
 
@@ -22,8 +24,10 @@ namespace komputed::server {
 // zero turns it off. A Ping does not start the polling.
 //
 // Lifetime: made before the server is built (it adds its queue to the builder), Start after the
-// server has started, Shutdown after the server's Shutdown has returned (the threads serve the
-// calls still in flight until then). The services outlive it.
+// server has started, Shutdown after the server's Shutdown has returned. A call whose answer is
+// still to come then (an eval on the device or the build pool, cancelled by gRPC) is waited for:
+// the queue is shut down only once every call that arrived has been answered and deleted, and no
+// call is asked for after Shutdown has begun. The services outlive it.
 class UnaryQueue {
  public:
   UnaryQueue(grpc::ServerBuilder& builder, SequencesService* sequences, SessionsService* sessions,
@@ -33,7 +37,8 @@ class UnaryQueue {
   UnaryQueue& operator=(const UnaryQueue&) = delete;
 
   void Start();
-  // Shuts the queue down and joins the threads; idempotent.
+  // Waits for the calls still being answered, shuts the queue down and joins the threads;
+  // idempotent.
   void Shutdown();
 
  private:
@@ -50,6 +55,9 @@ class UnaryQueue {
   std::unique_ptr<grpc::ServerCompletionQueue> cq_;
   std::vector<std::thread> threads_;
   std::atomic<bool> polling_{false};  // a thread is polling the queue
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // Shutdown has begun: no call is asked for
+  int answering_ ABSL_GUARDED_BY(mu_) = 0;      // calls arrived and not yet deleted
   bool shut_down_ = false;
 };
 

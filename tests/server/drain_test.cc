@@ -146,5 +146,49 @@ TEST_F(DrainTest, RefusesNewWorkWhileTheRunningEvalCompletes) {
   EXPECT_EQ(server_->metrics().device_memory_used_bytes("0").Value(), 0);
 }
 
+// A shutdown whose grace ends while unary evals are still on the device (one handed to the
+// completion waiter, one waiting on a serving thread) cancels them: each call still gets its one
+// answer, and the shutdown returns only after they have been answered.
+TEST_F(DrainTest, ShutdownPastItsGraceAnswersTheEvalsStillOnTheDevice) {
+  const std::string session = Open("slow");
+  const test_support::SlowWork work = WorkFor(session, absl::Milliseconds(600));
+  MakeSlow(session, 1, work);
+  const std::string other = Open("other");
+  MakeSlow(other, 1, work);
+  grpc::Status statuses[2];
+  std::thread evals[2];
+  absl::Cleanup join = [&] {
+    for (std::thread& t : evals) {
+      if (t.joinable()) t.join();
+    }
+  };
+  const std::string* sessions[2] = {&session, &other};
+  for (int i = 0; i < 2; ++i) {
+    evals[i] = std::thread([&, i] {
+      Client client(server_->address());
+      grpc::ClientContext ctx;
+      v1::EvalResponse resp;
+      statuses[i] = client.sequences->Eval(&ctx, SlowEval(*sessions[i], 1), &resp);
+    });
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (server_->metrics().queue_depth("0", "0").Value() < 1 && absl::Now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_GE(server_->metrics().queue_depth("0", "0").Value(), 1);
+  const absl::Time shutdown = absl::Now();
+  server_->Shutdown(absl::Milliseconds(10));
+  const absl::Duration took = absl::Now() - shutdown;
+  for (std::thread& t : evals) t.join();
+  std::printf("shutdown took %s; the evals' answers: %d, %d\n", absl::FormatDuration(took).c_str(),
+              statuses[0].error_code(), statuses[1].error_code());
+  for (const grpc::Status& status : statuses) {
+    // Answered: with its result if it completed within the grace, else cancelled.
+    EXPECT_TRUE(status.ok() || status.error_code() == grpc::StatusCode::CANCELLED ||
+                status.error_code() == grpc::StatusCode::UNAVAILABLE)
+        << status.error_code() << ": " << status.error_message();
+  }
+}
+
 }  // namespace
 }  // namespace komputed::server::testing
