@@ -474,13 +474,16 @@ void Server::Shutdown(absl::Duration grace) {
   if (health_server_ != nullptr) health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
   if (grpc_server_ != nullptr) {
     spdlog::info("komputed shutting down");
-    // Waits for every call to end: those still running after `grace` are cancelled, and their
-    // reactors finish once their submissions complete.
+    // Waits for every callback call to end: those still running after `grace` are cancelled, and
+    // their reactors finish once their submissions complete.
     TimedStep("gRPC calls ended",
               [&] { grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace)); });
   }
-  // After every call has ended: the UnaryQueue's threads have served the last ones.
-  if (unary_queue_ != nullptr) unary_queue_->Shutdown();
+  // gRPC does not wait for the completion-queue calls that it cancelled: the UnaryQueue waits for
+  // their answers (once their submissions complete) before it shuts its queue down.
+  if (unary_queue_ != nullptr) {
+    TimedStep("unary calls answered", [this] { unary_queue_->Shutdown(); });
+  }
   if (sessions_ != nullptr) TimedStep("sessions freed", [this] { sessions_->Shutdown(); });
   absl::MutexLock lock(&mu_);
   shut_down_ = true;
