@@ -74,9 +74,9 @@ ABSL_FLAG(absl::Duration, eval_spin, absl::Microseconds(50),
           "within --eval_inline_wait: how long to poll the fence before blocking on it (a "
           "blocked thread wakes tens of microseconds late on an idle host); not done on CPU "
           "devices; 0: block at once");
-ABSL_FLAG(int, eval_threads, 4,
-          "threads that serve the unary Eval and Ping (each may also wait inline, "
-          "--eval_inline_wait)");
+ABSL_FLAG(int, grpc_threads, 4,
+          "threads that serve every gRPC call, on gRPC's completion-queue API (an Eval may also "
+          "wait inline on one, --eval_inline_wait); 1 to 64");
 ABSL_FLAG(std::optional<absl::Duration>, eval_poll, std::nullopt,
           "an Eval serving thread that has just served a call polls for the next one this long "
           "before it sleeps (one thread at a time, its core busy meanwhile): a client's next eval "
@@ -259,7 +259,7 @@ int main(int argc, char** argv) {
   options.eval_timeout = absl::GetFlag(FLAGS_eval_timeout);
   options.eval_inline_wait = absl::GetFlag(FLAGS_eval_inline_wait);
   options.eval_spin = absl::GetFlag(FLAGS_eval_spin);
-  options.eval_threads = absl::GetFlag(FLAGS_eval_threads);
+  options.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);
   options.eval_poll = absl::GetFlag(FLAGS_eval_poll);
   options.submit_together = absl::GetFlag(FLAGS_submit_together);
   options.pool_tensor_memory = absl::GetFlag(FLAGS_pool_tensor_memory);

@@ -373,6 +373,13 @@ void DevicePool::Recovery() {
   }
 }
 
+bool DevicePool::any_gpu() const {
+  for (const auto& device : devices_) {
+    if (!device->is_cpu()) return true;
+  }
+  return false;
+}
+
 size_t DevicePool::usable() const {
   size_t n = 0;
   for (const auto& device : devices_) n += device->usable() ? 1 : 0;

@@ -186,6 +186,9 @@ class DevicePool {
   // INVALID_ARGUMENT naming the index and the number of devices.
   absl::StatusOr<PooledDevice*> Get(uint32_t index) const;
   PooledDevice& at(size_t index) const { return *devices_[index]; }
+  // Whether any served device is a GPU (not a CPU implementation such as lavapipe): where one is,
+  // threads that wait for the device or for a client's next request may poll briefly.
+  bool any_gpu() const;
 
  private:
   DevicePool() = default;

@@ -16,7 +16,7 @@ using grpc::health::v1::HealthCheckResponse;
 // outside it. The reactor deletes itself in OnDone, which gRPC calls only after Finish; a
 // reserved write or finish (writing_, finished_) keeps it alive until the caller has made the
 // gRPC call.
-class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheckResponse> {
+class HealthService::Watcher final : public StreamReactor<HealthCheckRequest, HealthCheckResponse> {
  public:
   // What to do next: write response_, finish, or nothing.
   struct Step {
@@ -25,8 +25,8 @@ class HealthService::Watcher final : public grpc::ServerWriteReactor<HealthCheck
     grpc::Status status;
   };
 
-  Watcher(HealthService* health, std::string service)
-      : health_(health), service_(std::move(service)) {}
+  Watcher(WatchOps* stream, HealthService* health, std::string service)
+      : StreamReactor(stream), health_(health), service_(std::move(service)) {}
 
   const std::string& service() const { return service_; }
 
@@ -149,30 +149,32 @@ void HealthService::Remove(Watcher* watcher) {
   watchers_.erase(watcher);
 }
 
-grpc::ServerUnaryReactor* HealthService::Check(grpc::CallbackServerContext* context,
-                                               const HealthCheckRequest* request,
-                                               HealthCheckResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+void HealthService::AddTo(CallQueue& queue) {
+  queue.AddUnary(this, &HealthService::RequestCheck, &HealthService::ServeCheck);
+  queue.AddServerStream(this, &HealthService::RequestWatch, &HealthService::ServeWatch);
+}
+
+void HealthService::ServeCheck(grpc::ServerContext*, const HealthCheckRequest* request,
+                               HealthCheckResponse* response, Answer answer) {
   ServingStatus status;
   {
     absl::MutexLock lock(&mu_);
     status = StatusLocked(request->service());
   }
   if (status == HealthCheckResponse::SERVICE_UNKNOWN) {
-    reactor->Finish(grpc::Status(
+    answer(grpc::Status(
         grpc::StatusCode::NOT_FOUND,
         absl::StrCat("unknown service \"", request->service(),
                      "\" (known: \"\", the whole server, and the komputed.v1 services)")));
-    return reactor;
+    return;
   }
   response->set_status(status);
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  answer(grpc::Status::OK);
 }
 
-grpc::ServerWriteReactor<HealthCheckResponse>* HealthService::Watch(
-    grpc::CallbackServerContext*, const HealthCheckRequest* request) {
-  auto* watcher = new Watcher(this, request->service());
+StreamReactor<HealthCheckRequest, HealthCheckResponse>* HealthService::ServeWatch(
+    grpc::ServerContext*, const HealthCheckRequest* request, WatchOps* stream) {
+  auto* watcher = new Watcher(stream, this, request->service());
   Watcher::Step step;
   {
     absl::MutexLock lock(&mu_);

@@ -7,6 +7,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "call_queue.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace komputed::server {
@@ -17,7 +18,7 @@ namespace komputed::server {
 // unknown service is NOT_FOUND; Watch of one answers SERVICE_UNKNOWN and stays open, as the
 // protocol asks. Watch sends the status now, then each change. Owned by the Server; Shutdown
 // must run before the gRPC server shuts down (it ends the Watch streams). Thread-safe.
-class HealthService final : public grpc::health::v1::Health::CallbackService {
+class HealthService final : public grpc::health::v1::Health::AsyncService {
  public:
   using ServingStatus = grpc::health::v1::HealthCheckResponse::ServingStatus;
 
@@ -33,12 +34,15 @@ class HealthService final : public grpc::health::v1::Health::CallbackService {
   // Watch calls get the status and end at once.
   void Shutdown();
 
-  grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext* context,
-                                  const grpc::health::v1::HealthCheckRequest* request,
-                                  grpc::health::v1::HealthCheckResponse* response) override;
-  grpc::ServerWriteReactor<grpc::health::v1::HealthCheckResponse>* Watch(
-      grpc::CallbackServerContext* context,
-      const grpc::health::v1::HealthCheckRequest* request) override;
+  using WatchOps =
+      StreamOps<grpc::health::v1::HealthCheckRequest, grpc::health::v1::HealthCheckResponse>;
+  // Adds Check and Watch to the queue that serves them.
+  void AddTo(CallQueue& queue);
+  void ServeCheck(grpc::ServerContext* context, const grpc::health::v1::HealthCheckRequest* request,
+                  grpc::health::v1::HealthCheckResponse* response, Answer answer);
+  StreamReactor<grpc::health::v1::HealthCheckRequest, grpc::health::v1::HealthCheckResponse>*
+  ServeWatch(grpc::ServerContext* context, const grpc::health::v1::HealthCheckRequest* request,
+             WatchOps* stream);
 
  private:
   class Watcher;

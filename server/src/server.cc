@@ -3,7 +3,6 @@
 #include <google/protobuf/descriptor.h>
 #include <grp.h>
 #include <grpc/grpc.h>
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
@@ -242,9 +241,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.eval_inline_waiters < 0) {
     return absl::InvalidArgumentError("the number of inline eval waiters must not be negative");
   }
-  if (options.eval_threads < 1 || options.eval_threads > 64) {
+  if (options.grpc_threads < 1 || options.grpc_threads > 64) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--eval_threads ", options.eval_threads, " is outside [1, 64]"));
+        absl::StrCat("--grpc_threads ", options.grpc_threads, " is outside [1, 64]"));
   }
   if (options.eval_poll.has_value() && *options.eval_poll < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--eval_poll must not be negative");
@@ -312,8 +311,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
                         MetricsEndpoint::Start(o.metrics_listen, s->metrics_->registry()));
   }
 
-  // The health service is komputed's own (HealthService); gRPC's default one stays off.
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // The health and reflection services are komputed's own (HealthService, ReflectionService), on
+  // its CallQueue: gRPC's default health service stays off, and its reflection plugin (a service
+  // on gRPC's synchronous API, whose threads would do the reading for every call) is not used.
+  std::vector<std::string> listed = services;
+  listed.push_back(grpc::health::v1::Health::service_full_name());
+  s->reflection_ = std::make_unique<ReflectionService>(std::move(listed));
   grpc::ServerBuilder builder;
   builder.AddListeningPort(o.listen, credentials, &s->port_);
   builder.SetMaxReceiveMessageSize(o.max_message_bytes);
@@ -330,11 +333,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   builder.RegisterService(s->algorithms_service_.get());
   builder.RegisterService(s->sequences_service_.get());
   builder.RegisterService(s->health_.get());
-  bool any_gpu = false;
-  for (size_t i = 0; i < s->pool_->size(); ++i) any_gpu |= !s->pool_->at(i).is_cpu();
-  s->unary_queue_ = std::make_unique<UnaryQueue>(
-      builder, s->sequences_service_.get(), s->sessions_service_.get(), o.eval_threads,
-      o.eval_poll.value_or(any_gpu ? kDefaultEvalPoll : absl::ZeroDuration()));
+  builder.RegisterService(s->reflection_.get());
+  s->calls_ = std::make_unique<CallQueue>(
+      builder, o.grpc_threads,
+      o.eval_poll.value_or(s->pool_->any_gpu() ? kDefaultEvalPoll : absl::ZeroDuration()));
+  s->devices_service_->AddTo(*s->calls_);
+  s->sessions_service_->AddTo(*s->calls_);
+  s->tensors_service_->AddTo(*s->calls_);
+  s->algorithms_service_->AddTo(*s->calls_);
+  s->sequences_service_->AddTo(*s->calls_);
+  s->health_->AddTo(*s->calls_);
+  s->reflection_->AddTo(*s->calls_);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<RpcMetricsFactory>(s->metrics_.get(), s->gate_.get(),
                                                              ServedMethods(services)));
@@ -344,7 +353,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", o.listen, " (address in use, or not a host:port?)"));
   }
-  s->unary_queue_->Start();
+  s->calls_->Start();
   if (std::optional<std::string> path = UnixSocketPath(o.listen)) {
     KD_ASSIGN_OR_RETURN(s->socket_inode_, SocketInode(*path));
     s->socket_path_ = *path;  // removed with the server, also when the permissions fail
@@ -355,11 +364,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     health.AddListeningPort(o.health_listen, grpc::InsecureServerCredentials(), &s->health_port_);
     ApplyGrpcLimits(o, health);
     health.RegisterService(s->plain_health_.get());
+    s->health_calls_ = std::make_unique<CallQueue>(health, /*threads=*/1, absl::ZeroDuration());
+    s->plain_health_->AddTo(*s->health_calls_);
     s->health_server_ = health.BuildAndStart();
     if (s->health_server_ == nullptr || s->health_port_ == 0) {
       return absl::UnavailableError(absl::StrCat("cannot serve health on ", o.health_listen,
                                                  " (address in use, or not a host:port?)"));
     }
+    s->health_calls_->Start();
   }
   s->UpdateHealth();
   spdlog::info("komputed serving {} device(s) on {} ({}, {}){}", s->pool_->size(), s->address(),
@@ -382,8 +394,9 @@ Server::~Server() {
   TimedStep("metrics endpoint released", [this] { metrics_endpoint_.reset(); });
   TimedStep("gRPC server released", [this] {
     health_server_.reset();
+    health_calls_.reset();
     grpc_server_.reset();
-    unary_queue_.reset();
+    calls_.reset();
     sequences_service_.reset();
     algorithms_service_.reset();
     tensors_service_.reset();
@@ -472,18 +485,17 @@ void Server::Shutdown(absl::Duration grace) {
   if (health_ != nullptr) health_->Shutdown();
   if (plain_health_ != nullptr) plain_health_->Shutdown();
   if (health_server_ != nullptr) health_server_->Shutdown(absl::ToChronoTime(absl::Now()));
+  if (health_calls_ != nullptr) health_calls_->Shutdown();
   if (grpc_server_ != nullptr) {
     spdlog::info("komputed shutting down");
-    // Waits for every callback call to end: those still running after `grace` are cancelled, and
-    // their reactors finish once their submissions complete.
+    // Calls still running after `grace` are cancelled.
     TimedStep("gRPC calls ended",
               [&] { grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace)); });
   }
-  // gRPC does not wait for the completion-queue calls that it cancelled: the UnaryQueue waits for
-  // their answers (once their submissions complete) before it shuts its queue down.
-  if (unary_queue_ != nullptr) {
-    TimedStep("unary calls answered", [this] { unary_queue_->Shutdown(); });
-  }
+  // gRPC does not wait for the calls that it cancelled: the CallQueue waits for them to end (an
+  // eval once its submission completes, a stream once its reactor has finished) before it shuts
+  // its queue down.
+  if (calls_ != nullptr) TimedStep("calls answered", [this] { calls_->Shutdown(); });
   if (sessions_ != nullptr) TimedStep("sessions freed", [this] { sessions_->Shutdown(); });
   absl::MutexLock lock(&mu_);
   shut_down_ = true;

@@ -13,13 +13,14 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "auth.h"
+#include "call_queue.h"
 #include "device_pool.h"
 #include "health.h"
 #include "metrics.h"
+#include "reflection.h"
 #include "server_options.h"
 #include "services.h"
 #include "session_manager.h"
-#include "unary_queue.h"
 #include "work_gate.h"
 
 namespace komputed::server {
@@ -90,6 +91,7 @@ class Server {
   std::unique_ptr<WorkGate> gate_;
   std::unique_ptr<HealthService> health_;
   std::unique_ptr<HealthService> plain_health_;  // on health_listen, when set
+  std::unique_ptr<ReflectionService> reflection_;
   std::unique_ptr<Authenticator> auth_;
   std::atomic<bool> draining_{false};  // set as a drain starts: health turns NOT_SERVING
   std::atomic<bool> stopped_{false};   // set by Shutdown: health no longer follows the devices
@@ -106,9 +108,9 @@ class Server {
   std::unique_ptr<AlgorithmsService> algorithms_service_;
   std::unique_ptr<SequencesService> sequences_service_;
   std::unique_ptr<grpc::Server> grpc_server_;
-  std::unique_ptr<UnaryQueue>
-      unary_queue_;  // Eval's and Ping's queue and threads (in grpc_server_)
+  std::unique_ptr<CallQueue> calls_;  // grpc_server_'s queue and threads: every call
   std::unique_ptr<grpc::Server> health_server_;
+  std::unique_ptr<CallQueue> health_calls_;  // health_server_'s
   int health_port_ = 0;
   std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
 };

@@ -79,8 +79,8 @@ struct ServerOptions {
   // tens of microseconds late on an idle host). Not done on CPU devices, whose work needs the
   // cores.
   absl::Duration eval_spin = absl::Microseconds(50);
-  // Threads that serve the unary Eval and Ping (UnaryQueue); each may also wait inline (above).
-  int eval_threads = 4;
+  // Threads that serve every gRPC call (CallQueue); an Eval may also wait inline on one (above).
+  int grpc_threads = 4;
   // How long an Eval serving thread that has just served a call polls for the next one before it
   // sleeps (one thread at a time): a client's next eval then finds it awake. Unset:
   // kDefaultEvalPoll where a GPU is served, and never where only CPU devices are (the polling

@@ -43,68 +43,62 @@ bool CreatesLargeTensor(const v1::EvalRequest& request) {
   return false;
 }
 
-// Finishes a unary call with `status`, logging a failure with the method and the session that
+// Answers a unary call with `status`, logging a failure with the method and the session that
 // the request names (empty when none).
 // A failure of an authenticated caller counts as its tenant's error.
-grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* context, absl::string_view method,
-                                absl::string_view session_id, const absl::Status& status,
-                                const Caller* caller = nullptr) {
+void Reply(const grpc::ServerContext* context, const Answer& answer, absl::string_view method,
+           absl::string_view session_id, const absl::Status& status,
+           const Caller* caller = nullptr) {
   if (!status.ok()) LogFailure(method, session_id, context->peer(), status);
   if (caller != nullptr) caller->account->CountError(status);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
+  answer(ToGrpcStatus(status));
 }
 
 // Authenticates the caller, looks its session up and replies with what `fn(session)` returns.
 template <typename Fn>
-grpc::ServerUnaryReactor* InSession(grpc::CallbackServerContext* context, absl::string_view method,
-                                    const ServiceContext& ctx, const std::string& session_id,
-                                    Fn&& fn) {
+void InSession(const grpc::ServerContext* context, const Answer& answer, absl::string_view method,
+               const ServiceContext& ctx, const std::string& session_id, Fn&& fn) {
   absl::StatusOr<Caller> caller = ctx.auth->Authenticate(*context);
-  if (!caller.ok()) return Reply(context, method, "", caller.status());
+  if (!caller.ok()) return Reply(context, answer, method, "", caller.status());
   absl::StatusOr<std::shared_ptr<Session>> session = ctx.sessions->Get(session_id, *caller);
-  if (!session.ok()) return Reply(context, method, session_id, session.status(), &*caller);
-  return Reply(context, method, session_id, fn(**session), &*caller);
+  if (!session.ok()) return Reply(context, answer, method, session_id, session.status(), &*caller);
+  Reply(context, answer, method, session_id, fn(**session), &*caller);
 }
 
-// Runs `job` on the build pool and finishes the call with the status it returns (logged and
+// Runs `job` on the build pool and answers the call with the status it returns (logged and
 // counted as `caller`'s error when not OK); the serving thread returns at once. `job` must own what
 // it uses of the request, or use it only while it runs.
 template <typename Job>
-grpc::ServerUnaryReactor* OnBuildPool(grpc::CallbackServerContext* context,
-                                      absl::string_view method, const ServiceContext& ctx,
-                                      const std::string& session_id, const Caller& caller,
-                                      Job job) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status queued = ctx.builds->Run([context, reactor, method = std::string(method), session_id,
+void OnBuildPool(const grpc::ServerContext* context, const Answer& answer, absl::string_view method,
+                 const ServiceContext& ctx, const std::string& session_id, const Caller& caller,
+                 Job job) {
+  absl::Status queued = ctx.builds->Run([context, answer, method = std::string(method), session_id,
                                          caller, job = std::move(job)]() mutable {
     const absl::Status status = job();
     if (!status.ok()) LogFailure(method, session_id, context->peer(), status);
     caller.account->CountError(status);
-    reactor->Finish(ToGrpcStatus(status));
+    answer(ToGrpcStatus(status));
   });
   if (!queued.ok()) {
     LogFailure(method, session_id, context->peer(), queued);
     caller.account->CountError(queued);
-    reactor->Finish(ToGrpcStatus(queued));
+    answer(ToGrpcStatus(queued));
   }
-  return reactor;
 }
 
 // InSession with `fn` run on the build pool: the serving thread returns at once, and the job
-// finishes the call. `fn` must own what it uses of the request, or use it only while it runs (the
-// job finishes the call after it has returned).
+// answers the call. `fn` must own what it uses of the request, or use it only while it runs (the
+// job answers the call after it has returned).
 template <typename Fn>
-grpc::ServerUnaryReactor* InSessionOnBuildPool(grpc::CallbackServerContext* context,
-                                               absl::string_view method, const ServiceContext& ctx,
-                                               const std::string& session_id, Fn fn) {
+void InSessionOnBuildPool(const grpc::ServerContext* context, const Answer& answer,
+                          absl::string_view method, const ServiceContext& ctx,
+                          const std::string& session_id, Fn fn) {
   absl::StatusOr<Caller> caller = ctx.auth->Authenticate(*context);
-  if (!caller.ok()) return Reply(context, method, "", caller.status());
+  if (!caller.ok()) return Reply(context, answer, method, "", caller.status());
   absl::StatusOr<std::shared_ptr<Session>> session = ctx.sessions->Get(session_id, *caller);
-  if (!session.ok()) return Reply(context, method, session_id, session.status(), &*caller);
-  return OnBuildPool(context, method, ctx, session_id, *caller,
-                     [session = *std::move(session), fn = std::move(fn)] { return fn(*session); });
+  if (!session.ok()) return Reply(context, answer, method, session_id, session.status(), &*caller);
+  OnBuildPool(context, answer, method, ctx, session_id, *caller,
+              [session = *std::move(session), fn = std::move(fn)] { return fn(*session); });
 }
 
 absl::Time Deadline(const grpc::ServerContextBase& context) {
@@ -115,11 +109,11 @@ absl::Time Deadline(const grpc::ServerContextBase& context) {
 
 // WriteTensor: the chunks are staged as they arrive, each copied once from the received message,
 // and go into the tensor's host data together once the client has sent them all (TensorWrite).
-class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
+class WriteTensorReactor final : public StreamReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  WriteTensorReactor(SessionManager* sessions, const grpc::CallbackServerContext* context,
+  WriteTensorReactor(TensorsService::Chunks* chunks, SessionManager* sessions,
                      absl::StatusOr<Caller> caller, grpc::ByteBuffer* response)
-      : sessions_(sessions), context_(context), response_(response) {
+      : StreamReactor(chunks), sessions_(sessions), response_(response) {
     if (!caller.ok()) {
       Finish(ToGrpcStatus(caller.status()));
       return;
@@ -130,7 +124,7 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client is done sending (or gone)
-      if (context_->IsCancelled()) {
+      if (Cancelled()) {
         // The client went away (or gave up) mid-stream: not a request of the wrong size.
         End(absl::CancelledError(absl::StrCat(
             "WriteTensor: the call was cancelled before the client had sent every chunk",
@@ -194,7 +188,6 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
   }
 
   SessionManager* const sessions_;
-  const grpc::CallbackServerContext* const context_;  // valid until OnDone
   grpc::ByteBuffer* const response_;
   Caller caller_;
   std::string session_id_;  // named by the first chunk
@@ -205,10 +198,12 @@ class WriteTensorReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer
 
 // ReadTensor: one chunk in flight at a time, each a serialized TensorChunk with a copy of its
 // part of the tensor's data (TensorRead::Next).
-class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+class ReadTensorReactor final : public StreamReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  ReadTensorReactor(SessionManager* sessions, const absl::StatusOr<Caller>& caller,
-                    const grpc::ByteBuffer& raw, uint64_t max_chunk_bytes) {
+  ReadTensorReactor(TensorsService::Chunks* chunks, SessionManager* sessions,
+                    const absl::StatusOr<Caller>& caller, const grpc::ByteBuffer& raw,
+                    uint64_t max_chunk_bytes)
+      : StreamReactor(chunks) {
     if (!caller.ok()) {
       Finish(ToGrpcStatus(caller.status()));
       return;
@@ -301,12 +296,14 @@ class ReadTensorReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer
 // the last submission completes (bounded by the eval timeout). A paused read is resumed when the
 // stream is cancelled (the read then fails at once and ends the reads). The session is held in use
 // (so it is not reaped) from the first request until OnDone.
-class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent> {
+class ExecuteReactor final : public StreamReactor<v1::ExecuteRequest, v1::ExecuteEvent> {
  public:
-  ExecuteReactor(SessionManager* sessions, const Authenticator* auth,
-                 const grpc::CallbackServerContext* context, absl::StatusOr<Caller> caller,
-                 int window, uint64_t max_message_bytes, Metrics* metrics)
-      : sessions_(sessions),
+  ExecuteReactor(StreamOps<v1::ExecuteRequest, v1::ExecuteEvent>* stream, SessionManager* sessions,
+                 const Authenticator* auth, const grpc::ServerContext* context,
+                 absl::StatusOr<Caller> caller, int window, uint64_t max_message_bytes,
+                 Metrics* metrics)
+      : StreamReactor(stream),
+        sessions_(sessions),
         auth_(auth),
         context_(context),
         window_(window),
@@ -618,7 +615,7 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
 
   SessionManager* const sessions_;
   const Authenticator* const auth_;
-  const grpc::CallbackServerContext* const context_;  // valid until OnDone
+  const grpc::ServerContext* const context_;  // valid until OnDone
   const int window_;
   const uint64_t batch_bytes_;                   // bytes of the events written together, at most
   prometheus::Gauge* const queued_bytes_gauge_;  // komputed_execute_queued_bytes, all streams
@@ -651,27 +648,30 @@ class ExecuteReactor final : public grpc::ServerBidiReactor<v1::ExecuteRequest, 
 // ---------------------------------------------------------------------------------------------
 // Devices
 
-grpc::ServerUnaryReactor* DevicesService::ListDevices(grpc::CallbackServerContext* context,
-                                                      const v1::ListDevicesRequest*,
-                                                      v1::ListDevicesResponse* response) {
+void DevicesService::ServeListDevices(grpc::ServerContext* context, const v1::ListDevicesRequest*,
+                                      v1::ListDevicesResponse* response, Answer answer) {
   for (size_t i = 0; i < ctx_.pool->size(); ++i) {
     wire::ToWire(ctx_.pool->at(i), response->add_devices());
   }
-  return Reply(context, "ListDevices", "", absl::OkStatus());
+  return Reply(context, answer, "ListDevices", "", absl::OkStatus());
+}
+
+void DevicesService::AddTo(CallQueue& queue) {
+  queue.AddUnary(this, &DevicesService::RequestListDevices, &DevicesService::ServeListDevices);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Sessions
 
-grpc::ServerUnaryReactor* SessionsService::OpenSession(grpc::CallbackServerContext* context,
-                                                       const v1::OpenSessionRequest* request,
-                                                       v1::OpenSessionResponse* response) {
+void SessionsService::ServeOpenSession(grpc::ServerContext* context,
+                                       const v1::OpenSessionRequest* request,
+                                       v1::OpenSessionResponse* response, Answer answer) {
   absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
-  if (!caller.ok()) return Reply(context, "OpenSession", "", caller.status());
+  if (!caller.ok()) return Reply(context, answer, "OpenSession", "", caller.status());
   OpenRequest open = wire::FromWire(*request, context->peer());
   open.caller = *caller;
   absl::StatusOr<std::shared_ptr<Session>> session = ctx_.sessions->Open(std::move(open));
-  if (!session.ok()) return Reply(context, "OpenSession", "", session.status(), &*caller);
+  if (!session.ok()) return Reply(context, answer, "OpenSession", "", session.status(), &*caller);
   response->set_session_id((*session)->id());
   wire::ToWire((*session)->device(), response->mutable_device());
   response->set_queue_count((*session)->queue_count());
@@ -684,30 +684,30 @@ grpc::ServerUnaryReactor* SessionsService::OpenSession(grpc::CallbackServerConte
     response->set_shared_memory_socket(ctx_.sessions->shared_memory_socket());
     response->set_shared_memory_ticket((*session)->shared_memory_ticket());
   }
-  return Reply(context, "OpenSession", (*session)->id(), absl::OkStatus());
+  return Reply(context, answer, "OpenSession", (*session)->id(), absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* SessionsService::CloseSession(grpc::CallbackServerContext* context,
-                                                        const v1::CloseSessionRequest* request,
-                                                        v1::CloseSessionResponse*) {
+void SessionsService::ServeCloseSession(grpc::ServerContext* context,
+                                        const v1::CloseSessionRequest* request,
+                                        v1::CloseSessionResponse*, Answer answer) {
   absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
-  if (!caller.ok()) return Reply(context, "CloseSession", "", caller.status());
-  return Reply(context, "CloseSession", request->session_id(),
+  if (!caller.ok()) return Reply(context, answer, "CloseSession", "", caller.status());
+  return Reply(context, answer, "CloseSession", request->session_id(),
                ctx_.sessions->Close(request->session_id(), *caller), &*caller);
 }
 
-grpc::ServerUnaryReactor* SessionsService::KeepAlive(grpc::CallbackServerContext* context,
-                                                     const v1::KeepAliveRequest* request,
-                                                     v1::KeepAliveResponse*) {
-  return InSession(context, "KeepAlive", ctx_, request->session_id(),
-                   [](Session&) { return absl::OkStatus(); });
+void SessionsService::ServeKeepAlive(grpc::ServerContext* context,
+                                     const v1::KeepAliveRequest* request, v1::KeepAliveResponse*,
+                                     Answer answer) {
+  InSession(context, answer, "KeepAlive", ctx_, request->session_id(),
+            [](Session&) { return absl::OkStatus(); });
 }
 
-grpc::ServerUnaryReactor* SessionsService::ListSessions(grpc::CallbackServerContext* context,
-                                                        const v1::ListSessionsRequest* request,
-                                                        v1::ListSessionsResponse* response) {
+void SessionsService::ServeListSessions(grpc::ServerContext* context,
+                                        const v1::ListSessionsRequest* request,
+                                        v1::ListSessionsResponse* response, Answer answer) {
   absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
-  if (!caller.ok()) return Reply(context, "ListSessions", "", caller.status());
+  if (!caller.ok()) return Reply(context, answer, "ListSessions", "", caller.status());
   for (const auto& session : ctx_.sessions->List(*caller)) {
     v1::SessionInfo* info = response->add_sessions();
     wire::ToWire(session->Describe(), info);
@@ -715,27 +715,31 @@ grpc::ServerUnaryReactor* SessionsService::ListSessions(grpc::CallbackServerCont
     // unless it asks.
     if (session->tenant() != caller->tenant() && !request->include_ids()) info->clear_session_id();
   }
-  return Reply(context, "ListSessions", "", absl::OkStatus());
+  return Reply(context, answer, "ListSessions", "", absl::OkStatus());
 }
 
-grpc::Status SessionsService::ServePing(grpc::ServerContext* context,
-                                        const v1::PingRequest* request,
-                                        v1::PingResponse* response) {
+void SessionsService::ServePing(grpc::ServerContext* context, const v1::PingRequest* request,
+                                v1::PingResponse* response, Answer answer) {
   absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
-  if (!caller.ok()) {
-    LogFailure("Ping", "", context->peer(), caller.status());
-    return ToGrpcStatus(caller.status());
-  }
+  if (!caller.ok()) return Reply(context, answer, "Ping", "", caller.status());
   response->set_payload(request->payload());
-  return grpc::Status::OK;
+  answer(grpc::Status::OK);
+}
+
+void SessionsService::AddTo(CallQueue& queue) {
+  queue.AddUnary(this, &SessionsService::RequestOpenSession, &SessionsService::ServeOpenSession);
+  queue.AddUnary(this, &SessionsService::RequestCloseSession, &SessionsService::ServeCloseSession);
+  queue.AddUnary(this, &SessionsService::RequestKeepAlive, &SessionsService::ServeKeepAlive);
+  queue.AddUnary(this, &SessionsService::RequestListSessions, &SessionsService::ServeListSessions);
+  queue.AddUnary(this, &SessionsService::RequestPing, &SessionsService::ServePing);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Tensors
 
-grpc::ServerUnaryReactor* TensorsService::CreateTensor(grpc::CallbackServerContext* context,
-                                                       const v1::CreateTensorRequest* request,
-                                                       v1::CreateTensorResponse*) {
+void TensorsService::ServeCreateTensor(grpc::ServerContext* context,
+                                       const v1::CreateTensorRequest* request,
+                                       v1::CreateTensorResponse*, Answer answer) {
   // `request` (and the data that the TensorRequest refers to) lives until the call is finished,
   // which the job does once it has created the tensor.
   auto create = [request](Session& s) -> absl::Status {
@@ -744,79 +748,87 @@ grpc::ServerUnaryReactor* TensorsService::CreateTensor(grpc::CallbackServerConte
     return s.CreateTensor(*tensor);
   };
   if (request->count() >= kBuildPoolTensorElements) {
-    return InSessionOnBuildPool(context, "CreateTensor", ctx_, request->session_id(), create);
+    return InSessionOnBuildPool(context, answer, "CreateTensor", ctx_, request->session_id(),
+                                create);
   }
-  return InSession(context, "CreateTensor", ctx_, request->session_id(), create);
+  InSession(context, answer, "CreateTensor", ctx_, request->session_id(), create);
 }
 
-grpc::ServerUnaryReactor* TensorsService::DestroyTensor(grpc::CallbackServerContext* context,
-                                                        const v1::DestroyTensorRequest* request,
-                                                        v1::DestroyTensorResponse*) {
-  return InSession(context, "DestroyTensor", ctx_, request->session_id(),
-                   [&](Session& s) { return s.DestroyTensor(request->handle()); });
+void TensorsService::ServeDestroyTensor(grpc::ServerContext* context,
+                                        const v1::DestroyTensorRequest* request,
+                                        v1::DestroyTensorResponse*, Answer answer) {
+  InSession(context, answer, "DestroyTensor", ctx_, request->session_id(),
+            [&](Session& s) { return s.DestroyTensor(request->handle()); });
 }
 
-grpc::ServerReadReactor<grpc::ByteBuffer>* TensorsService::WriteTensor(
-    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
-  return new WriteTensorReactor(ctx_.sessions, context, ctx_.auth->Authenticate(*context),
-                                response);
+StreamReactor<grpc::ByteBuffer, grpc::ByteBuffer>* TensorsService::ServeWriteTensor(
+    grpc::ServerContext* context, grpc::ByteBuffer* response, Chunks* chunks) {
+  return new WriteTensorReactor(chunks, ctx_.sessions, ctx_.auth->Authenticate(*context), response);
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* TensorsService::ReadTensor(
-    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
+StreamReactor<grpc::ByteBuffer, grpc::ByteBuffer>* TensorsService::ServeReadTensor(
+    grpc::ServerContext* context, const grpc::ByteBuffer* request, Chunks* chunks) {
   const uint64_t max_message = static_cast<uint64_t>(ctx_.options->max_message_bytes);
   const uint64_t max_chunk =
       max_message > 2 * kChunkOverhead ? max_message - kChunkOverhead : kChunkOverhead;
-  return new ReadTensorReactor(ctx_.sessions, ctx_.auth->Authenticate(*context), *request,
+  return new ReadTensorReactor(chunks, ctx_.sessions, ctx_.auth->Authenticate(*context), *request,
                                max_chunk);
+}
+
+void TensorsService::AddTo(CallQueue& queue) {
+  queue.AddUnary(this, &TensorsService::RequestCreateTensor, &TensorsService::ServeCreateTensor);
+  queue.AddUnary(this, &TensorsService::RequestDestroyTensor, &TensorsService::ServeDestroyTensor);
+  queue.AddClientStream(this, &TensorsService::RequestWriteTensor,
+                        &TensorsService::ServeWriteTensor);
+  queue.AddServerStream(this, &TensorsService::RequestReadTensor, &TensorsService::ServeReadTensor);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Algorithms
 
-grpc::ServerUnaryReactor* AlgorithmsService::CreateAlgorithm(
-    grpc::CallbackServerContext* context, const v1::CreateAlgorithmRequest* request,
-    v1::CreateAlgorithmResponse*) {
-  return InSessionOnBuildPool(
-      context, "CreateAlgorithm", ctx_, request->session_id(),
+void AlgorithmsService::ServeCreateAlgorithm(grpc::ServerContext* context,
+                                             const v1::CreateAlgorithmRequest* request,
+                                             v1::CreateAlgorithmResponse*, Answer answer) {
+  InSessionOnBuildPool(
+      context, answer, "CreateAlgorithm", ctx_, request->session_id(),
       [request = wire::FromWire(*request)](Session& s) { return s.CreateAlgorithm(request); });
 }
 
-grpc::ServerUnaryReactor* AlgorithmsService::RebuildAlgorithm(
-    grpc::CallbackServerContext* context, const v1::CreateAlgorithmRequest* request,
-    v1::CreateAlgorithmResponse*) {
-  return InSessionOnBuildPool(
-      context, "RebuildAlgorithm", ctx_, request->session_id(),
+void AlgorithmsService::ServeRebuildAlgorithm(grpc::ServerContext* context,
+                                              const v1::CreateAlgorithmRequest* request,
+                                              v1::CreateAlgorithmResponse*, Answer answer) {
+  InSessionOnBuildPool(
+      context, answer, "RebuildAlgorithm", ctx_, request->session_id(),
       [request = wire::FromWire(*request)](Session& s) { return s.RebuildAlgorithm(request); });
 }
 
-grpc::ServerUnaryReactor* AlgorithmsService::SetPushConstants(
-    grpc::CallbackServerContext* context, const v1::SetPushConstantsRequest* request,
-    v1::SetPushConstantsResponse*) {
-  return InSession(context, "SetPushConstants", ctx_, request->session_id(),
-                   [&](Session& s) { return s.SetPushConstants(wire::FromWire(*request)); });
+void AlgorithmsService::ServeSetPushConstants(grpc::ServerContext* context,
+                                              const v1::SetPushConstantsRequest* request,
+                                              v1::SetPushConstantsResponse*, Answer answer) {
+  InSession(context, answer, "SetPushConstants", ctx_, request->session_id(),
+            [&](Session& s) { return s.SetPushConstants(wire::FromWire(*request)); });
 }
 
-grpc::ServerUnaryReactor* AlgorithmsService::DestroyAlgorithm(
-    grpc::CallbackServerContext* context, const v1::DestroyAlgorithmRequest* request,
-    v1::DestroyAlgorithmResponse*) {
-  return InSession(context, "DestroyAlgorithm", ctx_, request->session_id(),
-                   [&](Session& s) { return s.DestroyAlgorithm(request->handle()); });
+void AlgorithmsService::ServeDestroyAlgorithm(grpc::ServerContext* context,
+                                              const v1::DestroyAlgorithmRequest* request,
+                                              v1::DestroyAlgorithmResponse*, Answer answer) {
+  InSession(context, answer, "DestroyAlgorithm", ctx_, request->session_id(),
+            [&](Session& s) { return s.DestroyAlgorithm(request->handle()); });
 }
 
-grpc::ServerUnaryReactor* AlgorithmsService::CompileGlsl(grpc::CallbackServerContext* context,
-                                                         const v1::CompileGlslRequest* request,
-                                                         v1::CompileGlslResponse* response) {
+void AlgorithmsService::ServeCompileGlsl(grpc::ServerContext* context,
+                                         const v1::CompileGlslRequest* request,
+                                         v1::CompileGlslResponse* response, Answer answer) {
   absl::StatusOr<Caller> caller = ctx_.auth->Authenticate(*context);
-  if (!caller.ok()) return Reply(context, "CompileGlsl", "", caller.status());
+  if (!caller.ok()) return Reply(context, answer, "CompileGlsl", "", caller.status());
   // Bounded as an algorithm's GLSL (the tenant's source_bytes), before anything is compiled.
   absl::Status size =
       caller->account->CheckSize(&Quota::source_bytes, request->glsl().size(),
                                  absl::StrCat("GLSL of ", request->glsl().size(), " bytes"));
-  if (!size.ok()) return Reply(context, "CompileGlsl", "", size, &*caller);
+  if (!size.ok()) return Reply(context, answer, "CompileGlsl", "", size, &*caller);
   // Compiled on the build pool, within the daemon's GLSL limits, as CreateAlgorithm's GLSL.
   // `request` and `response` live until the job finishes the call.
-  return OnBuildPool(context, "CompileGlsl", ctx_, "", *caller, [ctx = ctx_, request, response] {
+  OnBuildPool(context, answer, "CompileGlsl", ctx_, "", *caller, [ctx = ctx_, request, response] {
     absl::StatusOr<std::vector<uint32_t>> spirv = CompileClientGlsl(
         ctx.options->glsl_compiler, ctx.options->glsl_limits, request->glsl(), "compileSource");
     ctx.metrics->shader_compilations_total(spirv.ok() ? "ok" : "error").Increment();
@@ -827,29 +839,41 @@ grpc::ServerUnaryReactor* AlgorithmsService::CompileGlsl(grpc::CallbackServerCon
   });
 }
 
+void AlgorithmsService::AddTo(CallQueue& queue) {
+  queue.AddUnary(this, &AlgorithmsService::RequestCreateAlgorithm,
+                 &AlgorithmsService::ServeCreateAlgorithm);
+  queue.AddUnary(this, &AlgorithmsService::RequestRebuildAlgorithm,
+                 &AlgorithmsService::ServeRebuildAlgorithm);
+  queue.AddUnary(this, &AlgorithmsService::RequestSetPushConstants,
+                 &AlgorithmsService::ServeSetPushConstants);
+  queue.AddUnary(this, &AlgorithmsService::RequestDestroyAlgorithm,
+                 &AlgorithmsService::ServeDestroyAlgorithm);
+  queue.AddUnary(this, &AlgorithmsService::RequestCompileGlsl,
+                 &AlgorithmsService::ServeCompileGlsl);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Sequences
 
-grpc::ServerUnaryReactor* SequencesService::CreateSequence(grpc::CallbackServerContext* context,
-                                                           const v1::CreateSequenceRequest* request,
-                                                           v1::CreateSequenceResponse*) {
-  return InSession(context, "CreateSequence", ctx_, request->session_id(),
-                   [&](Session& s) { return s.CreateSequence(wire::FromWire(*request)); });
+void SequencesService::ServeCreateSequence(grpc::ServerContext* context,
+                                           const v1::CreateSequenceRequest* request,
+                                           v1::CreateSequenceResponse*, Answer answer) {
+  InSession(context, answer, "CreateSequence", ctx_, request->session_id(),
+            [&](Session& s) { return s.CreateSequence(wire::FromWire(*request)); });
 }
 
-grpc::ServerUnaryReactor* SequencesService::Record(grpc::CallbackServerContext* context,
-                                                   const v1::RecordRequest* request,
-                                                   v1::RecordResponse*) {
-  return InSession(context, "Record", ctx_, request->session_id(), [&](Session& s) -> absl::Status {
-    absl::StatusOr<RecordRequest> record = wire::FromWire(*request);
-    if (!record.ok()) return record.status();
-    return s.Record(*record);
-  });
+void SequencesService::ServeRecord(grpc::ServerContext* context, const v1::RecordRequest* request,
+                                   v1::RecordResponse*, Answer answer) {
+  InSession(context, answer, "Record", ctx_, request->session_id(),
+            [&](Session& s) -> absl::Status {
+              absl::StatusOr<RecordRequest> record = wire::FromWire(*request);
+              if (!record.ok()) return record.status();
+              return s.Record(*record);
+            });
 }
 
 void SequencesService::ServeEval(grpc::ServerContext* context, const v1::EvalRequest* request,
-                                 v1::EvalResponse* response,
-                                 std::function<void(const grpc::Status&)> finish) {
+                                 v1::EvalResponse* response, Answer finish) {
   const uint64_t received_ns = request->stage_times() ? MonotonicNs() : 0;
   auto fail = [&](const std::string& session_id, const absl::Status& status, const Caller* caller) {
     LogFailure("Eval", session_id, context->peer(), status);
@@ -890,17 +914,17 @@ void SequencesService::ServeEval(grpc::ServerContext* context, const v1::EvalReq
   if (!queued.ok()) fail(request->session_id(), queued, &*caller);
 }
 
-grpc::ServerUnaryReactor* SequencesService::DestroySequence(
-    grpc::CallbackServerContext* context, const v1::DestroySequenceRequest* request,
-    v1::DestroySequenceResponse*) {
-  return InSession(context, "DestroySequence", ctx_, request->session_id(),
-                   [&](Session& s) { return s.DestroySequence(request->handle()); });
+void SequencesService::ServeDestroySequence(grpc::ServerContext* context,
+                                            const v1::DestroySequenceRequest* request,
+                                            v1::DestroySequenceResponse*, Answer answer) {
+  InSession(context, answer, "DestroySequence", ctx_, request->session_id(),
+            [&](Session& s) { return s.DestroySequence(request->handle()); });
 }
 
-grpc::ServerUnaryReactor* SequencesService::GetTimestamps(grpc::CallbackServerContext* context,
-                                                          const v1::GetTimestampsRequest* request,
-                                                          v1::GetTimestampsResponse* response) {
-  return InSession(context, "GetTimestamps", ctx_, request->session_id(), [&](Session& s) {
+void SequencesService::ServeGetTimestamps(grpc::ServerContext* context,
+                                          const v1::GetTimestampsRequest* request,
+                                          v1::GetTimestampsResponse* response, Answer answer) {
+  InSession(context, answer, "GetTimestamps", ctx_, request->session_id(), [&](Session& s) {
     absl::StatusOr<std::vector<uint64_t>> timestamps = s.GetTimestamps(request->handle());
     if (!timestamps.ok()) return timestamps.status();
     for (uint64_t t : *timestamps) response->add_timestamps_ns(t);
@@ -908,11 +932,24 @@ grpc::ServerUnaryReactor* SequencesService::GetTimestamps(grpc::CallbackServerCo
   });
 }
 
-grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent>* SequencesService::Execute(
-    grpc::CallbackServerContext* context) {
-  return new ExecuteReactor(ctx_.sessions, ctx_.auth, context, ctx_.auth->Authenticate(*context),
-                            ctx_.options->execute_window,
+StreamReactor<v1::ExecuteRequest, v1::ExecuteEvent>* SequencesService::ServeExecute(
+    grpc::ServerContext* context, StreamOps<v1::ExecuteRequest, v1::ExecuteEvent>* stream) {
+  return new ExecuteReactor(stream, ctx_.sessions, ctx_.auth, context,
+                            ctx_.auth->Authenticate(*context), ctx_.options->execute_window,
                             static_cast<uint64_t>(ctx_.options->max_message_bytes), ctx_.metrics);
+}
+
+void SequencesService::AddTo(CallQueue& queue) {
+  queue.AddUnary(this, &SequencesService::RequestCreateSequence,
+                 &SequencesService::ServeCreateSequence);
+  queue.AddUnary(this, &SequencesService::RequestRecord, &SequencesService::ServeRecord);
+  queue.AddUnary(this, &SequencesService::RequestEval, &SequencesService::ServeEval,
+                 /*polls=*/true);
+  queue.AddUnary(this, &SequencesService::RequestDestroySequence,
+                 &SequencesService::ServeDestroySequence);
+  queue.AddUnary(this, &SequencesService::RequestGetTimestamps,
+                 &SequencesService::ServeGetTimestamps);
+  queue.AddBidiStream(this, &SequencesService::RequestExecute, &SequencesService::ServeExecute);
 }
 
 }  // namespace komputed::server

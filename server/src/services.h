@@ -5,6 +5,7 @@
 
 #include "auth.h"
 #include "build_pool.h"
+#include "call_queue.h"
 #include "device_pool.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "metrics.h"
@@ -23,45 +24,36 @@ struct ServiceContext {
   BuildPool* builds = nullptr;  // where algorithms are compiled and built
 };
 
-// The komputed.v1 services, on gRPC's callback API. The handlers are thin: they look the session
-// up, call it, and translate the result with ToGrpcStatus. No handler blocks a gRPC thread on the
+// The komputed.v1 services, on gRPC's completion-queue API: AddTo adds their methods to the
+// CallQueue that serves them (call_queue.h). The handlers are thin: they look the session up, call
+// it, and translate the result with ToGrpcStatus. No handler blocks a serving thread on the
 // device: evals finish their call from the device's completion waiter. Thread-safe.
 
-class DevicesService final : public v1::Devices::CallbackService {
+class DevicesService final : public v1::Devices::AsyncService {
  public:
   explicit DevicesService(ServiceContext context) : ctx_(context) {}
-  grpc::ServerUnaryReactor* ListDevices(grpc::CallbackServerContext* context,
-                                        const v1::ListDevicesRequest* request,
-                                        v1::ListDevicesResponse* response) override;
+  void AddTo(CallQueue& queue);
+  void ServeListDevices(grpc::ServerContext* context, const v1::ListDevicesRequest* request,
+                        v1::ListDevicesResponse* response, Answer answer);
 
  private:
   ServiceContext ctx_;
 };
 
-// Ping is served on the completion-queue API, by the UnaryQueue (unary_queue.h) that calls
-// ServePing; the other methods on the callback API.
-class SessionsService final
-    : public v1::Sessions::WithCallbackMethod_OpenSession<
-          v1::Sessions::WithCallbackMethod_CloseSession<v1::Sessions::WithCallbackMethod_KeepAlive<
-              v1::Sessions::WithCallbackMethod_ListSessions<
-                  v1::Sessions::WithAsyncMethod_Ping<v1::Sessions::Service>>>>> {
+class SessionsService final : public v1::Sessions::AsyncService {
  public:
   explicit SessionsService(ServiceContext context) : ctx_(context) {}
-  // Serves one Ping call: fills `response` and returns the call's status.
-  grpc::Status ServePing(grpc::ServerContext* context, const v1::PingRequest* request,
-                         v1::PingResponse* response);
-  grpc::ServerUnaryReactor* OpenSession(grpc::CallbackServerContext* context,
-                                        const v1::OpenSessionRequest* request,
-                                        v1::OpenSessionResponse* response) override;
-  grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
-                                         const v1::CloseSessionRequest* request,
-                                         v1::CloseSessionResponse* response) override;
-  grpc::ServerUnaryReactor* KeepAlive(grpc::CallbackServerContext* context,
-                                      const v1::KeepAliveRequest* request,
-                                      v1::KeepAliveResponse* response) override;
-  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
-                                         const v1::ListSessionsRequest* request,
-                                         v1::ListSessionsResponse* response) override;
+  void AddTo(CallQueue& queue);
+  void ServeOpenSession(grpc::ServerContext* context, const v1::OpenSessionRequest* request,
+                        v1::OpenSessionResponse* response, Answer answer);
+  void ServeCloseSession(grpc::ServerContext* context, const v1::CloseSessionRequest* request,
+                         v1::CloseSessionResponse* response, Answer answer);
+  void ServeKeepAlive(grpc::ServerContext* context, const v1::KeepAliveRequest* request,
+                      v1::KeepAliveResponse* response, Answer answer);
+  void ServeListSessions(grpc::ServerContext* context, const v1::ListSessionsRequest* request,
+                         v1::ListSessionsResponse* response, Answer answer);
+  void ServePing(grpc::ServerContext* context, const v1::PingRequest* request,
+                 v1::PingResponse* response, Answer answer);
 
  private:
   ServiceContext ctx_;
@@ -72,78 +64,67 @@ class SessionsService final
 // from there into the tensor at the end (a call is all or nothing); on its way out each chunk is
 // copied once from the tensor, into the message that gRPC sends (tensor_io.h).
 class TensorsService final
-    : public v1::Tensors::WithRawCallbackMethod_WriteTensor<
-          v1::Tensors::WithRawCallbackMethod_ReadTensor<v1::Tensors::CallbackService>> {
+    : public v1::Tensors::WithAsyncMethod_CreateTensor<
+          v1::Tensors::WithAsyncMethod_DestroyTensor<v1::Tensors::WithRawMethod_WriteTensor<
+              v1::Tensors::WithRawMethod_ReadTensor<v1::Tensors::Service>>>> {
  public:
+  using Chunks = StreamOps<grpc::ByteBuffer, grpc::ByteBuffer>;
   explicit TensorsService(ServiceContext context) : ctx_(context) {}
-  grpc::ServerUnaryReactor* CreateTensor(grpc::CallbackServerContext* context,
-                                         const v1::CreateTensorRequest* request,
-                                         v1::CreateTensorResponse* response) override;
-  grpc::ServerUnaryReactor* DestroyTensor(grpc::CallbackServerContext* context,
-                                          const v1::DestroyTensorRequest* request,
-                                          v1::DestroyTensorResponse* response) override;
-  grpc::ServerReadReactor<grpc::ByteBuffer>* WriteTensor(grpc::CallbackServerContext* context,
-                                                         grpc::ByteBuffer* response) override;
-  grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadTensor(grpc::CallbackServerContext* context,
-                                                         const grpc::ByteBuffer* request) override;
+  void AddTo(CallQueue& queue);
+  void ServeCreateTensor(grpc::ServerContext* context, const v1::CreateTensorRequest* request,
+                         v1::CreateTensorResponse* response, Answer answer);
+  void ServeDestroyTensor(grpc::ServerContext* context, const v1::DestroyTensorRequest* request,
+                          v1::DestroyTensorResponse* response, Answer answer);
+  StreamReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ServeWriteTensor(grpc::ServerContext* context,
+                                                                      grpc::ByteBuffer* response,
+                                                                      Chunks* chunks);
+  StreamReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ServeReadTensor(
+      grpc::ServerContext* context, const grpc::ByteBuffer* request, Chunks* chunks);
 
  private:
   ServiceContext ctx_;
 };
 
-class AlgorithmsService final : public v1::Algorithms::CallbackService {
+class AlgorithmsService final : public v1::Algorithms::AsyncService {
  public:
   explicit AlgorithmsService(ServiceContext context) : ctx_(context) {}
-  grpc::ServerUnaryReactor* CreateAlgorithm(grpc::CallbackServerContext* context,
-                                            const v1::CreateAlgorithmRequest* request,
-                                            v1::CreateAlgorithmResponse* response) override;
-  grpc::ServerUnaryReactor* RebuildAlgorithm(grpc::CallbackServerContext* context,
-                                             const v1::CreateAlgorithmRequest* request,
-                                             v1::CreateAlgorithmResponse* response) override;
-  grpc::ServerUnaryReactor* SetPushConstants(grpc::CallbackServerContext* context,
-                                             const v1::SetPushConstantsRequest* request,
-                                             v1::SetPushConstantsResponse* response) override;
-  grpc::ServerUnaryReactor* DestroyAlgorithm(grpc::CallbackServerContext* context,
-                                             const v1::DestroyAlgorithmRequest* request,
-                                             v1::DestroyAlgorithmResponse* response) override;
-  grpc::ServerUnaryReactor* CompileGlsl(grpc::CallbackServerContext* context,
-                                        const v1::CompileGlslRequest* request,
-                                        v1::CompileGlslResponse* response) override;
+  void AddTo(CallQueue& queue);
+  void ServeCreateAlgorithm(grpc::ServerContext* context, const v1::CreateAlgorithmRequest* request,
+                            v1::CreateAlgorithmResponse* response, Answer answer);
+  void ServeRebuildAlgorithm(grpc::ServerContext* context,
+                             const v1::CreateAlgorithmRequest* request,
+                             v1::CreateAlgorithmResponse* response, Answer answer);
+  void ServeSetPushConstants(grpc::ServerContext* context,
+                             const v1::SetPushConstantsRequest* request,
+                             v1::SetPushConstantsResponse* response, Answer answer);
+  void ServeDestroyAlgorithm(grpc::ServerContext* context,
+                             const v1::DestroyAlgorithmRequest* request,
+                             v1::DestroyAlgorithmResponse* response, Answer answer);
+  void ServeCompileGlsl(grpc::ServerContext* context, const v1::CompileGlslRequest* request,
+                        v1::CompileGlslResponse* response, Answer answer);
 
  private:
   ServiceContext ctx_;
 };
 
-// Eval is served on the completion-queue API, by the UnaryQueue (unary_queue.h) that calls
-// ServeEval; the other methods on the callback API.
-class SequencesService final
-    : public v1::Sequences::WithCallbackMethod_CreateSequence<
-          v1::Sequences::WithCallbackMethod_Record<
-              v1::Sequences::WithCallbackMethod_DestroySequence<
-                  v1::Sequences::WithCallbackMethod_GetTimestamps<
-                      v1::Sequences::WithCallbackMethod_Execute<
-                          v1::Sequences::WithAsyncMethod_Eval<v1::Sequences::Service>>>>>> {
+class SequencesService final : public v1::Sequences::AsyncService {
  public:
   explicit SequencesService(ServiceContext context) : ctx_(context) {}
-  // Serves one Eval call: `finish` is called once, with the call's status, after `response` has
-  // been filled (on this thread, or on the device's completion waiter or the build pool later).
-  // The call's context, request and response live until then.
+  // Eval polls (CallQueue): a client's next eval tends to follow its last one closely.
+  void AddTo(CallQueue& queue);
+  void ServeCreateSequence(grpc::ServerContext* context, const v1::CreateSequenceRequest* request,
+                           v1::CreateSequenceResponse* response, Answer answer);
+  void ServeRecord(grpc::ServerContext* context, const v1::RecordRequest* request,
+                   v1::RecordResponse* response, Answer answer);
+  // Answers on this thread, or on the device's completion waiter or the build pool later.
   void ServeEval(grpc::ServerContext* context, const v1::EvalRequest* request,
-                 v1::EvalResponse* response, std::function<void(const grpc::Status&)> finish);
-  grpc::ServerUnaryReactor* CreateSequence(grpc::CallbackServerContext* context,
-                                           const v1::CreateSequenceRequest* request,
-                                           v1::CreateSequenceResponse* response) override;
-  grpc::ServerUnaryReactor* Record(grpc::CallbackServerContext* context,
-                                   const v1::RecordRequest* request,
-                                   v1::RecordResponse* response) override;
-  grpc::ServerUnaryReactor* DestroySequence(grpc::CallbackServerContext* context,
-                                            const v1::DestroySequenceRequest* request,
-                                            v1::DestroySequenceResponse* response) override;
-  grpc::ServerUnaryReactor* GetTimestamps(grpc::CallbackServerContext* context,
-                                          const v1::GetTimestampsRequest* request,
-                                          v1::GetTimestampsResponse* response) override;
-  grpc::ServerBidiReactor<v1::ExecuteRequest, v1::ExecuteEvent>* Execute(
-      grpc::CallbackServerContext* context) override;
+                 v1::EvalResponse* response, Answer answer);
+  void ServeDestroySequence(grpc::ServerContext* context, const v1::DestroySequenceRequest* request,
+                            v1::DestroySequenceResponse* response, Answer answer);
+  void ServeGetTimestamps(grpc::ServerContext* context, const v1::GetTimestampsRequest* request,
+                          v1::GetTimestampsResponse* response, Answer answer);
+  StreamReactor<v1::ExecuteRequest, v1::ExecuteEvent>* ServeExecute(
+      grpc::ServerContext* context, StreamOps<v1::ExecuteRequest, v1::ExecuteEvent>* stream);
 
  private:
   ServiceContext ctx_;

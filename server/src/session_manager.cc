@@ -80,11 +80,9 @@ SessionManager::SessionManager(DevicePool* pool, const ServerOptions& options, M
     };
     // The reactors poll briefly for a channel's next record, as an inline wait polls its fence,
     // where a GPU is served (CPU devices need the cores).
-    bool any_gpu = false;
-    for (size_t i = 0; i < pool_->size(); ++i) any_gpu |= !pool_->at(i).is_cpu();
     absl::StatusOr<std::unique_ptr<SharedMemoryListener>> listener = SharedMemoryListener::Start(
         std::move(handlers), static_cast<size_t>(std::max(options_.eval_inline_waiters, 0)) + 1,
-        any_gpu ? options_.eval_spin : absl::ZeroDuration());
+        pool_->any_gpu() ? options_.eval_spin : absl::ZeroDuration());
     if (listener.ok()) {
       shared_memory_ = *std::move(listener);
       spdlog::info("same-host clients pass shared memory on the abstract socket @{}",

@@ -104,7 +104,7 @@ TEST(Flags, HelpDocumentsEveryFlag) {
   RunProgram({KomputedBinary(), "--help"}, &out, &err);
   const std::string help = out + err;
   for (const char* flag : {"listen", "metrics_listen", "devices", "session_idle_timeout",
-                           "eval_timeout", "eval_inline_wait", "eval_spin", "eval_threads",
+                           "eval_timeout", "eval_inline_wait", "eval_spin", "grpc_threads",
                            "eval_poll", "drain_timeout", "max_message_bytes", "log_level"}) {
     // absl writes "--name (help text); default: value;".
     const std::string entry = absl::StrCat("--", flag, " (");

@@ -9,7 +9,7 @@
 namespace komputed::server::testing {
 namespace {
 
-// The unary Eval's serving threads (--eval_threads) and their polling (--eval_poll).
+// The unary Eval's serving threads (--grpc_threads) and their polling (--eval_poll).
 struct EvalThreads {
   std::string name;
   int threads;
@@ -20,7 +20,7 @@ class ConcurrentEvalTest : public ServerTest, public ::testing::WithParamInterfa
  protected:
   ServerOptions Options() override {
     ServerOptions options = ServerTest::Options();
-    options.eval_threads = GetParam().threads;
+    options.grpc_threads = GetParam().threads;
     options.eval_poll = GetParam().poll;
     return options;
   }
@@ -115,7 +115,7 @@ TEST_P(ConcurrentEvalTest, EightClientsFiftyEvalsEachAreCorrect) {
 
 INSTANTIATE_TEST_SUITE_P(
     Threads, ConcurrentEvalTest,
-    ::testing::Values(EvalThreads{"Default", ServerOptions().eval_threads, std::nullopt},
+    ::testing::Values(EvalThreads{"Default", ServerOptions().grpc_threads, std::nullopt},
                       EvalThreads{"OnePolling", 1, absl::Microseconds(250)},
                       EvalThreads{"TwoPolling", 2, absl::Microseconds(250)}),
     [](const ::testing::TestParamInfo<EvalThreads>& info) { return info.param.name; });

@@ -65,9 +65,9 @@ TEST(GrpcLimits, StartRefusesBadValues) {
   for (int threads : {0, -1, 65}) {
     static int bad;
     bad = threads;
-    const absl::Status status = start([](ServerOptions& o) { o.eval_threads = bad; });
+    const absl::Status status = start([](ServerOptions& o) { o.grpc_threads = bad; });
     EXPECT_TRUE(absl::IsInvalidArgument(status)) << threads << ": " << status;
-    EXPECT_THAT(std::string(status.message()), HasSubstr("--eval_threads"));
+    EXPECT_THAT(std::string(status.message()), HasSubstr("--grpc_threads"));
   }
   const absl::Status poll = start([](ServerOptions& o) { o.eval_poll = -absl::Microseconds(1); });
   EXPECT_TRUE(absl::IsInvalidArgument(poll)) << poll;

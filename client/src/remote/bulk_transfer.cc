@@ -1,5 +1,6 @@
 #include "remote/bulk_transfer.h"
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/byte_buffer.h>
 #include <spdlog/spdlog.h>
 
@@ -43,10 +44,12 @@ uint32_t TransferStreams() {
 // One bulk transfer call (WriteTensor or ReadTensor) through gRPC's generic API, so that tensor
 // data moves as byte buffers (komputed/v1/tensor_chunk_wire.h) and not through protobuf strings.
 // Sends what next() returns until it returns nothing, then half-closes; hands every received
-// message to on_read (a non-OK status cancels the call and is returned as it is). Run() blocks
-// until the call has ended (its context's deadline bounds it) and gRPC has released the data it
-// was lent; gRPC's errors come back with `what` in front.
-class BulkCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+// message to on_read (a non-OK status cancels the call and is returned as it is). Run() drives
+// the call on a completion queue of its own from the calling thread (gRPC's callback API would
+// start threads of its own in the process, which then do the reading for every call of it), and
+// returns once the call has ended (its context's deadline bounds it) and gRPC has released the
+// data it was lent; gRPC's errors come back with `what` in front.
+class BulkCall final {
  public:
   using Next = std::function<std::optional<grpc::ByteBuffer>(BulkCall&)>;
   using OnRead = std::function<absl::Status(grpc::ByteBuffer&)>;
@@ -55,35 +58,96 @@ class BulkCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
 
   absl::Status Run(grpc::GenericStub& stub, std::unique_ptr<grpc::ClientContext> context,
                    const std::string& method, absl::string_view what) {
-    context_ = context.get();
-    stub.PrepareBidiStreamingCall(context.get(), method, grpc::StubOptions(), this);
-    StartRead(&in_);
-    SendNext();
-    StartCall();
-    std::unique_lock<std::mutex> lock(mu_);
-    // The context's deadline ends the call; should gRPC not report that in time, cancel it (after
-    // which gRPC always calls OnDone, which this object must outlive).
+    // The events on the queue: their tags.
+    enum Event : uintptr_t { kStarted = 1, kWritten, kWritesDone, kRead, kFinished };
+    grpc::CompletionQueue cq;
+    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+        stub.PrepareCall(context.get(), method, &cq);
+    call->StartCall(reinterpret_cast<void*>(kStarted));
+    int outstanding = 1;
+    bool finished = false;
+    grpc::Status status;
+    absl::Status local;
+    auto send_next = [&] {
+      std::optional<grpc::ByteBuffer> message = next_(*this);
+      ++outstanding;
+      if (!message.has_value()) {
+        call->WritesDone(reinterpret_cast<void*>(kWritesDone));
+        return;
+      }
+      out_ = *std::move(message);
+      call->Write(out_, reinterpret_cast<void*>(kWritten));
+    };
+    // The context's deadline ends the call; should gRPC not report that in time, cancel it.
     const auto deadline = context->deadline();
     const auto grace = std::chrono::seconds(10);
     const bool bounded = deadline < std::chrono::system_clock::time_point::max() - grace;
-    if (bounded && !cv_.wait_until(lock, deadline + grace, [this] { return done_; })) {
-      context->TryCancel();
+    bool cancelled = false;
+    while (outstanding > 0) {
+      void* tag = nullptr;
+      bool ok = false;
+      if (bounded && !cancelled) {
+        if (cq.AsyncNext(&tag, &ok, deadline + grace) == grpc::CompletionQueue::TIMEOUT) {
+          context->TryCancel();
+          cancelled = true;
+          continue;
+        }
+      } else if (!cq.Next(&tag, &ok)) {
+        break;
+      }
+      --outstanding;
+      switch (static_cast<Event>(reinterpret_cast<uintptr_t>(tag))) {
+        case kStarted:
+          // On a failed start the read fails at once too, and the finish follows.
+          outstanding += 1;
+          call->Read(&in_, reinterpret_cast<void*>(kRead));
+          if (ok) send_next();
+          break;
+        case kWritten:
+          out_.Clear();         // gRPC holds what it still needs of the message
+          if (ok) send_next();  // otherwise the stream is broken: the read fails too
+          break;
+        case kWritesDone:
+          break;
+        case kRead:
+          if (ok) {
+            absl::Status s = on_read_(in_);
+            if (!s.ok()) {
+              local = s;
+              context->TryCancel();  // the read that follows fails
+            }
+            ++outstanding;
+            call->Read(&in_, reinterpret_cast<void*>(kRead));
+          } else {  // the daemon has ended the call (or it broke): its status
+            ++outstanding;
+            call->Finish(&status, reinterpret_cast<void*>(kFinished));
+          }
+          break;
+        case kFinished:
+          finished = true;
+          break;
+      }
     }
-    cv_.wait(lock, [this] { return done_; });
+    out_.Clear();
+    in_.Clear();
     // The call has ended: releasing it lets gRPC drop what it still holds of the messages (a
-    // call that the daemon ended early keeps its unsent data until then). Not under mu_: the
-    // release callbacks take it.
-    lock.unlock();
-    context_ = nullptr;
+    // call that the daemon ended early keeps its unsent data until then).
+    call.reset();
     context.reset();
-    lock.lock();
+    cq.Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq.Next(&tag, &ok)) {
+    }
+    std::unique_lock<std::mutex> lock(mu_);
     // gRPC gives lent data back as the call goes; wait for that before the caller may free it.
     if (!cv_.wait_for(lock, std::chrono::seconds(60), [this] { return lent_ == 0; })) {
       return absl::InternalError(
           absl::StrCat(what, ": the data was still held by gRPC 60 s after the call"));
     }
-    if (!local_.ok()) return local_;
-    return FromGrpcStatusWithHint(status_, what);
+    if (!local.ok()) return local;
+    if (!finished) return absl::InternalError(absl::StrCat(what, ": the call ended unfinished"));
+    return FromGrpcStatusWithHint(status, what);
   }
 
   // A slice release callback's argument for data lent to this call: counts it until released.
@@ -99,54 +163,14 @@ class BulkCall final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::By
     self->cv_.notify_all();
   }
 
-  void OnWriteDone(bool ok) override {
-    out_.Clear();        // gRPC holds what it still needs of the message
-    if (ok) SendNext();  // otherwise the stream is broken: OnDone follows
-  }
-  void OnReadDone(bool ok) override {
-    if (!ok) return;
-    absl::Status s = on_read_(in_);
-    if (!s.ok()) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        local_ = s;
-      }
-      context_->TryCancel();
-      return;
-    }
-    StartRead(&in_);
-  }
-  void OnDone(const grpc::Status& status) override {
-    out_.Clear();
-    in_.Clear();
-    std::lock_guard<std::mutex> lock(mu_);
-    status_ = status;
-    done_ = true;
-    cv_.notify_all();
-  }
-
  private:
-  void SendNext() {
-    std::optional<grpc::ByteBuffer> message = next_(*this);
-    if (!message.has_value()) {
-      StartWritesDone();
-      return;
-    }
-    out_ = *std::move(message);
-    StartWrite(&out_);
-  }
-
   Next next_;
   OnRead on_read_;
-  grpc::ClientContext* context_ = nullptr;
   grpc::ByteBuffer out_;
   grpc::ByteBuffer in_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool done_ = false;
-  int lent_ = 0;
-  grpc::Status status_;
-  absl::Status local_;
+  int lent_ = 0;  // guarded by mu_
 };
 
 // The host of a gRPC target: "dns:///komputed.ns.svc:50051" → "komputed.ns.svc",
