@@ -17,7 +17,6 @@ CallQueue::CallQueue(grpc::ServerBuilder& builder, int threads, absl::Duration p
 CallQueue::~CallQueue() { Shutdown(); }
 
 void CallQueue::Start() {
-  started_ = true;
   // Calls of each method asked for, one per thread: while a thread serves one, the next has a
   // place to arrive.
   for (int i = 0; i < thread_count_; ++i) {

@@ -180,7 +180,6 @@ class CallQueue {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // Shutdown has begun: no call is asked for
   int answering_ ABSL_GUARDED_BY(mu_) = 0;      // calls arrived and not yet deleted
-  bool started_ = false;
   bool shut_down_ = false;
 };
 
