@@ -20,7 +20,13 @@ void CallQueue::Start() {
   // Calls of each method asked for, one per thread: while a thread serves one, the next has a
   // place to arrive.
   for (int i = 0; i < thread_count_; ++i) {
-    for (const auto& method : methods_) method->Ask(*this);
+    for (const auto& method : methods_) {
+      {
+        absl::MutexLock lock(&mu_);
+        ++calls_;
+      }
+      method->Ask(*this);
+    }
   }
   threads_.reserve(static_cast<size_t>(thread_count_));
   for (int i = 0; i < thread_count_; ++i) threads_.emplace_back([this] { Serve(); });
@@ -31,11 +37,12 @@ void CallQueue::Shutdown() {
   shut_down_ = true;
   {
     // The threads go on serving the queue meanwhile: each call is deleted once its last event is
-    // in.
+    // in, and the calls asked for come back refused once the server has shut down (or, matched
+    // just before, as arrivals whose operations fail).
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     mu_.Await(absl::Condition(
-        +[](int* answering) { return *answering == 0; }, &answering_));
+        +[](int* calls) { return *calls == 0; }, &calls_));
   }
   cq_->Shutdown();
   if (threads_.empty()) {  // never started: what the queue holds is drained here
@@ -51,18 +58,20 @@ void CallQueue::Shutdown() {
 }
 
 void CallQueue::Arrived(Method& method) {
-  absl::MutexLock lock(&mu_);
-  ++answering_;
-  // Once Shutdown has begun the queue may be shut down as soon as the last call is answered: no
-  // call is asked for on it any more.
-  if (!stopping_) method.Ask(*this);
+  {
+    absl::MutexLock lock(&mu_);
+    // Once Shutdown has begun no call is asked for: the queue is shut down once the last one is
+    // deleted.
+    if (stopping_) return;
+    ++calls_;
+  }
+  method.Ask(*this);
 }
 
-void CallQueue::Release(Call* call, bool arrived) {
+void CallQueue::Release(Call* call) {
   delete call;
-  if (!arrived) return;
   absl::MutexLock lock(&mu_);
-  --answering_;
+  --calls_;
 }
 
 void CallQueue::Serve() {

@@ -84,7 +84,8 @@ class StreamReactor {
 // added before Start, which comes after the server has started; Shutdown after the server's
 // Shutdown has returned. A call still being answered then (an eval on the device or the build
 // pool, a stream that gRPC cancelled) is waited for: the queue is shut down only once every call
-// that arrived has been answered and deleted, and no call is asked for after Shutdown has begun.
+// asked for has come back (refused by the server's shutdown, or arrived, answered and deleted),
+// and no call is asked for after Shutdown has begun.
 // The services outlive it.
 class CallQueue {
  public:
@@ -162,11 +163,11 @@ class CallQueue {
     virtual void Ask(CallQueue& queue) = 0;
   };
 
-  // For the calls: the server's queue, a call's arrival (it is then counted until Release, and
-  // the next call of its method asked for), and its deletion.
+  // For the calls: the server's queue, a call's arrival (the next call of its method is asked
+  // for, and counted until its Release), and its deletion.
   grpc::ServerCompletionQueue* cq() const { return cq_.get(); }
   void Arrived(Method& method);
-  void Release(Call* call, bool arrived);
+  void Release(Call* call);
 
  private:
   void Serve();
@@ -179,7 +180,8 @@ class CallQueue {
   std::atomic<bool> polling_{false};  // a thread is polling the queue
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // Shutdown has begun: no call is asked for
-  int answering_ ABSL_GUARDED_BY(mu_) = 0;      // calls arrived and not yet deleted
+  // Calls asked for or being answered, not yet deleted: an event on the queue may belong to any.
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ = false;
 };
 
@@ -213,11 +215,11 @@ class UnaryMethod<Request, Response>::Call final : public CallQueue::Call {
   }
   void Proceed(CallQueue::Op op, bool ok) override {
     if (op == CallQueue::Op::kFinish) {  // answered, whether or not it reached the client
-      queue_.Release(this, /*arrived=*/true);
+      queue_.Release(this);
       return;
     }
     if (!ok) {  // asked for, and will not come: the server is shutting down
-      queue_.Release(this, /*arrived=*/false);
+      queue_.Release(this);
       return;
     }
     queue_.Arrived(method_);
@@ -279,7 +281,7 @@ class StreamMethod<Request, Response, Stream>::Call final : public CallQueue::Ca
     switch (op) {
       case CallQueue::Op::kArrived:
         if (!ok) {  // asked for, and will not come: the server is shutting down
-          queue_.Release(this, /*arrived=*/false);
+          queue_.Release(this);
           return;
         }
         queue_.Arrived(method_);
@@ -291,7 +293,12 @@ class StreamMethod<Request, Response, Stream>::Call final : public CallQueue::Ca
         return;
       case CallQueue::Op::kRead:
         if constexpr (kClientStreams) {
-          if (!ok) {
+          bool finishing = false;
+          {
+            absl::MutexLock lock(&mu_);
+            finishing = finishing_;
+          }
+          if (!ok && !finishing) {
             // The client's half close, or the call's end? gRPC tells the async API of a
             // cancellation only through kDone, which may come later. Sending the initial metadata
             // (not sent yet: this kind writes nothing before its finish) fails on an ended call
@@ -336,7 +343,7 @@ class StreamMethod<Request, Response, Stream>::Call final : public CallQueue::Ca
     }
     if (!last) return;
     reactor_->OnDone();
-    queue_.Release(this, /*arrived=*/true);
+    queue_.Release(this);
   }
 
   void Read(Request* request) override {
@@ -369,6 +376,7 @@ class StreamMethod<Request, Response, Stream>::Call final : public CallQueue::Ca
     {
       absl::MutexLock lock(&mu_);
       ++outstanding_;
+      finishing_ = true;
       if (reactor_ == nullptr) {
         deferred_finish_ = status;
         return;
@@ -434,6 +442,9 @@ class StreamMethod<Request, Response, Stream>::Call final : public CallQueue::Ca
   absl::Mutex mu_;
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // operations started whose events are not in
   bool finish_done_ ABSL_GUARDED_BY(mu_) = false;
+  // The reactor has finished: a failed read is then not probed (the finish sends the initial
+  // metadata).
+  bool finishing_ ABSL_GUARDED_BY(mu_) = false;
   // Started by the reactor's constructor, before it was bound.
   Request* deferred_read_ ABSL_GUARDED_BY(mu_) = nullptr;
   const Response* deferred_write_ ABSL_GUARDED_BY(mu_) = nullptr;
