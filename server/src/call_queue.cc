@@ -19,14 +19,12 @@ CallQueue::~CallQueue() { Shutdown(); }
 void CallQueue::Start() {
   // Calls of each method asked for, one per thread: while a thread serves one, the next has a
   // place to arrive.
+  {
+    absl::MutexLock lock(&mu_);
+    calls_ += thread_count_ * static_cast<int>(methods_.size());
+  }
   for (int i = 0; i < thread_count_; ++i) {
-    for (const auto& method : methods_) {
-      {
-        absl::MutexLock lock(&mu_);
-        ++calls_;
-      }
-      method->Ask(*this);
-    }
+    for (const auto& method : methods_) method->Ask(*this);
   }
   threads_.reserve(static_cast<size_t>(thread_count_));
   for (int i = 0; i < thread_count_; ++i) threads_.emplace_back([this] { Serve(); });

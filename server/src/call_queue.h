@@ -163,9 +163,8 @@ class CallQueue {
     virtual void Ask(CallQueue& queue) = 0;
   };
 
-  // For the calls: the server's queue, a call's arrival (the next call of its method is asked
-  // for, and counted until its Release), and its deletion.
-  grpc::ServerCompletionQueue* cq() const { return cq_.get(); }
+  // For the calls: a call's arrival (the next call of its method is asked for, and counted until
+  // its Release), and its deletion.
   void Arrived(Method& method);
   void Release(Call* call);
 

@@ -5,7 +5,7 @@
 #include <set>
 #include <string>
 
-#include "reflection_client.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "test_util.h"
 
 namespace komputed::ops_testing {
