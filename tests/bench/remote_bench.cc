@@ -363,6 +363,7 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
   options.shared_memory = false;  // every byte through gRPC: the remote path's figures
   if (s->config.eval_spin.has_value()) options.eval_spin = *s->config.eval_spin;
   options.eval_poll = s->config.eval_poll;
+  if (s->config.grpc_threads.has_value()) options.grpc_threads = *s->config.grpc_threads;
   if (s->config.max_kernel_time.has_value()) {
     options.max_kernel_time = *s->config.max_kernel_time;
   }
@@ -525,6 +526,60 @@ void RemoteBench::PingInterleaved(benchmark::State& state, v1::Sessions::Stub* c
   state.counters[kPingInterleavedCallback] = total_us[2] / n;
 }
 
+// The tiny evals of `lanes` (in-process, remote, same host) and Pings of komputed, in turn, each
+// in a run of kTinyEvalInterleavedRun back to back (as a program that evaluates in a loop sends
+// them), each run timed as a whole.
+void RemoteBench::TinyEvalInterleaved(benchmark::State& state, KpTiny* const lanes[3],
+                                      v1::Sessions::Stub& ping) {
+  static constexpr const char* kWhat[3] = {"in-process", "remote", "same host"};
+  v1::PingRequest request;
+  v1::PingResponse response;
+  double total_us[4] = {0, 0, 0, 0};
+  auto since = [](std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+        .count();
+  };
+  uint64_t i = 0;
+  try {
+    for (auto _ : state) {
+      for (int k = 0; k < 3; ++k) {
+        float* data = lanes[k]->tensor->data();
+        kp::Sequence& sequence = *lanes[k]->sequence;
+        const auto start = std::chrono::steady_clock::now();
+        for (int e = 0; e < kTinyEvalInterleavedRun; ++e) {
+          const TinyStep step(i++);
+          data[step.k] = step.v;
+          sequence.eval();
+          if (data[step.k] != lanes[k]->Expected(step)) {
+            state.SkipWithError(absl::StrCat(kWhat[k], ": wrong result").c_str());
+            return;
+          }
+        }
+        total_us[k] += since(start);
+      }
+      const auto start = std::chrono::steady_clock::now();
+      for (int e = 0; e < kTinyEvalInterleavedRun; ++e) {
+        grpc::ClientContext context;
+        const grpc::Status st = ping.Ping(&context, request, &response);
+        if (!st.ok()) {
+          state.SkipWithError(absl::StrCat("ping: ", st.error_message()).c_str());
+          return;
+        }
+      }
+      total_us[3] += since(start);
+    }
+  } catch (const kp::Error& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  const double n =
+      static_cast<double>(std::max<int64_t>(1, state.iterations()) * kTinyEvalInterleavedRun);
+  state.counters[kTinyEvalInterleavedInprocess] = total_us[0] / n;
+  state.counters[kTinyEvalInterleavedRemote] = total_us[1] / n;
+  state.counters[kTinyEvalInterleavedSameHost] = total_us[2] / n;
+  state.counters[kTinyEvalInterleavedPing] = total_us[3] / n;
+}
+
 // The ceiling for any protocol here: 256 MiB from one buffer into another through a TCP loopback
 // connection, 1 MiB per write() and read(), a receiver thread acknowledging each 256 MiB with one
 // byte (the time includes it).
@@ -660,6 +715,15 @@ void RemoteBench::RegisterLatencyBenchmarks() {
   benchmark::RegisterBenchmark(
       kTinyEvalSameHost,
       [s](benchmark::State& state) { RunKpTiny(state, s->tiny_same_host, kTinyEvalSameHost); })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(
+      kTinyEvalInterleaved,
+      [s](benchmark::State& state) {
+        KpTiny* const lanes[3] = {&s->tiny_inprocess, &s->tiny_remote, &s->tiny_same_host};
+        TinyEvalInterleaved(state, lanes, *s->ping_stub);
+      })
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);

@@ -18,6 +18,8 @@
 
 namespace komputed_bench {
 
+struct KpTiny;  // bench_common.h
+
 // Benchmark names (the summary's keys).
 inline constexpr char kPing[] = "ping";
 // The same Ping on a bare completion-queue gRPC server of the same build.
@@ -69,6 +71,16 @@ inline constexpr char kDownloadRemote[] = "download_256MiB/remote";
 inline constexpr char kTinyEvalSameHost[] = "tiny_eval/same_host";
 // The same-host tiny eval's stages (eval_stages.h).
 inline constexpr char kTinyEvalSameHostStages[] = "tiny_eval/same_host_stages";
+// The tiny evals in turn (in-process, remote, same host) and komputed's Ping after them, each in a
+// run of kTinyEvalInterleavedRun back to back, so that all share one stretch of the device's and
+// the host's time (a GPU's clocks change under a light load; the host has other work): the means
+// per eval and per ping are reported as counters (µs).
+inline constexpr char kTinyEvalInterleaved[] = "tiny_eval/interleaved";
+inline constexpr int kTinyEvalInterleavedRun = 16;
+inline constexpr char kTinyEvalInterleavedInprocess[] = "inprocess_us";
+inline constexpr char kTinyEvalInterleavedRemote[] = "remote_us";
+inline constexpr char kTinyEvalInterleavedSameHost[] = "same_host_us";
+inline constexpr char kTinyEvalInterleavedPing[] = "ping_us";
 inline constexpr char kAsyncSameHost[] = "async_evals/same_host";
 inline constexpr char kUploadSameHost[] = "upload_256MiB/same_host";
 inline constexpr char kDownloadSameHost[] = "download_256MiB/same_host";
@@ -97,6 +109,8 @@ struct RemoteConfig {
   std::optional<absl::Duration> eval_inline_wait;
   // The daemons' --eval_poll (unset: their default).
   std::optional<absl::Duration> eval_poll;
+  // The daemons' --grpc_threads (unset: their default).
+  std::optional<int> grpc_threads;
   // A daemon of another process (host:port) that the TCP benchmarks (ping, tiny_eval/remote and
   // its stages, the remote async evals) reach instead of the daemon in this process: client and
   // daemon as they run on one host, each with its own gRPC threads. Empty: the one in this process.
@@ -145,6 +159,8 @@ class RemoteBench {
   static void Ping(benchmark::State& state, komputed::v1::Sessions::Stub& stub);
   static void PingInterleaved(benchmark::State& state,
                               komputed::v1::Sessions::Stub* const stubs[3]);
+  static void TinyEvalInterleaved(benchmark::State& state, KpTiny* const lanes[3],
+                                  komputed::v1::Sessions::Stub& ping);
   static void TcpLoopback(benchmark::State& state);
   std::unique_ptr<State> s_;
 };
