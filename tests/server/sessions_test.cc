@@ -203,11 +203,16 @@ class ShortIdleTest : public ServerTest {
     EXPECT_THAT(client_->devices->ListDevices(&ctx, v1::ListDevicesRequest(), &devices), IsOk());
     return devices.devices(0);
   }
-  // Polls (ListSessions does not touch sessions) until no session is left; bounded.
+  // Polls (ListSessions and ListDevices do not touch sessions) until no session is listed and the
+  // device holds none and none of their memory (the reaper takes a session out of the table
+  // before it frees what the session held); bounded.
   bool WaitForNoSessions(absl::Duration bound = absl::Seconds(10)) {
     const absl::Time until = absl::Now() + bound;
     while (absl::Now() < until) {
-      if (Sessions().sessions_size() == 0) return true;
+      if (Sessions().sessions_size() == 0) {
+        const v1::DeviceInfo device = Device0();
+        if (device.sessions() == 0 && device.memory_in_use_bytes() == 0) return true;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     return false;
