@@ -59,13 +59,19 @@ KpTiny MakeKpTiny(kp::Manager& mgr, const std::vector<uint32_t>& tiny_spirv, boo
   return t;
 }
 
+bool EvalTinyStep(KpTiny& tiny, uint64_t i) {
+  const TinyStep step(i);
+  float* data = tiny.tensor->data();
+  data[step.k] = step.v;
+  tiny.sequence->eval();
+  return data[step.k] == tiny.Expected(step);
+}
+
 void RunKpTiny(benchmark::State& state, KpTiny& t, const char* what) {
   RunKpTinyPaced(state, t, what, absl::ZeroDuration());
 }
 
 void RunKpTinyPaced(benchmark::State& state, KpTiny& t, const char* what, absl::Duration gap) {
-  float* data = t.tensor->data();
-  kp::Sequence& seq = *t.sequence;
   uint64_t i = 0;
   try {
     for (auto _ : state) {
@@ -76,10 +82,7 @@ void RunKpTinyPaced(benchmark::State& state, KpTiny& t, const char* what, absl::
         }
         state.ResumeTiming();
       }
-      const TinyStep step(i++);
-      data[step.k] = step.v;
-      seq.eval();
-      if (data[step.k] != t.Expected(step)) {
+      if (!EvalTinyStep(t, i++)) {
         state.SkipWithError(absl::StrCat(what, ": wrong result").c_str());
         break;
       }

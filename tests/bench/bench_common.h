@@ -83,6 +83,10 @@ struct KpTiny {
 // Throws kp::Error.
 KpTiny MakeKpTiny(kp::Manager& mgr, const std::vector<uint32_t>& tiny_spirv, bool dispatch = true);
 
+// One eval of `tiny` as step `i` of a run: writes one input, evaluates, and says whether the
+// output read back is right. Throws kp::Error.
+bool EvalTinyStep(KpTiny& tiny, uint64_t i);
+
 // One sequence->eval() per iteration, each writing one input and checking one output.
 void RunKpTiny(benchmark::State& state, KpTiny& tiny, const char* what);
 // The same with `gap` between two evals, not timed, spent polling the clock: the device idles

@@ -188,7 +188,7 @@ struct Config {
   std::optional<double> eval_spin_us;           // the daemons' --eval_spin (unset: their default)
   std::optional<double> eval_inline_us;         // the daemons' --eval_inline_wait
   std::optional<double> eval_poll_us;           // the daemons' --eval_poll
-  std::optional<double> grpc_threads;           // the daemons' --grpc_threads
+  std::optional<int> grpc_threads;              // the daemons' --grpc_threads
   std::string daemon_address;                   // KOMPUTED_BENCH_DAEMON
   std::optional<double> max_kernel_time_ms;     // the daemons' --max_kernel_time
   std::optional<double> daemon_dispatch_share;  // the daemons' --dispatch_share
@@ -233,7 +233,7 @@ Config ReadConfig() {
   c.eval_inline_us = EnvNumber("KOMPUTED_BENCH_EVAL_INLINE_US");
   c.eval_poll_us = EnvNumber("KOMPUTED_BENCH_EVAL_POLL_US");
   if (auto v = EnvNumber("KOMPUTED_BENCH_GRPC_THREADS"); v && *v >= 1 && *v <= 64) {
-    c.grpc_threads = *v;
+    c.grpc_threads = static_cast<int>(*v);
   }
   if (const char* v = std::getenv("KOMPUTED_BENCH_DAEMON"); v != nullptr) c.daemon_address = v;
   if (auto v = EnvNumber("KOMPUTED_BENCH_ASYNC_DEPTH"); v && *v >= 1) {
@@ -769,9 +769,7 @@ absl::Status SetUp(Env& env) {
     if (env.config.eval_poll_us.has_value()) {
       rc.eval_poll = absl::Microseconds(*env.config.eval_poll_us);
     }
-    if (env.config.grpc_threads.has_value()) {
-      rc.grpc_threads = static_cast<int>(*env.config.grpc_threads);
-    }
+    rc.grpc_threads = env.config.grpc_threads;
     rc.daemon_address = env.config.daemon_address;
     if (env.config.max_kernel_time_ms.has_value()) {
       rc.max_kernel_time = absl::Milliseconds(*env.config.max_kernel_time_ms);
@@ -1405,8 +1403,7 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   // The targets: 1.25 on a CPU device, 1.1 on a GPU. Judged on the evals and pings taken
   // in turn (tiny_eval/interleaved), which share the device's clocks and the host's load of the
   // moment; the separate runs' ratio is shown beside it.
-  const bool cpu_device =
-      g_env->core_device->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
+  const bool cpu = g_env->core_device->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
   const auto us = [](std::optional<double> v) -> std::optional<double> {
     if (!v.has_value()) return std::nullopt;
     return *v * 1e-6;
@@ -1424,7 +1421,7 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   PrintInfoRatio("remote/(in-process + ping) (tiny eval), each in its own run",
                  Ratio(tiny_remote, Sum(tiny_in, ping)));
   met &= PrintRatio("remote/(in-process + ping) (tiny eval), in turn",
-                    Ratio(turn_remote, Sum(turn_in, turn_ping)), true, cpu_device ? 1.25 : 1.1);
+                    Ratio(turn_remote, Sum(turn_in, turn_ping)), true, cpu ? 1.25 : 1.1);
   // The device answers a submission later when it has idled since the last one: the in-process
   // evals paced as far apart as the remote ones show how much of the remote eval that is.
   const auto tiny_paced = r.MeanSeconds(kb::kTinyEvalInprocessPaced);
@@ -1497,7 +1494,6 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
             << GBps(r.MeanBytesPerSecond(kUploadKp)) << "\n";
   std::cout << "download 256 MiB: same host " << GBps(down_same) << ", kp in-process "
             << GBps(r.MeanBytesPerSecond(kDownloadKp)) << "\n";
-  const bool cpu = g_env->core_device->properties().deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
   const double sync_target = cpu ? 0.5 : 0.8;
   if (shared == 0) {
     std::cout << "same host: no tensor was made over shared memory (the fast path was not "

@@ -543,14 +543,9 @@ void RemoteBench::TinyEvalInterleaved(benchmark::State& state, KpTiny* const lan
   try {
     for (auto _ : state) {
       for (int k = 0; k < 3; ++k) {
-        float* data = lanes[k]->tensor->data();
-        kp::Sequence& sequence = *lanes[k]->sequence;
         const auto start = std::chrono::steady_clock::now();
         for (int e = 0; e < kTinyEvalInterleavedRun; ++e) {
-          const TinyStep step(i++);
-          data[step.k] = step.v;
-          sequence.eval();
-          if (data[step.k] != lanes[k]->Expected(step)) {
+          if (!EvalTinyStep(*lanes[k], i++)) {
             state.SkipWithError(absl::StrCat(kWhat[k], ": wrong result").c_str());
             return;
           }
