@@ -1,13 +1,65 @@
 #include "bench_common.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <set>
 #include <string>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace komputed_bench {
+
+namespace {
+
+struct Counted {
+  std::mutex mu;
+  std::set<pid_t> pids;
+};
+Counted& CountedProcesses() {
+  static Counted* counted = new Counted();
+  return *counted;
+}
+
+// /proc/PID/stat's minflt, utime and stime (fields 10, 14 and 15, after the command's name);
+// nothing when the process is gone.
+void AddProcStat(pid_t pid, ProcessUsage& usage) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t name_end = stat.rfind(')');
+  if (name_end == std::string::npos) return;
+  const std::vector<std::string> fields =
+      absl::StrSplit(stat.substr(name_end + 1), ' ', absl::SkipEmpty());
+  uint64_t minflt = 0, utime = 0, stime = 0;
+  if (fields.size() < 13 || !absl::SimpleAtoi(fields[7], &minflt) ||
+      !absl::SimpleAtoi(fields[11], &utime) || !absl::SimpleAtoi(fields[12], &stime)) {
+    return;
+  }
+  static const double tick = 1.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  usage.minor_faults += minflt;
+  usage.cpu_seconds += static_cast<double>(utime + stime) * tick;
+}
+
+}  // namespace
+
+void CountUsageOf(pid_t pid) {
+  Counted& c = CountedProcesses();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.pids.insert(pid);
+}
+
+void StopCountingUsageOf(pid_t pid) {
+  Counted& c = CountedProcesses();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.pids.erase(pid);
+}
 
 ProcessUsage ProcessUsage::Now() {
   rusage usage{};
@@ -15,8 +67,12 @@ ProcessUsage ProcessUsage::Now() {
   auto seconds = [](const timeval& t) {
     return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6;
   };
-  return {static_cast<uint64_t>(usage.ru_minflt),
-          seconds(usage.ru_utime) + seconds(usage.ru_stime)};
+  ProcessUsage u{static_cast<uint64_t>(usage.ru_minflt),
+                 seconds(usage.ru_utime) + seconds(usage.ru_stime)};
+  Counted& c = CountedProcesses();
+  std::lock_guard<std::mutex> lock(c.mu);
+  for (const pid_t pid : c.pids) AddProcStat(pid, u);
+  return u;
 }
 
 void SetTransferCounters(benchmark::State& state, const ProcessUsage& before, uint64_t bytes) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <benchmark/benchmark.h>
+#include <sys/types.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -56,13 +57,17 @@ std::vector<float> PatternVector(uint64_t count);
 // Checks a spread of elements (and the last) against the pattern.
 bool MatchesPattern(const float* data, uint64_t count);
 
-// The whole process's minor page faults and CPU time (user + system, every thread: client and
-// in-process daemon alike) so far.
+// The minor page faults and CPU time (user + system, every thread) so far of this process (client
+// and in-process daemons alike) and of the daemons' processes named with CountUsageOf.
 struct ProcessUsage {
   uint64_t minor_faults = 0;
   double cpu_seconds = 0;
   static ProcessUsage Now();
 };
+// From now on ProcessUsage counts `pid` (a daemon of the benchmark's, in a process of its own)
+// with this process; StopCountingUsageOf before it ends. Thread-safe.
+void CountUsageOf(pid_t pid);
+void StopCountingUsageOf(pid_t pid);
 // The transfer benchmarks' counters since `before`, over `bytes` moved: faults_per_MiB (on a VM a
 // fault costs microseconds; a path that touches fresh memory on every transfer shows here) and
 // cpu_s_per_GiB (CPU spent per GiB, less sensitive than wall time to other load on the host).
@@ -96,7 +101,8 @@ void RunKpTinyPaced(benchmark::State& state, KpTiny& tiny, const char* what, abs
 // Pipelined asynchronous evals: every lane's sequence is evalAsync'ed, then each iteration awaits
 // the oldest (round robin), checks its result and submits it again, so that lanes.size() evals
 // are always in flight. One item per completed eval; the counter kProcessCpuPerEval is the
-// process's CPU time (every thread: client, an in-process daemon, the driver's) per eval, in us.
+// CPU time of the process and its daemons (ProcessUsage: every thread of the client, the daemons
+// and the driver) per eval, in us.
 inline constexpr char kProcessCpuPerEval[] = "process_cpu_us";
 void RunKpAsync(benchmark::State& state, std::vector<KpTiny>& lanes, const char* what);
 

@@ -20,9 +20,10 @@
 //     applies with --dispatch_share, default 0.75): saxpy_<N>MiB/core_bounded and
 //     loop{,16}/core_bounded against their _stoppable variants.
 //
-// Remote (remote_bench.cc): a komputed daemon started in this process (Server::Start on
-// 127.0.0.1:0, serving the same device) and a second kp::Manager connected to it over TCP
-// loopback. Client and daemon share the process and its cores, as they would share one host.
+// Remote (remote_bench.cc): komputed daemons serving the same device, each the komputed binary in
+// a process of its own as deployed (KOMPUTED_BENCH_INPROCESS_DAEMONS=1: Servers in this process),
+// and kp::Managers connected to them over TCP loopback (and a Unix socket for the same-host rows).
+// Client and daemons share the host and its cores.
 //  4. ping: a bare gRPC round trip (Sessions.Ping), mean latency.
 //  5. tcp_loopback: 256 MiB through a plain TCP socket over 127.0.0.1 in 1 MiB writes, into a
 //     receiver thread: the ceiling for any protocol on this host (KOMPUTED_BENCH_BULK_ITERS / 2
@@ -62,8 +63,11 @@
 //   KOMPUTED_BENCH_GRPC_THREADS  the in-process daemons' --grpc_threads (default: the daemon's)
 //   KOMPUTED_BENCH_MAX_KERNEL_TIME_MS, KOMPUTED_BENCH_DAEMON_DISPATCH_SHARE  the in-process
 //                               daemons' --max_kernel_time (0: no watchdog) and --dispatch_share
-//   KOMPUTED_BENCH_DAEMON=HOST:PORT  a komputed of another process, serving the same device, that
-//                               the TCP benchmarks reach instead of the daemon in this process
+//   KOMPUTED_BENCH_INPROCESS_DAEMONS=1  the daemons and the bare ping servers run in this process
+//                               (one profile shows client and daemon) instead of their own
+//   KOMPUTED_BINARY             the komputed that the daemons' processes run (default: the build's)
+//   KOMPUTED_BENCH_DAEMON=HOST:PORT  a komputed started by hand, serving the same device, that
+//                               the TCP benchmarks reach instead of the benchmark's own
 //   KOMPUTED_BENCH_STRICT=1     exit with status 1 when a ratio misses its target
 //   KOMPUTED_VALIDATION=1       Vulkan validation (core and the raw path share the instance)
 #include <benchmark/benchmark.h>
@@ -86,6 +90,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -190,6 +195,7 @@ struct Config {
   std::optional<double> eval_poll_us;           // the daemons' --eval_poll
   std::optional<int> grpc_threads;              // the daemons' --grpc_threads
   std::string daemon_address;                   // KOMPUTED_BENCH_DAEMON
+  bool daemons_in_process = false;              // KOMPUTED_BENCH_INPROCESS_DAEMONS
   std::optional<double> max_kernel_time_ms;     // the daemons' --max_kernel_time
   std::optional<double> daemon_dispatch_share;  // the daemons' --dispatch_share
   // The share of the device's invocation slots that the bounded variants' dispatches may hold
@@ -236,6 +242,7 @@ Config ReadConfig() {
     c.grpc_threads = static_cast<int>(*v);
   }
   if (const char* v = std::getenv("KOMPUTED_BENCH_DAEMON"); v != nullptr) c.daemon_address = v;
+  if (auto v = EnvNumber("KOMPUTED_BENCH_INPROCESS_DAEMONS")) c.daemons_in_process = *v != 0;
   if (auto v = EnvNumber("KOMPUTED_BENCH_ASYNC_DEPTH"); v && *v >= 1) {
     c.async_depth = static_cast<uint32_t>(*v);
   }
@@ -750,7 +757,7 @@ absl::Status SetUp(Env& env) {
     return absl::Status(static_cast<absl::StatusCode>(e.code()), e.what());
   }
 
-  // remote: a daemon in this process on the same physical device, and a Manager connected to it.
+  // remote: daemons on the same physical device, and Managers connected to them.
   if (env.config.remote) {
     komputed_bench::RemoteConfig rc;
     rc.physical_device = device.info().index;
@@ -771,6 +778,7 @@ absl::Status SetUp(Env& env) {
     }
     rc.grpc_threads = env.config.grpc_threads;
     rc.daemon_address = env.config.daemon_address;
+    rc.daemons_in_process = env.config.daemons_in_process;
     if (env.config.max_kernel_time_ms.has_value()) {
       rc.max_kernel_time = absl::Milliseconds(*env.config.max_kernel_time_ms);
     }
@@ -1342,9 +1350,8 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   const auto tcp = r.MeanBytesPerSecond(kb::kTcpLoopback);
   const auto up_remote = r.MeanBytesPerSecond(kb::kUploadRemote);
   const auto down_remote = r.MeanBytesPerSecond(kb::kDownloadRemote);
-  std::cout << "\nremote (daemon "
-            << (g_env->remote->daemon_in_process() ? "in this process" : "of another process")
-            << " at " << g_env->remote->address() << ", TCP loopback)\n";
+  std::cout << "\nremote (daemon " << g_env->remote->tcp_daemon_where() << " at "
+            << g_env->remote->address() << ", TCP loopback)\n";
   std::cout << "gRPC ping, mean round trip: " << Micros(ping) << "\n";
   std::cout << "tcp loopback 256 MiB: " << GBps(tcp) << "\n";
   std::cout << "tiny eval, mean: in-process " << Micros(tiny_in) << ", remote "
@@ -1480,8 +1487,9 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   const auto up_same = r.MeanBytesPerSecond(kb::kUploadSameHost);
   const auto down_same = r.MeanBytesPerSecond(kb::kDownloadSameHost);
   const uint64_t shared = g_env->remote->same_host_shared_tensors();
-  std::cout << "\nsame host (daemon in this process at " << g_env->remote->same_host_address()
-            << ", " << shared << " tensors made over shared memory)\n";
+  std::cout << "\nsame host (daemon " << g_env->remote->daemons_where() << " at "
+            << g_env->remote->same_host_address() << ", " << shared
+            << " tensors made over shared memory)\n";
   std::cout << "tiny eval, mean: in-process " << Micros(tiny_in) << ", same host "
             << Micros(tiny_same) << "\n";
   if (const auto stages = r.MeanSeconds(kb::kTinyEvalSameHostStages); stages.has_value()) {
@@ -1550,6 +1558,10 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
 int main(int argc, char** argv) {
   // As the komputed binary does (server/main.cc): no lock-graph checks on every mutex.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  if (argc == 2 && absl::StartsWith(argv[1], absl::StrCat(komputed_bench::kBarePingServe, "="))) {
+    return komputed_bench::ServeBarePing(
+        absl::string_view(argv[1]).substr(std::strlen(komputed_bench::kBarePingServe) + 1));
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,11 +20,17 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "bench_common.h"
 #include "eval_stages.h"
+#include "komputed/core/status.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "server.h"
+#include "support/daemon_process.h"
+#include "support/metrics.h"
+#include "support/process.h"
 #include "support/scoped_env.h"
 #include "support/test_certs.h"
 #include "tenants.h"
@@ -212,21 +219,182 @@ class BareCallbackPingServer final : public v1::Sessions::CallbackService {
   std::string address_;
 };
 
-// The bare callback server and a client of it, alive only while a benchmark that pings it runs:
-// a callback server's threads would do the reading for every other gRPC call of the process, and
-// slow those down too.
-struct CallbackPeer {
-  std::unique_ptr<BareCallbackPingServer> server;
+// How one of the benchmark's daemons differs from the others.
+struct DaemonSpec {
+  std::string listen = "127.0.0.1:0";
+  bool shared_memory = false;  // every byte through gRPC: the remote path's figures
+  bool submit_together = true;
+  std::string tenants_file;
+  std::string tls_cert;
+  std::string tls_key;
+};
+
+// One of the benchmark's daemons: the komputed binary in a process of its own, as it is deployed
+// (by default), or a Server in this process, beside the client (RemoteConfig::daemons_in_process).
+class BenchDaemon {
+ public:
+  static absl::StatusOr<std::unique_ptr<BenchDaemon>> Start(const RemoteConfig& c,
+                                                            const DaemonSpec& spec) {
+    auto d = std::unique_ptr<BenchDaemon>(new BenchDaemon());
+    if (c.daemons_in_process) {
+      komputed::server::ServerOptions o;
+      o.listen = spec.listen;
+      o.metrics_listen = "127.0.0.1:0";
+      o.devices = {c.physical_device};
+      o.shared_memory = spec.shared_memory;
+      o.submit_together = spec.submit_together;
+      o.tenants_file = spec.tenants_file;
+      o.tls_cert = spec.tls_cert;
+      o.tls_key = spec.tls_key;
+      if (c.eval_spin.has_value()) o.eval_spin = *c.eval_spin;
+      if (c.eval_poll.has_value()) o.eval_poll = c.eval_poll;
+      if (c.grpc_threads.has_value()) o.grpc_threads = *c.grpc_threads;
+      if (c.max_kernel_time.has_value()) o.max_kernel_time = *c.max_kernel_time;
+      if (c.dispatch_share.has_value()) o.dispatch_share = *c.dispatch_share;
+      if (c.eval_inline_wait.has_value()) o.eval_inline_wait = *c.eval_inline_wait;
+      auto server = komputed::server::Server::Start(std::move(o));
+      if (!server.ok()) return server.status();
+      d->server_ = *std::move(server);
+      d->address_ = d->server_->address();
+      d->metrics_address_ = d->server_->metrics_address();
+      return d;
+    }
+    std::vector<std::string> flags = {
+        "--listen=" + spec.listen, absl::StrCat("--devices=", c.physical_device),
+        absl::StrCat("--shared_memory=", spec.shared_memory ? "true" : "false"),
+        absl::StrCat("--submit_together=", spec.submit_together ? "true" : "false"),
+        "--log_level=warn"};
+    if (!spec.tenants_file.empty()) flags.push_back("--tenants_file=" + spec.tenants_file);
+    if (!spec.tls_cert.empty()) flags.push_back("--tls_cert=" + spec.tls_cert);
+    if (!spec.tls_key.empty()) flags.push_back("--tls_key=" + spec.tls_key);
+    auto duration = [&flags](const char* flag, const std::optional<absl::Duration>& d) {
+      if (d.has_value()) flags.push_back(absl::StrCat("--", flag, "=", absl::FormatDuration(*d)));
+    };
+    duration("eval_spin", c.eval_spin);
+    duration("eval_poll", c.eval_poll);
+    duration("max_kernel_time", c.max_kernel_time);
+    duration("eval_inline_wait", c.eval_inline_wait);
+    if (c.grpc_threads.has_value())
+      flags.push_back(absl::StrCat("--grpc_threads=", *c.grpc_threads));
+    if (c.dispatch_share.has_value()) {
+      flags.push_back(absl::StrCat("--dispatch_share=", *c.dispatch_share));
+    }
+    d->process_ = std::make_unique<komputed::test_support::DaemonProcess>(flags);
+    if (!d->process_->started()) {
+      return absl::UnavailableError(absl::StrCat(
+          komputed::test_support::KomputedBinary(),
+          " did not start (KOMPUTED_BINARY names another); its log:\n", d->process_->Log()));
+    }
+    d->address_ = d->process_->address();
+    d->metrics_address_ = d->process_->metrics_address();
+    CountUsageOf(d->process_->pid());  // its CPU is the remote rows' as much as the client's
+    return d;
+  }
+
+  // A graceful stop, bounded; a process still running after it is killed by DaemonProcess.
+  ~BenchDaemon() {
+    if (server_ != nullptr) server_->Shutdown();
+    if (process_ == nullptr) return;
+    StopCountingUsageOf(process_->pid());
+    process_->Stop(SIGTERM, absl::Seconds(30));
+  }
+  BenchDaemon(const BenchDaemon&) = delete;
+  BenchDaemon& operator=(const BenchDaemon&) = delete;
+
+  const std::string& address() const { return address_; }
+  // A counter of the daemon's metrics endpoint (0 when it does not answer or has no such series).
+  double Metric(const std::string& name) const {
+    return komputed::test_support::Samples(komputed::test_support::ScrapeMetrics(metrics_address_))
+        .Get(name);
+  }
+
+ private:
+  BenchDaemon() = default;
+  std::unique_ptr<komputed::server::Server> server_;
+  std::unique_ptr<komputed::test_support::DaemonProcess> process_;
+  std::string address_;
+  std::string metrics_address_;
+};
+
+// A bare ping server (kBarePingServe's kinds) in a child process of this program, as komputed
+// runs in one: started with `/proc/self/exe kBarePingServe=KIND`, it prints its address and
+// serves until it gets SIGTERM.
+class BarePingProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<BarePingProcess>> Start(const char* kind) {
+    auto p = std::unique_ptr<BarePingProcess>(new BarePingProcess());
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) return Errno("readlink /proc/self/exe");
+    self[n] = '\0';
+    p->pid_ = komputed::test_support::Spawn({self, absl::StrCat(kBarePingServe, "=", kind)},
+                                            &p->stdout_fd_);
+    if (p->pid_ < 0) return Errno("starting the bare ping server");
+    const std::string line =
+        komputed::test_support::ReadLine(p->stdout_fd_, absl::Now() + absl::Seconds(30));
+    constexpr absl::string_view kListening = "listening on ";
+    if (!absl::StartsWith(line, kListening)) {
+      return absl::UnavailableError(
+          absl::StrCat("the bare ", kind, " ping server did not start: '", line, "'"));
+    }
+    p->address_ = line.substr(kListening.size());
+    return p;
+  }
+  ~BarePingProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      if (komputed::test_support::WaitExit(pid_, absl::Seconds(10)) == -1) {
+        kill(pid_, SIGKILL);
+        komputed::test_support::WaitExit(pid_, absl::Seconds(10));
+      }
+    }
+    if (stdout_fd_ >= 0) close(stdout_fd_);
+  }
+  BarePingProcess(const BarePingProcess&) = delete;
+  BarePingProcess& operator=(const BarePingProcess&) = delete;
+  const std::string& address() const { return address_; }
+
+ private:
+  BarePingProcess() = default;
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  std::string address_;
+};
+
+// A bare ping server (kBarePingCq or kBarePingCallback) and a client of it. The server runs in a
+// child process where the daemons run in theirs, else in this process. The callback one lives
+// only while a benchmark that pings it runs: in this process, its threads would do the reading for
+// every other gRPC call, and slow those down too.
+struct BarePeer {
+  std::unique_ptr<BarePingServer> cq_server;
+  std::unique_ptr<BareCallbackPingServer> callback_server;
+  std::unique_ptr<BarePingProcess> process;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Sessions::Stub> stub;
 };
 
-absl::StatusOr<std::unique_ptr<CallbackPeer>> StartCallbackPeer() {
-  auto peer = std::make_unique<CallbackPeer>();
-  absl::StatusOr<std::unique_ptr<BareCallbackPingServer>> server = BareCallbackPingServer::Start();
-  if (!server.ok()) return server.status();
-  peer->server = *std::move(server);
-  peer->channel = grpc::CreateChannel(peer->server->address(), grpc::InsecureChannelCredentials());
+absl::StatusOr<std::unique_ptr<BarePeer>> StartBarePeer(absl::string_view kind, bool in_process) {
+  auto peer = std::make_unique<BarePeer>();
+  std::string address;
+  if (!in_process) {
+    absl::StatusOr<std::unique_ptr<BarePingProcess>> process =
+        BarePingProcess::Start(std::string(kind).c_str());
+    if (!process.ok()) return process.status();
+    peer->process = *std::move(process);
+    address = peer->process->address();
+  } else if (kind == kBarePingCallback) {
+    absl::StatusOr<std::unique_ptr<BareCallbackPingServer>> server =
+        BareCallbackPingServer::Start();
+    if (!server.ok()) return server.status();
+    peer->callback_server = *std::move(server);
+    address = peer->callback_server->address();
+  } else {
+    absl::StatusOr<std::unique_ptr<BarePingServer>> server = BarePingServer::Start();
+    if (!server.ok()) return server.status();
+    peer->cq_server = *std::move(server);
+    address = peer->cq_server->address();
+  }
+  peer->channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   peer->stub = v1::Sessions::NewStub(peer->channel);
   grpc::ClientContext context;  // connects before the timing starts
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -235,7 +403,7 @@ absl::StatusOr<std::unique_ptr<CallbackPeer>> StartCallbackPeer() {
   const grpc::Status st = peer->stub->Ping(&context, request, &response);
   if (!st.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("ping of the bare callback server: ", st.error_message()));
+        absl::StrCat("ping of the bare ", kind, " server: ", st.error_message()));
   }
   return peer;
 }
@@ -250,18 +418,16 @@ struct RemoteBench::State {
   std::unique_ptr<kp::Manager> session_family_inprocess;
   kp::Manager* default_family_inprocess = nullptr;
   KpTiny tiny_default_family;
-  std::unique_ptr<komputed::server::Server> server;
+  std::unique_ptr<BenchDaemon> server;
   std::string address;
   std::shared_ptr<grpc::Channel> ping_channel;
   std::unique_ptr<v1::Sessions::Stub> ping_stub;
-  std::unique_ptr<BarePingServer> bare_server;
-  std::shared_ptr<grpc::Channel> bare_channel;
-  std::unique_ptr<v1::Sessions::Stub> bare_stub;
+  std::unique_ptr<BarePeer> bare;  // the completion-queue one
   std::unique_ptr<kp::Manager> remote;
   // The daemons that authenticate, and their clients.
   komputed::test_support::TestCertificates certs;
-  std::unique_ptr<komputed::server::Server> token_server;
-  std::unique_ptr<komputed::server::Server> tls_server;
+  std::unique_ptr<BenchDaemon> token_server;
+  std::unique_ptr<BenchDaemon> tls_server;
   std::unique_ptr<kp::Manager> token_remote;
   std::unique_ptr<kp::Manager> tls_remote;
   KpTiny tiny_token;
@@ -273,11 +439,11 @@ struct RemoteBench::State {
   std::unique_ptr<kp::Manager> remote_unbatched;  // KOMPUTED_EXECUTE_BATCHES=0 as it opened
   std::vector<KpTiny> async_remote_unbatched;
   // The daemon that submits each eval alone (--submit_together=false), and its client.
-  std::unique_ptr<komputed::server::Server> alone_server;
+  std::unique_ptr<BenchDaemon> alone_server;
   std::unique_ptr<kp::Manager> remote_alone;
   std::vector<KpTiny> async_remote_alone;
   // The same-host daemon (a Unix socket, shared memory) and its client.
-  std::unique_ptr<komputed::server::Server> same_host_server;
+  std::unique_ptr<BenchDaemon> same_host_server;
   std::unique_ptr<kp::Manager> same_host;
   KpTiny tiny_same_host;
   std::vector<KpTiny> async_same_host;
@@ -298,12 +464,10 @@ RemoteBench::~RemoteBench() {
   s_->remote_unbatched.reset();
   s_->async_remote_alone.clear();
   s_->remote_alone.reset();
-  if (s_->alone_server != nullptr) s_->alone_server->Shutdown();
   s_->alone_server.reset();
   s_->async_same_host.clear();
   s_->tiny_same_host = KpTiny{};
   s_->same_host.reset();
-  if (s_->same_host_server != nullptr) s_->same_host_server->Shutdown();
   s_->same_host_server.reset();
   s_->tiny_remote = KpTiny{};
   s_->tiny_token = KpTiny{};
@@ -311,29 +475,30 @@ RemoteBench::~RemoteBench() {
   s_->remote.reset();  // closes the session
   s_->token_remote.reset();
   s_->tls_remote.reset();
-  for (auto* server : {&s_->token_server, &s_->tls_server}) {
-    if (*server != nullptr) (*server)->Shutdown();
-    server->reset();
-  }
+  s_->token_server.reset();
+  s_->tls_server.reset();
   s_->async_inprocess.clear();
   s_->copies_inprocess.clear();
   s_->tiny_inprocess = KpTiny{};
   s_->tiny_default_family = KpTiny{};
   s_->ping_stub.reset();
   s_->ping_channel.reset();
-  s_->bare_stub.reset();
-  s_->bare_channel.reset();
-  s_->bare_server.reset();
-  if (s_->server != nullptr) s_->server->Shutdown();
+  s_->bare.reset();
   s_->server.reset();
 }
 
 const std::string& RemoteBench::address() const { return s_->address; }
-bool RemoteBench::daemon_in_process() const { return s_->config.daemon_address.empty(); }
+const char* RemoteBench::daemons_where() const {
+  if (s_->config.daemons_in_process) return "in this process";
+  return "in a process of its own";
+}
+const char* RemoteBench::tcp_daemon_where() const {
+  return s_->config.daemon_address.empty() ? daemons_where() : "of another process";
+}
 std::string RemoteBench::same_host_address() const { return s_->same_host_server->address(); }
 uint64_t RemoteBench::same_host_shared_tensors() const {
   return static_cast<uint64_t>(
-      s_->same_host_server->metrics().shared_memory_tensors_total().Value());
+      s_->same_host_server->Metric("komputed_shared_memory_tensors_total"));
 }
 
 absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig config,
@@ -354,26 +519,16 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
     s->inprocess = s->session_family_inprocess.get();
   }
 
-  // The daemon, in this process: its gRPC threads, device and completion waiter live beside the
-  // client's, as on one host. Its log lines would interleave with the results: warnings only.
+  // The daemons: komputed processes (or Servers in this process) serving the same device. The
+  // ones in this process would interleave their log lines with the results: warnings only.
   spdlog::set_level(spdlog::level::warn);
-  komputed::server::ServerOptions options;
-  options.listen = "127.0.0.1:0";
-  options.devices = {s->config.physical_device};
-  options.shared_memory = false;  // every byte through gRPC: the remote path's figures
-  if (s->config.eval_spin.has_value()) options.eval_spin = *s->config.eval_spin;
-  options.eval_poll = s->config.eval_poll;
-  if (s->config.grpc_threads.has_value()) options.grpc_threads = *s->config.grpc_threads;
-  if (s->config.max_kernel_time.has_value()) {
-    options.max_kernel_time = *s->config.max_kernel_time;
+  const RemoteConfig& c = s->config;
+  if (c.daemon_address.empty()) {
+    KD_ASSIGN_OR_RETURN(s->server, BenchDaemon::Start(c, DaemonSpec{}));
+    s->address = s->server->address();
+  } else {
+    s->address = c.daemon_address;
   }
-  if (s->config.dispatch_share.has_value()) options.dispatch_share = *s->config.dispatch_share;
-  if (s->config.eval_inline_wait.has_value())
-    options.eval_inline_wait = *s->config.eval_inline_wait;
-  auto server = komputed::server::Server::Start(options);
-  if (!server.ok()) return server.status();
-  s->server = *std::move(server);
-  s->address = s->config.daemon_address.empty() ? s->server->address() : s->config.daemon_address;
 
   // A daemon with one tenant (its token's hash in a tenants file), and one that serves TLS.
   if (!s->certs.ok()) return s->certs.status();
@@ -381,39 +536,24 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
   const std::string tenants = s->certs.dir() + "/tenants.yaml";
   std::ofstream(tenants) << "tenants:\n  - name: bench\n    token_sha256: "
                          << komputed::server::HexDigest(komputed::server::Sha256(kToken)) << "\n";
-  komputed::server::ServerOptions token_options = options;
-  token_options.tenants_file = tenants;
-  auto token_server = komputed::server::Server::Start(token_options);
-  if (!token_server.ok()) return token_server.status();
-  s->token_server = *std::move(token_server);
-  komputed::server::ServerOptions tls_options = options;
-  tls_options.tls_cert = s->certs.server_cert();
-  tls_options.tls_key = s->certs.server_key();
-  auto tls_server = komputed::server::Server::Start(tls_options);
-  if (!tls_server.ok()) return tls_server.status();
-  s->tls_server = *std::move(tls_server);
-
-  komputed::server::ServerOptions alone_options = options;
-  alone_options.submit_together = false;
-  auto alone_server = komputed::server::Server::Start(alone_options);
-  if (!alone_server.ok()) return alone_server.status();
-  s->alone_server = *std::move(alone_server);
-
-  komputed::server::ServerOptions same_host_options = options;
-  same_host_options.listen = "unix:" + s->certs.dir() + "/komputed.sock";
-  same_host_options.shared_memory = true;
-  auto same_host_server = komputed::server::Server::Start(same_host_options);
-  if (!same_host_server.ok()) return same_host_server.status();
-  s->same_host_server = *std::move(same_host_server);
+  DaemonSpec token_spec;
+  token_spec.tenants_file = tenants;
+  KD_ASSIGN_OR_RETURN(s->token_server, BenchDaemon::Start(c, token_spec));
+  DaemonSpec tls_spec;
+  tls_spec.tls_cert = s->certs.server_cert();
+  tls_spec.tls_key = s->certs.server_key();
+  KD_ASSIGN_OR_RETURN(s->tls_server, BenchDaemon::Start(c, tls_spec));
+  DaemonSpec alone_spec;
+  alone_spec.submit_together = false;
+  KD_ASSIGN_OR_RETURN(s->alone_server, BenchDaemon::Start(c, alone_spec));
+  DaemonSpec same_host_spec;
+  same_host_spec.listen = "unix:" + s->certs.dir() + "/komputed.sock";
+  same_host_spec.shared_memory = true;
+  KD_ASSIGN_OR_RETURN(s->same_host_server, BenchDaemon::Start(c, same_host_spec));
 
   s->ping_channel = grpc::CreateChannel(s->address, grpc::InsecureChannelCredentials());
   s->ping_stub = v1::Sessions::NewStub(s->ping_channel);
-  auto bare = BarePingServer::Start();
-  if (!bare.ok()) return bare.status();
-  s->bare_server = *std::move(bare);
-  s->bare_channel =
-      grpc::CreateChannel(s->bare_server->address(), grpc::InsecureChannelCredentials());
-  s->bare_stub = v1::Sessions::NewStub(s->bare_channel);
+  KD_ASSIGN_OR_RETURN(s->bare, StartBarePeer(kBarePingCq, c.daemons_in_process));
   {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -622,14 +762,14 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark(kPingBare,
-                               [s](benchmark::State& state) { Ping(state, *s->bare_stub); })
+                               [s](benchmark::State& state) { Ping(state, *s->bare->stub); })
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark(kPingBareCallback,
-                               [](benchmark::State& state) {
-                                 absl::StatusOr<std::unique_ptr<CallbackPeer>> peer =
-                                     StartCallbackPeer();
+                               [s](benchmark::State& state) {
+                                 absl::StatusOr<std::unique_ptr<BarePeer>> peer =
+                                     StartBarePeer(kBarePingCallback, s->config.daemons_in_process);
                                  if (!peer.ok()) {
                                    state.SkipWithError(peer.status().ToString().c_str());
                                    return;
@@ -641,14 +781,14 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark(kPingInterleaved,
                                [s](benchmark::State& state) {
-                                 absl::StatusOr<std::unique_ptr<CallbackPeer>> peer =
-                                     StartCallbackPeer();
+                                 absl::StatusOr<std::unique_ptr<BarePeer>> peer =
+                                     StartBarePeer(kBarePingCallback, s->config.daemons_in_process);
                                  if (!peer.ok()) {
                                    state.SkipWithError(peer.status().ToString().c_str());
                                    return;
                                  }
                                  v1::Sessions::Stub* const stubs[3] = {
-                                     s->ping_stub.get(), s->bare_stub.get(), (*peer)->stub.get()};
+                                     s->ping_stub.get(), s->bare->stub.get(), (*peer)->stub.get()};
                                  PingInterleaved(state, stubs);
                                })
       ->UseRealTime()
@@ -752,13 +892,14 @@ void RemoteBench::RegisterLatencyBenchmarks() {
   benchmark::RegisterBenchmark(
       kAsyncRemote,
       [s](benchmark::State& state) {
-        // The share of the evals that went to the device with others in one vkQueueSubmit.
-        prometheus::Counter& together = s->server->metrics().submitted_together_total();
-        const double before = together.Value();
+        // The share of the evals that went to the device with others in one vkQueueSubmit (known
+        // of the benchmark's own daemon).
+        constexpr char kTogether[] = "komputed_submitted_together_total";
+        const double before = s->server != nullptr ? s->server->Metric(kTogether) : 0;
         RunKpAsync(state, s->async_remote, kAsyncRemote);
-        if (state.iterations() > 0) {
+        if (s->server != nullptr && state.iterations() > 0) {
           state.counters[kSubmittedTogether] =
-              (together.Value() - before) / static_cast<double>(state.iterations());
+              (s->server->Metric(kTogether) - before) / static_cast<double>(state.iterations());
         }
       })
       ->UseRealTime()
@@ -849,6 +990,33 @@ void RemoteBench::RegisterGiBTransfers() {
       ->UseRealTime()
       ->Iterations(s->config.same_host_bulk_iterations)
       ->Unit(benchmark::kMillisecond);
+}
+
+int ServeBarePing(absl::string_view kind) {
+  std::unique_ptr<BarePingServer> cq;
+  std::unique_ptr<BareCallbackPingServer> callback;
+  absl::Status started;
+  std::string address;
+  if (kind == kBarePingCq) {
+    absl::StatusOr<std::unique_ptr<BarePingServer>> server = BarePingServer::Start();
+    started = server.status();
+    if (server.ok()) cq = *std::move(server), address = cq->address();
+  } else if (kind == kBarePingCallback) {
+    absl::StatusOr<std::unique_ptr<BareCallbackPingServer>> server =
+        BareCallbackPingServer::Start();
+    started = server.status();
+    if (server.ok()) callback = *std::move(server), address = callback->address();
+  } else {
+    started = absl::InvalidArgumentError(absl::StrCat("no bare ping server of kind '", kind, "' (",
+                                                      kBarePingCq, " or ", kBarePingCallback, ")"));
+  }
+  if (!started.ok()) {
+    std::fprintf(stderr, "komputed_bench: %s\n", started.ToString().c_str());
+    return 1;
+  }
+  std::printf("listening on %s\n", address.c_str());
+  std::fflush(stdout);
+  while (true) pause();  // until a signal ends the process (the benchmark's SIGTERM)
 }
 
 }  // namespace komputed_bench

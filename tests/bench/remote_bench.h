@@ -1,6 +1,7 @@
-// The remote half of komputed_bench: an in-process komputed daemon and a kp::Manager connected
-// to it over TCP loopback, with the baselines a remote benchmark is judged against (a bare gRPC
-// round trip, raw TCP throughput on the same loopback).
+// The remote half of komputed_bench: komputed daemons on this host (each in a process of its own,
+// or in this one) and kp::Managers connected to them over TCP loopback and a Unix socket, with the
+// baselines a remote benchmark is judged against (a bare gRPC round trip, raw TCP throughput on
+// the same loopback).
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 
@@ -87,6 +89,15 @@ inline constexpr char kDownloadSameHost[] = "download_256MiB/same_host";
 inline constexpr char kUploadGiBSameHost[] = "upload_1GiB/same_host";
 inline constexpr char kDownloadGiBSameHost[] = "download_1GiB/same_host";
 
+// komputed_bench run as `komputed_bench kBarePingServe=KIND` serves only Sessions.Ping on a bare
+// gRPC server of KIND (kBarePingCq: the completion-queue API, one thread; kBarePingCallback: the
+// callback API) on 127.0.0.1:0, prints "listening on ADDRESS" and serves until a signal ends it:
+// the bare ping servers of a benchmark whose daemons run in their own processes.
+inline constexpr char kBarePingServe[] = "--serve_bare_ping";
+inline constexpr char kBarePingCq[] = "cq";
+inline constexpr char kBarePingCallback[] = "callback";
+int ServeBarePing(absl::string_view kind);
+
 struct RemoteConfig {
   uint32_t physical_device = 0;            // the one device the daemon serves
   std::vector<uint32_t> tiny_spirv;        // the tiny sequence's shader
@@ -115,19 +126,25 @@ struct RemoteConfig {
   // its stages, the remote async evals) reach instead of the daemon in this process: client and
   // daemon as they run on one host, each with its own gRPC threads. Empty: the one in this process.
   std::string daemon_address;
+  // Where the daemons and the bare ping servers run: false (the default), each in a process of
+  // its own, as they are deployed (komputed: the komputed binary, KOMPUTED_BINARY or the build's;
+  // the bare servers: this program, ServeBarePing); true, in this process beside the client, where
+  // all share one set of gRPC pollers (gRPC 1.51 polls every completion queue of a process from one
+  // epoll set) and one profile shows both sides.
+  bool daemons_in_process = false;
   // The daemons' --max_kernel_time (zero: no watchdog) and --dispatch_share.
   std::optional<absl::Duration> max_kernel_time;
   std::optional<double> dispatch_share;
 };
 
-// Owns the daemon, the remote Manager and the objects of the remote and the in-process
-// latency benchmarks. Client and daemon share this process, as they would share a host: both
-// sides' CPU work runs on the same cores, and the bytes cross the kernel's TCP loopback.
+// Owns the daemons, the remote Managers and the objects of the remote and the in-process
+// latency benchmarks. Client and daemons share this host: both sides' CPU work runs on the same
+// cores, and the bytes cross the kernel's TCP loopback or a Unix socket.
 class RemoteBench {
  public:
-  // Starts the daemon on 127.0.0.1:0 serving `config.physical_device` and connects a remote
-  // kp::Manager to it. `inprocess` (the in-process Manager of the other benchmarks, on the same
-  // device) must outlive this object.
+  // Starts the daemons (on 127.0.0.1:0 and a Unix socket) serving `config.physical_device` and
+  // connects a kp::Manager to each. `inprocess` (the in-process Manager of the other benchmarks, on
+  // the same device) must outlive this object.
   static absl::StatusOr<std::unique_ptr<RemoteBench>> Start(RemoteConfig config,
                                                             kp::Manager* inprocess);
   // Remote objects first, then the remote Manager (closing its session), then the daemon.
@@ -135,9 +152,11 @@ class RemoteBench {
   RemoteBench(const RemoteBench&) = delete;
   RemoteBench& operator=(const RemoteBench&) = delete;
 
-  // The address of the daemon that the TCP benchmarks reach, and whether it is in this process.
+  // The address of the daemon that the TCP benchmarks reach, and where it and the others run
+  // ("in this process", "in a process of its own", "of another process").
   const std::string& address() const;
-  bool daemon_in_process() const;
+  const char* tcp_daemon_where() const;
+  const char* daemons_where() const;
   // The same-host daemon's address, and how many tensors it has made over shared memory.
   std::string same_host_address() const;
   uint64_t same_host_shared_tensors() const;
