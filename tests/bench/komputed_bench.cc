@@ -58,10 +58,10 @@
 //   KOMPUTED_BENCH_ASYNC_DEPTH  sequences in flight in async_evals (default 16: enough to cover
 //                               a loopback round trip, as a pipelining client keeps)
 //   KOMPUTED_BENCH_EVAL_SPIN_US, KOMPUTED_BENCH_EVAL_INLINE_US, KOMPUTED_BENCH_EVAL_POLL_US
-//                               the in-process daemons' --eval_spin, --eval_inline_wait and
+//                               the benchmark's daemons' --eval_spin, --eval_inline_wait and
 //                               --eval_poll (default: the daemon's)
-//   KOMPUTED_BENCH_GRPC_THREADS  the in-process daemons' --grpc_threads (default: the daemon's)
-//   KOMPUTED_BENCH_MAX_KERNEL_TIME_MS, KOMPUTED_BENCH_DAEMON_DISPATCH_SHARE  the in-process
+//   KOMPUTED_BENCH_GRPC_THREADS  the benchmark's daemons' --grpc_threads (default: the daemon's)
+//   KOMPUTED_BENCH_MAX_KERNEL_TIME_MS, KOMPUTED_BENCH_DAEMON_DISPATCH_SHARE  the benchmark's
 //                               daemons' --max_kernel_time (0: no watchdog) and --dispatch_share
 //   KOMPUTED_BENCH_INPROCESS_DAEMONS=1  the daemons and the bare ping servers run in this process
 //                               (one profile shows client and daemon) instead of their own

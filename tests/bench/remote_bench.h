@@ -122,9 +122,9 @@ struct RemoteConfig {
   std::optional<absl::Duration> eval_poll;
   // The daemons' --grpc_threads (unset: their default).
   std::optional<int> grpc_threads;
-  // A daemon of another process (host:port) that the TCP benchmarks (ping, tiny_eval/remote and
-  // its stages, the remote async evals) reach instead of the daemon in this process: client and
-  // daemon as they run on one host, each with its own gRPC threads. Empty: the one in this process.
+  // A daemon started by hand (host:port), serving the same device, that the TCP benchmarks (ping,
+  // tiny_eval/remote and its stages, the remote async evals) reach instead of the benchmark's own
+  // (another build's, say). Empty: the benchmark's own.
   std::string daemon_address;
   // Where the daemons and the bare ping servers run: false (the default), each in a process of
   // its own, as they are deployed (komputed: the komputed binary, KOMPUTED_BINARY or the build's;
