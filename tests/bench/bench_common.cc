@@ -1,6 +1,7 @@
 #include "bench_common.h"
 
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -28,23 +29,22 @@ Counted& CountedProcesses() {
   return *counted;
 }
 
-// /proc/PID/stat's minflt, utime and stime (fields 10, 14 and 15, after the command's name);
-// nothing when the process is gone.
-void AddProcStat(pid_t pid, ProcessUsage& usage) {
+// Adds what `pid` has used so far: its CPU time from its CPU clock (nanoseconds, where
+// /proc/PID/stat counts clock ticks) and its minor faults from /proc/PID/stat (field 10, after the
+// command's name); nothing when the process is gone.
+void AddUsageOf(pid_t pid, ProcessUsage& usage) {
+  clockid_t clock;
+  timespec t{};
+  if (clock_getcpuclockid(pid, &clock) != 0 || clock_gettime(clock, &t) != 0) return;
+  usage.cpu_seconds += static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
   std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
   std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const size_t name_end = stat.rfind(')');
   if (name_end == std::string::npos) return;
   const std::vector<std::string> fields =
       absl::StrSplit(stat.substr(name_end + 1), ' ', absl::SkipEmpty());
-  uint64_t minflt = 0, utime = 0, stime = 0;
-  if (fields.size() < 13 || !absl::SimpleAtoi(fields[7], &minflt) ||
-      !absl::SimpleAtoi(fields[11], &utime) || !absl::SimpleAtoi(fields[12], &stime)) {
-    return;
-  }
-  static const double tick = 1.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
-  usage.minor_faults += minflt;
-  usage.cpu_seconds += static_cast<double>(utime + stime) * tick;
+  uint64_t minflt = 0;
+  if (fields.size() > 7 && absl::SimpleAtoi(fields[7], &minflt)) usage.minor_faults += minflt;
 }
 
 }  // namespace
@@ -71,7 +71,7 @@ ProcessUsage ProcessUsage::Now() {
                  seconds(usage.ru_utime) + seconds(usage.ru_stime)};
   Counted& c = CountedProcesses();
   std::lock_guard<std::mutex> lock(c.mu);
-  for (const pid_t pid : c.pids) AddProcStat(pid, u);
+  for (const pid_t pid : c.pids) AddUsageOf(pid, u);
   return u;
 }
 

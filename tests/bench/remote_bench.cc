@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -239,7 +240,6 @@ class BenchDaemon {
     if (c.daemons_in_process) {
       komputed::server::ServerOptions o;
       o.listen = spec.listen;
-      o.metrics_listen = "127.0.0.1:0";
       o.devices = {c.physical_device};
       o.shared_memory = spec.shared_memory;
       o.submit_together = spec.submit_together;
@@ -256,7 +256,6 @@ class BenchDaemon {
       if (!server.ok()) return server.status();
       d->server_ = *std::move(server);
       d->address_ = d->server_->address();
-      d->metrics_address_ = d->server_->metrics_address();
       return d;
     }
     std::vector<std::string> flags = {
@@ -302,18 +301,27 @@ class BenchDaemon {
   BenchDaemon& operator=(const BenchDaemon&) = delete;
 
   const std::string& address() const { return address_; }
-  // A counter of the daemon's metrics endpoint (0 when it does not answer or has no such series).
-  double Metric(const std::string& name) const {
-    return komputed::test_support::Samples(komputed::test_support::ScrapeMetrics(metrics_address_))
-        .Get(name);
+  // Counters of the daemon's metrics; nothing where its metrics endpoint does not answer.
+  std::optional<double> SharedMemoryTensors() const {
+    if (server_ != nullptr) return server_->metrics().shared_memory_tensors_total().Value();
+    return Scraped("komputed_shared_memory_tensors_total");
+  }
+  std::optional<double> SubmittedTogether() const {
+    if (server_ != nullptr) return server_->metrics().submitted_together_total().Value();
+    return Scraped("komputed_submitted_together_total");
   }
 
  private:
   BenchDaemon() = default;
+  std::optional<double> Scraped(const std::string& name) const {
+    const std::string text = komputed::test_support::ScrapeMetrics(metrics_address_);
+    if (text.empty()) return std::nullopt;
+    return komputed::test_support::Samples(text).Get(name);  // 0 while the counter never moved
+  }
   std::unique_ptr<komputed::server::Server> server_;
   std::unique_ptr<komputed::test_support::DaemonProcess> process_;
   std::string address_;
-  std::string metrics_address_;
+  std::string metrics_address_;  // of a process
 };
 
 // A bare ping server (kBarePingServe's kinds) in a child process of this program, as komputed
@@ -362,9 +370,7 @@ class BarePingProcess {
 };
 
 // A bare ping server (kBarePingCq or kBarePingCallback) and a client of it. The server runs in a
-// child process where the daemons run in theirs, else in this process. The callback one lives
-// only while a benchmark that pings it runs: in this process, its threads would do the reading for
-// every other gRPC call, and slow those down too.
+// child process where the daemons run in theirs, else in this process.
 struct BarePeer {
   std::unique_ptr<BarePingServer> cq_server;
   std::unique_ptr<BareCallbackPingServer> callback_server;
@@ -423,6 +429,21 @@ struct RemoteBench::State {
   std::shared_ptr<grpc::Channel> ping_channel;
   std::unique_ptr<v1::Sessions::Stub> ping_stub;
   std::unique_ptr<BarePeer> bare;  // the completion-queue one
+  // The callback one where the bare servers run in processes of their own (BareCallback).
+  std::unique_ptr<BarePeer> bare_callback;
+
+  // The bare callback server's client: the one kept from the start where the servers run in
+  // processes of their own; in this process, one started for the benchmark that pings it (`held`
+  // keeps it meanwhile), whose threads would otherwise do the reading for every other gRPC call of
+  // the process and slow those down too.
+  absl::StatusOr<BarePeer*> BareCallback(std::unique_ptr<BarePeer>& held) {
+    if (bare_callback != nullptr) return bare_callback.get();
+    absl::StatusOr<std::unique_ptr<BarePeer>> peer =
+        StartBarePeer(kBarePingCallback, /*in_process=*/true);
+    if (!peer.ok()) return peer.status();
+    held = *std::move(peer);
+    return held.get();
+  }
   std::unique_ptr<kp::Manager> remote;
   // The daemons that authenticate, and their clients.
   komputed::test_support::TestCertificates certs;
@@ -484,6 +505,7 @@ RemoteBench::~RemoteBench() {
   s_->ping_stub.reset();
   s_->ping_channel.reset();
   s_->bare.reset();
+  s_->bare_callback.reset();
   s_->server.reset();
 }
 
@@ -496,9 +518,10 @@ const char* RemoteBench::tcp_daemon_where() const {
   return s_->config.daemon_address.empty() ? daemons_where() : "of another process";
 }
 std::string RemoteBench::same_host_address() const { return s_->same_host_server->address(); }
-uint64_t RemoteBench::same_host_shared_tensors() const {
-  return static_cast<uint64_t>(
-      s_->same_host_server->Metric("komputed_shared_memory_tensors_total"));
+std::optional<uint64_t> RemoteBench::same_host_shared_tensors() const {
+  const std::optional<double> n = s_->same_host_server->SharedMemoryTensors();
+  if (!n.has_value()) return std::nullopt;
+  return static_cast<uint64_t>(*n);
 }
 
 absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig config,
@@ -554,6 +577,9 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
   s->ping_channel = grpc::CreateChannel(s->address, grpc::InsecureChannelCredentials());
   s->ping_stub = v1::Sessions::NewStub(s->ping_channel);
   KD_ASSIGN_OR_RETURN(s->bare, StartBarePeer(kBarePingCq, c.daemons_in_process));
+  if (!c.daemons_in_process) {
+    KD_ASSIGN_OR_RETURN(s->bare_callback, StartBarePeer(kBarePingCallback, /*in_process=*/false));
+  }
   {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -768,8 +794,8 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark(kPingBareCallback,
                                [s](benchmark::State& state) {
-                                 absl::StatusOr<std::unique_ptr<BarePeer>> peer =
-                                     StartBarePeer(kBarePingCallback, s->config.daemons_in_process);
+                                 std::unique_ptr<BarePeer> held;
+                                 absl::StatusOr<BarePeer*> peer = s->BareCallback(held);
                                  if (!peer.ok()) {
                                    state.SkipWithError(peer.status().ToString().c_str());
                                    return;
@@ -781,8 +807,8 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark(kPingInterleaved,
                                [s](benchmark::State& state) {
-                                 absl::StatusOr<std::unique_ptr<BarePeer>> peer =
-                                     StartBarePeer(kBarePingCallback, s->config.daemons_in_process);
+                                 std::unique_ptr<BarePeer> held;
+                                 absl::StatusOr<BarePeer*> peer = s->BareCallback(held);
                                  if (!peer.ok()) {
                                    state.SkipWithError(peer.status().ToString().c_str());
                                    return;
@@ -889,19 +915,21 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark(
-      kAsyncRemote,
-      [s](benchmark::State& state) {
-        // The share of the evals that went to the device with others in one vkQueueSubmit (known
-        // of the benchmark's own daemon).
-        constexpr char kTogether[] = "komputed_submitted_together_total";
-        const double before = s->server != nullptr ? s->server->Metric(kTogether) : 0;
-        RunKpAsync(state, s->async_remote, kAsyncRemote);
-        if (s->server != nullptr && state.iterations() > 0) {
-          state.counters[kSubmittedTogether] =
-              (s->server->Metric(kTogether) - before) / static_cast<double>(state.iterations());
-        }
-      })
+  benchmark::RegisterBenchmark(kAsyncRemote,
+                               [s](benchmark::State& state) {
+                                 // The share of the evals that went to the device with others in
+                                 // one vkQueueSubmit (known of the benchmark's own daemon).
+                                 std::optional<double> before;
+                                 if (s->server != nullptr) before = s->server->SubmittedTogether();
+                                 RunKpAsync(state, s->async_remote, kAsyncRemote);
+                                 const std::optional<double> after =
+                                     before.has_value() ? s->server->SubmittedTogether()
+                                                        : std::nullopt;
+                                 if (after.has_value() && state.iterations() > 0) {
+                                   state.counters[kSubmittedTogether] =
+                                       (*after - *before) / static_cast<double>(state.iterations());
+                                 }
+                               })
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
@@ -1016,7 +1044,12 @@ int ServeBarePing(absl::string_view kind) {
   }
   std::printf("listening on %s\n", address.c_str());
   std::fflush(stdout);
-  while (true) pause();  // until a signal ends the process (the benchmark's SIGTERM)
+  // Serves until a signal ends the process (the benchmark's SIGTERM), or until the benchmark is
+  // gone: its end of the stdout pipe closed, which poll reports on this end as an error.
+  pollfd out{STDOUT_FILENO, 0, 0};
+  while (poll(&out, 1, -1) <= 0 || (out.revents & (POLLERR | POLLHUP)) == 0) {
+  }
+  return 0;
 }
 
 }  // namespace komputed_bench

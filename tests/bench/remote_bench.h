@@ -159,7 +159,8 @@ class RemoteBench {
   const char* daemons_where() const;
   // The same-host daemon's address, and how many tensors it has made over shared memory.
   std::string same_host_address() const;
-  uint64_t same_host_shared_tensors() const;
+  // Nothing where its metrics did not answer.
+  std::optional<uint64_t> same_host_shared_tensors() const;
 
   // ping, tcp_loopback, tiny_eval/{inprocess,remote,remote_token,remote_tls,same_host},
   // async_evals/{inprocess,remote,same_host}.
