@@ -72,34 +72,77 @@ void CallQueue::Release(Call* call) {
   --calls_;
 }
 
+thread_local CallQueue::Holder* CallQueue::serving_ = nullptr;
+
+void CallQueue::WillWait() {
+  if (serving_ != nullptr) serving_->queue->HandOn(*serving_);
+}
+
+void CallQueue::Take(Holder& self) {
+  if (self.holds) return;
+  absl::MutexLock lock(&hold_mu_);
+  hold_mu_.Await(absl::Condition(
+      +[](CallQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->hold_mu_) {
+        return !q->held_ || q->drained_;
+      },
+      this));
+  if (drained_) return;
+  held_ = true;
+  self.holds = true;
+}
+
+void CallQueue::HandOn(Holder& self) {
+  if (!self.holds) return;
+  absl::MutexLock lock(&hold_mu_);
+  held_ = false;  // a waiting thread takes it as the lock is released
+  self.holds = false;
+}
+
 void CallQueue::Serve() {
   komputed::core::NameThisThread("kd-grpc");
   using Clock = std::chrono::steady_clock;
-  const auto poll = absl::ToChronoNanoseconds(poll_);
-  Clock::time_point poll_until = Clock::time_point::min();
+  auto now_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+        .count();
+  };
+  const int64_t poll = absl::ToInt64Nanoseconds(poll_);
+  Holder self{this};
   void* tag = nullptr;
   bool ok = false;
   for (;;) {
-    bool got = false;
-    if (poll_ > absl::ZeroDuration() && Clock::now() < poll_until &&
-        !polling_.exchange(true, std::memory_order_acquire)) {
-      // Each AsyncNext with a deadline already past looks at the queue (and the connections)
-      // once, without sleeping.
-      grpc::CompletionQueue::NextStatus next = grpc::CompletionQueue::TIMEOUT;
-      while (next == grpc::CompletionQueue::TIMEOUT && Clock::now() < poll_until) {
-        next = cq_->AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC));
-      }
-      polling_.store(false, std::memory_order_release);
-      if (next == grpc::CompletionQueue::SHUTDOWN) return;
-      got = next == grpc::CompletionQueue::GOT_EVENT;
+    Take(self);
+    if (!self.holds) return;  // drained
+    grpc::CompletionQueue::NextStatus next = grpc::CompletionQueue::TIMEOUT;
+    // Each AsyncNext with a deadline already past looks at the queue (and the connections) once,
+    // without sleeping; the window is read on every turn, as an answer may extend it meanwhile.
+    while (poll > 0 && now_ns() < poll_until_ns_.load(std::memory_order_relaxed)) {
+      next = cq_->AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC));
+      if (next != grpc::CompletionQueue::TIMEOUT) break;
     }
-    if (!got && !cq_->Next(&tag, &ok)) return;
+    if (next == grpc::CompletionQueue::TIMEOUT) {
+      next = cq_->Next(&tag, &ok) ? grpc::CompletionQueue::GOT_EVENT
+                                  : grpc::CompletionQueue::SHUTDOWN;
+    }
+    if (next == grpc::CompletionQueue::SHUTDOWN) {
+      absl::MutexLock lock(&hold_mu_);
+      drained_ = true;  // every other thread returns too
+      held_ = false;
+      return;
+    }
     Tag* t = static_cast<Tag*>(tag);
-    // Whether this event is an arriving call that starts a polling window (read before Proceed,
-    // which may delete the call).
+    // Read before Proceed, which may delete the call.
     const bool polls = ok && t->op == Op::kArrived && t->call->polls();
+    if (!t->call->keeps_queue(t->op, ok)) HandOn(self);
+    serving_ = &self;
     t->call->Proceed(t->op, ok);
-    if (polls) poll_until = Clock::now() + poll;
+    serving_ = nullptr;
+    if (polls) {
+      const int64_t until = now_ns() + poll;
+      int64_t seen = poll_until_ns_.load(std::memory_order_relaxed);
+      while (seen < until &&
+             !poll_until_ns_.compare_exchange_weak(seen, until, std::memory_order_relaxed)) {
+      }
+    }
   }
 }
 

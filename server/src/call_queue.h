@@ -80,6 +80,14 @@ class StreamReactor {
 // The handlers must not block (the queue has few threads): device waits finish their call later,
 // from the device's completion waiter.
 //
+// One thread at a time holds the queue (waits in it, or serves an event it took while keeping it);
+// the others wait for it on a mutex. With several threads waiting in one gRPC queue, gRPC 1.51
+// hands its poller's role to another of them with a futex wake on every event, before the event
+// is served: a cost on every call's path. Here the thread that took an event hands the queue on
+// before serving it, unless the event is short and never waits (a Serving::kQuick call, the
+// answer of any unary call), and a kQuickPolls call (Eval) hands it on only where it is about to
+// wait for the device (WillWait), so that the device's time covers the hand-off.
+//
 // Lifetime: made before the server is built (it adds its queue to the builder); the methods are
 // added before Start, which comes after the server has started; Shutdown after the server's
 // Shutdown has returned. A call still being answered then (an eval on the device or the build
@@ -89,6 +97,21 @@ class StreamReactor {
 // The services outlive it.
 class CallQueue {
  public:
+  // How a unary method's calls are served (AddUnary).
+  enum class Serving {
+    kHandsOn,     // may take long: the queue goes to another thread before the call is served
+    kQuick,       // short, never waits: served by the thread that took it, which keeps the queue
+    kQuickPolls,  // as kQuick until it waits (WillWait), and an answered call starts the thread's
+                  // polling for the next (Eval)
+  };
+  // A unary request larger than this is served as kHandsOn whatever its method (its bytes take
+  // time to copy).
+  static constexpr size_t kQuickRequestBytes = 64 << 10;
+
+  // Called by a handler on a serving thread just before it waits (for the device): if the thread
+  // holds the queue, another takes it. Nothing elsewhere.
+  static void WillWait();
+
   CallQueue(grpc::ServerBuilder& builder, int threads, absl::Duration poll);
   ~CallQueue();
   CallQueue(const CallQueue&) = delete;
@@ -117,7 +140,7 @@ class CallQueue {
   template <typename Service, typename Base, typename Request, typename Response>
   void AddUnary(Service* service, AskUnary<Base, Request, Response> ask,
                 void (Service::*serve)(grpc::ServerContext*, const Request*, Response*, Answer),
-                bool polls = false);
+                Serving serving = Serving::kHandsOn);
   // A client-streaming method: `serve` makes each call's reactor; the response is sent with an OK
   // finish.
   template <typename Service, typename Base, typename Request, typename Response>
@@ -155,6 +178,9 @@ class CallQueue {
     virtual void Proceed(Op op, bool ok) = 0;
     // Whether an answered call of its method starts the thread's polling for the next call.
     virtual bool polls() const { return false; }
+    // Whether the thread that took this event may serve it keeping the queue (short work that
+    // never waits, or hands the queue on itself before it does: WillWait).
+    virtual bool keeps_queue(Op /*op*/, bool /*ok*/) const { return false; }
   };
   // A method: asks gRPC for its next call.
   class Method {
@@ -169,14 +195,27 @@ class CallQueue {
   void Release(Call* call);
 
  private:
+  // A serving thread's hold on the queue.
+  struct Holder {
+    CallQueue* queue;
+    bool holds = false;
+  };
   void Serve();
+  void Take(Holder& self);
+  void HandOn(Holder& self);
 
   const int thread_count_;
   const absl::Duration poll_;
   std::unique_ptr<grpc::ServerCompletionQueue> cq_;
   std::vector<std::unique_ptr<Method>> methods_;
   std::vector<std::thread> threads_;
-  std::atomic<bool> polling_{false};  // a thread is polling the queue
+  // Until when (steady clock, ns) the thread that holds the queue polls it instead of sleeping:
+  // the polling window of the last answered polling call.
+  std::atomic<int64_t> poll_until_ns_{0};
+  absl::Mutex hold_mu_;
+  bool held_ ABSL_GUARDED_BY(hold_mu_) = false;     // a thread holds the queue
+  bool drained_ ABSL_GUARDED_BY(hold_mu_) = false;  // the queue is shut down and empty
+  static thread_local Holder* serving_;             // this thread's hold while it serves an event
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // Shutdown has begun: no call is asked for
   // Calls asked for or being answered, not yet deleted: an event on the queue may belong to any.
@@ -195,15 +234,15 @@ class UnaryMethod final : public CallQueue::Method {
   using AskFn = std::function<void(grpc::ServerContext*, Request*,
                                    grpc::ServerAsyncResponseWriter<Response>*, void* tag)>;
   using ServeFn = std::function<void(grpc::ServerContext*, const Request*, Response*, Answer)>;
-  UnaryMethod(AskFn ask, ServeFn serve, bool polls)
-      : ask_(std::move(ask)), serve_(std::move(serve)), polls_(polls) {}
+  UnaryMethod(AskFn ask, ServeFn serve, CallQueue::Serving serving)
+      : ask_(std::move(ask)), serve_(std::move(serve)), serving_(serving) {}
   void Ask(CallQueue& queue) override;
 
  private:
   class Call;
   const AskFn ask_;
   const ServeFn serve_;
-  const bool polls_;
+  const CallQueue::Serving serving_;
 };
 
 template <typename Request, typename Response>
@@ -226,7 +265,13 @@ class UnaryMethod<Request, Response>::Call final : public CallQueue::Call {
       responder_.Finish(response_, status, &finished_);
     });
   }
-  bool polls() const override { return method_.polls_; }
+  bool polls() const override { return method_.serving_ == CallQueue::Serving::kQuickPolls; }
+  bool keeps_queue(CallQueue::Op op, bool ok) const override {
+    // The answer's event and a call that will not come only delete the call.
+    if (op != CallQueue::Op::kArrived || !ok) return true;
+    return method_.serving_ != CallQueue::Serving::kHandsOn &&
+           request_.ByteSizeLong() <= CallQueue::kQuickRequestBytes;
+  }
 
  private:
   CallQueue& queue_;
@@ -463,7 +508,7 @@ template <typename Service, typename Base, typename Request, typename Response>
 void CallQueue::AddUnary(Service* service, AskUnary<Base, Request, Response> ask,
                          void (Service::*serve)(grpc::ServerContext*, const Request*, Response*,
                                                 Answer),
-                         bool polls) {
+                         Serving serving) {
   grpc::ServerCompletionQueue* cq = cq_.get();
   methods_.push_back(std::make_unique<call_queue_internal::UnaryMethod<Request, Response>>(
       [service, ask, cq](grpc::ServerContext* context, Request* request,
@@ -473,7 +518,7 @@ void CallQueue::AddUnary(Service* service, AskUnary<Base, Request, Response> ask
                        Answer answer) {
         (service->*serve)(context, request, response, std::move(answer));
       },
-      polls));
+      serving));
 }
 
 template <typename Service, typename Base, typename Request, typename Response>

@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "call_queue.h"
 #include "host_data.h"
 #include "host_writes.h"
 #include "komputed/core/status.h"
@@ -484,6 +485,7 @@ void Session::Proceed(const EvalPlan& plan, Admitted admitted, absl::StatusOr<Pr
       device->BeginInlineWait(options_.eval_inline_waiters)) {
     const absl::Duration budget =
         std::min(options_.eval_inline_wait, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    CallQueue::WillWait();  // a serving thread that holds the gRPC queue hands it on first
     if (options_.eval_spin > absl::ZeroDuration() && !device->is_cpu()) {
       entry->sequence->Poll(std::min(budget, options_.eval_spin));
     }

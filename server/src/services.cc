@@ -731,7 +731,8 @@ void SessionsService::AddTo(CallQueue& queue) {
   queue.AddUnary(this, &SessionsService::RequestCloseSession, &SessionsService::ServeCloseSession);
   queue.AddUnary(this, &SessionsService::RequestKeepAlive, &SessionsService::ServeKeepAlive);
   queue.AddUnary(this, &SessionsService::RequestListSessions, &SessionsService::ServeListSessions);
-  queue.AddUnary(this, &SessionsService::RequestPing, &SessionsService::ServePing);
+  queue.AddUnary(this, &SessionsService::RequestPing, &SessionsService::ServePing,
+                 CallQueue::Serving::kQuick);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -944,7 +945,7 @@ void SequencesService::AddTo(CallQueue& queue) {
                  &SequencesService::ServeCreateSequence);
   queue.AddUnary(this, &SequencesService::RequestRecord, &SequencesService::ServeRecord);
   queue.AddUnary(this, &SequencesService::RequestEval, &SequencesService::ServeEval,
-                 /*polls=*/true);
+                 CallQueue::Serving::kQuickPolls);
   queue.AddUnary(this, &SequencesService::RequestDestroySequence,
                  &SequencesService::ServeDestroySequence);
   queue.AddUnary(this, &SequencesService::RequestGetTimestamps,
