@@ -82,9 +82,8 @@ void CallQueue::Take(Holder& self) {
   if (self.holds) return;
   absl::MutexLock lock(&hold_mu_);
   hold_mu_.Await(absl::Condition(
-      +[](CallQueue* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->hold_mu_) {
-        return !q->held_ || q->drained_;
-      },
+      +[](CallQueue* q)
+           ABSL_EXCLUSIVE_LOCKS_REQUIRED(q->hold_mu_) { return !q->held_ || q->drained_; },
       this));
   if (drained_) return;
   held_ = true;
@@ -120,8 +119,8 @@ void CallQueue::Serve() {
       if (next != grpc::CompletionQueue::TIMEOUT) break;
     }
     if (next == grpc::CompletionQueue::TIMEOUT) {
-      next = cq_->Next(&tag, &ok) ? grpc::CompletionQueue::GOT_EVENT
-                                  : grpc::CompletionQueue::SHUTDOWN;
+      next =
+          cq_->Next(&tag, &ok) ? grpc::CompletionQueue::GOT_EVENT : grpc::CompletionQueue::SHUTDOWN;
     }
     if (next == grpc::CompletionQueue::SHUTDOWN) {
       absl::MutexLock lock(&hold_mu_);

@@ -190,5 +190,52 @@ TEST_F(DrainTest, ShutdownPastItsGraceAnswersTheEvalsStillOnTheDevice) {
   }
 }
 
+// An Eval that waits for its kernel on the serving thread hands the gRPC queue on before it waits
+// (CallQueue::WillWait): another client's Ping is answered while the kernel runs, though the
+// inline wait would outlast the kernel and the daemon has only 2 serving threads.
+class InlineWaitTest : public DrainTest {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions o = DrainTest::Options();
+    o.eval_inline_wait = absl::Seconds(60);
+    o.grpc_threads = 2;
+    return o;
+  }
+};
+
+TEST_F(InlineWaitTest, APingIsAnsweredWhileAnEvalWaitsOnTheServingThread) {
+  const std::string session = Open("slow");
+  const test_support::SlowWork work = WorkFor(session, absl::Milliseconds(1500));
+  MakeSlow(session, 1, work);
+  grpc::Status eval_status;
+  v1::EvalResponse result;
+  absl::Time eval_answered;
+  std::thread slow([&] {
+    eval_status = Eval(SlowEval(session, 1), &result);
+    eval_answered = absl::Now();
+  });
+  const absl::Cleanup join = [&] {
+    if (slow.joinable()) slow.join();
+  };
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (server_->metrics().queue_depth("0", "0").Value() < 1 && absl::Now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_GE(server_->metrics().queue_depth("0", "0").Value(), 1) << "the eval never ran";
+  Client other(server_->address());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::PingResponse pong;
+  const grpc::Status ping = other.sessions->Ping(&context, v1::PingRequest(), &pong);
+  const absl::Time ping_answered = absl::Now();
+  const bool eval_still_running = server_->metrics().queue_depth("0", "0").Value() >= 1;
+  ASSERT_THAT(ping, IsOk());
+  slow.join();
+  ASSERT_THAT(eval_status, IsOk());
+  // The kernel was still on the device when the Ping came back, and the eval was answered after.
+  EXPECT_TRUE(eval_still_running);
+  EXPECT_LT(ping_answered, eval_answered);
+}
+
 }  // namespace
 }  // namespace komputed::server::testing
