@@ -93,6 +93,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "backend.h"
@@ -1564,9 +1565,9 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
 int main(int argc, char** argv) {
   // As the komputed binary does (server/main.cc): no lock-graph checks on every mutex.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  if (argc == 2 && absl::StartsWith(argv[1], absl::StrCat(komputed_bench::kBarePingServe, "="))) {
-    return komputed_bench::ServeBarePing(
-        absl::string_view(argv[1]).substr(std::strlen(komputed_bench::kBarePingServe) + 1));
+  if (absl::string_view kind = argc == 2 ? argv[1] : "";
+      absl::ConsumePrefix(&kind, absl::StrCat(komputed_bench::kBarePingServe, "="))) {
+    return komputed_bench::ServeBarePing(kind);
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

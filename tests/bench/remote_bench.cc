@@ -369,11 +369,32 @@ class BarePingProcess {
   std::string address_;
 };
 
-// A bare ping server (kBarePingCq or kBarePingCallback) and a client of it. The server runs in a
-// child process where the daemons run in theirs, else in this process.
+// A bare ping server of a kind (kBarePingCq or kBarePingCallback) in this process.
+struct BareServer {
+  std::unique_ptr<BarePingServer> cq;
+  std::unique_ptr<BareCallbackPingServer> callback;
+  std::string address;
+};
+
+absl::StatusOr<BareServer> StartBareServer(absl::string_view kind) {
+  BareServer server;
+  if (kind == kBarePingCq) {
+    KD_ASSIGN_OR_RETURN(server.cq, BarePingServer::Start());
+    server.address = server.cq->address();
+  } else if (kind == kBarePingCallback) {
+    KD_ASSIGN_OR_RETURN(server.callback, BareCallbackPingServer::Start());
+    server.address = server.callback->address();
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("no bare ping server of kind '", kind, "' (",
+                                                   kBarePingCq, " or ", kBarePingCallback, ")"));
+  }
+  return server;
+}
+
+// A bare ping server and a client of it. The server runs in a child process where the daemons
+// run in theirs, else in this process.
 struct BarePeer {
-  std::unique_ptr<BarePingServer> cq_server;
-  std::unique_ptr<BareCallbackPingServer> callback_server;
+  BareServer in_process;
   std::unique_ptr<BarePingProcess> process;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Sessions::Stub> stub;
@@ -388,17 +409,9 @@ absl::StatusOr<std::unique_ptr<BarePeer>> StartBarePeer(absl::string_view kind, 
     if (!process.ok()) return process.status();
     peer->process = *std::move(process);
     address = peer->process->address();
-  } else if (kind == kBarePingCallback) {
-    absl::StatusOr<std::unique_ptr<BareCallbackPingServer>> server =
-        BareCallbackPingServer::Start();
-    if (!server.ok()) return server.status();
-    peer->callback_server = *std::move(server);
-    address = peer->callback_server->address();
   } else {
-    absl::StatusOr<std::unique_ptr<BarePingServer>> server = BarePingServer::Start();
-    if (!server.ok()) return server.status();
-    peer->cq_server = *std::move(server);
-    address = peer->cq_server->address();
+    KD_ASSIGN_OR_RETURN(peer->in_process, StartBareServer(kind));
+    address = peer->in_process.address;
   }
   peer->channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   peer->stub = v1::Sessions::NewStub(peer->channel);
@@ -1021,28 +1034,12 @@ void RemoteBench::RegisterGiBTransfers() {
 }
 
 int ServeBarePing(absl::string_view kind) {
-  std::unique_ptr<BarePingServer> cq;
-  std::unique_ptr<BareCallbackPingServer> callback;
-  absl::Status started;
-  std::string address;
-  if (kind == kBarePingCq) {
-    absl::StatusOr<std::unique_ptr<BarePingServer>> server = BarePingServer::Start();
-    started = server.status();
-    if (server.ok()) cq = *std::move(server), address = cq->address();
-  } else if (kind == kBarePingCallback) {
-    absl::StatusOr<std::unique_ptr<BareCallbackPingServer>> server =
-        BareCallbackPingServer::Start();
-    started = server.status();
-    if (server.ok()) callback = *std::move(server), address = callback->address();
-  } else {
-    started = absl::InvalidArgumentError(absl::StrCat("no bare ping server of kind '", kind, "' (",
-                                                      kBarePingCq, " or ", kBarePingCallback, ")"));
-  }
-  if (!started.ok()) {
-    std::fprintf(stderr, "komputed_bench: %s\n", started.ToString().c_str());
+  absl::StatusOr<BareServer> server = StartBareServer(kind);
+  if (!server.ok()) {
+    std::fprintf(stderr, "komputed_bench: %s\n", server.status().ToString().c_str());
     return 1;
   }
-  std::printf("listening on %s\n", address.c_str());
+  std::printf("listening on %s\n", server->address.c_str());
   std::fflush(stdout);
   // Serves until a signal ends the process (the benchmark's SIGTERM), or until the benchmark is
   // gone: its end of the stdout pipe closed, which poll reports on this end as an error.

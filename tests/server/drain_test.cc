@@ -55,6 +55,13 @@ class DrainTest : public ServerTest {
     req.add_downloads(h);
     return req;
   }
+  // Waits (up to 30 s) until an evaluation is on device 0's queue 0.
+  void WaitForAnEvalOnTheDevice() {
+    const absl::Time until = absl::Now() + absl::Seconds(30);
+    while (server_->metrics().queue_depth("0", "0").Value() < 1 && absl::Now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
   // Work that takes about `target` on this device (throw-away pipelines from handle 900 on; the
   // first eval of each pays for the JIT).
   test_support::SlowWork WorkFor(const std::string& session, absl::Duration target) {
@@ -99,10 +106,7 @@ TEST_F(DrainTest, RefusesNewWorkWhileTheRunningEvalCompletes) {
     if (drain.joinable()) drain.join();
   };
   slow = std::thread([&] { slow_status = Eval(SlowEval(slow_session, 1), &slow_result); });
-  const absl::Time until = absl::Now() + absl::Seconds(30);
-  while (server_->metrics().queue_depth("0", "0").Value() < 1 && absl::Now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  WaitForAnEvalOnTheDevice();
   ASSERT_EQ(server_->metrics().queue_depth("0", "0").Value(), 1);
   drain = std::thread([&] { server_->Drain(absl::Seconds(30)); });
   while (!server_->draining()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -171,10 +175,7 @@ TEST_F(DrainTest, ShutdownPastItsGraceAnswersTheEvalsStillOnTheDevice) {
       statuses[i] = client.sequences->Eval(&ctx, SlowEval(*sessions[i], 1), &resp);
     });
   }
-  const absl::Time until = absl::Now() + absl::Seconds(30);
-  while (server_->metrics().queue_depth("0", "0").Value() < 1 && absl::Now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  WaitForAnEvalOnTheDevice();
   ASSERT_GE(server_->metrics().queue_depth("0", "0").Value(), 1);
   const absl::Time shutdown = absl::Now();
   server_->Shutdown(absl::Milliseconds(10));
@@ -217,10 +218,7 @@ TEST_F(InlineWaitTest, APingIsAnsweredWhileAnEvalWaitsOnTheServingThread) {
   const absl::Cleanup join = [&] {
     if (slow.joinable()) slow.join();
   };
-  const absl::Time until = absl::Now() + absl::Seconds(30);
-  while (server_->metrics().queue_depth("0", "0").Value() < 1 && absl::Now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  WaitForAnEvalOnTheDevice();
   ASSERT_GE(server_->metrics().queue_depth("0", "0").Value(), 1) << "the eval never ran";
   Client other(server_->address());
   grpc::ClientContext context;
