@@ -74,6 +74,10 @@ ABSL_FLAG(absl::Duration, eval_spin, absl::Microseconds(50),
           "within --eval_inline_wait: how long to poll the fence before blocking on it (a "
           "blocked thread wakes tens of microseconds late on an idle host); not done on CPU "
           "devices; 0: block at once");
+ABSL_FLAG(absl::Duration, eval_hold, absl::Microseconds(100),
+          "within --eval_inline_wait: how long a serving thread that waits for an eval keeps the "
+          "gRPC queue before another serving thread takes it (other calls wait meanwhile); a "
+          "short eval then wakes no other thread; 0: hand it on before the wait");
 ABSL_FLAG(int, grpc_threads, 4,
           "threads that serve every gRPC call, on gRPC's completion-queue API (an Eval may also "
           "wait inline on one, --eval_inline_wait); 1 to 64");
@@ -259,6 +263,7 @@ int main(int argc, char** argv) {
   options.eval_timeout = absl::GetFlag(FLAGS_eval_timeout);
   options.eval_inline_wait = absl::GetFlag(FLAGS_eval_inline_wait);
   options.eval_spin = absl::GetFlag(FLAGS_eval_spin);
+  options.eval_hold = absl::GetFlag(FLAGS_eval_hold);
   options.grpc_threads = absl::GetFlag(FLAGS_grpc_threads);
   options.eval_poll = absl::GetFlag(FLAGS_eval_poll);
   options.submit_together = absl::GetFlag(FLAGS_submit_together);

@@ -37,6 +37,28 @@ uint64_t CollectDownloads(const Downloads& downloads, const HostWrites& writes,
   return bytes;
 }
 
+// The inline wait of a submitted sequence, for up to `budget`: OK once it has completed,
+// DEADLINE_EXCEEDED when it still runs after `budget`, else the device's error. A serving thread
+// keeps the gRPC queue for the first `hold` of it (a short eval then wakes no other thread) and
+// hands it on before it waits longer (CallQueue::WillWait). The fence is polled for the first
+// `spin` (not on CPU devices, whose work needs the cores), then waited on.
+absl::Status WaitInline(core::Sequence& sequence, absl::Duration budget, absl::Duration hold,
+                        absl::Duration spin) {
+  const absl::Time began = absl::Now();
+  const auto left = [&](absl::Duration until) {
+    return std::max(absl::ZeroDuration(), std::min(budget, until) - (absl::Now() - began));
+  };
+  if (hold > absl::ZeroDuration()) {
+    if (spin > absl::ZeroDuration()) sequence.Poll(left(std::min(spin, hold)));
+    absl::Status held = sequence.Wait(left(hold));
+    if (!absl::IsDeadlineExceeded(held)) return held;
+    if (left(budget) <= absl::ZeroDuration()) return held;
+  }
+  CallQueue::WillWait();
+  if (left(spin) > absl::ZeroDuration()) sequence.Poll(left(spin));
+  return sequence.Wait(left(budget));
+}
+
 }  // namespace
 
 // What an eval hands to the waiter: the sequence it submitted (null when none) and the tensors
@@ -485,11 +507,8 @@ void Session::Proceed(const EvalPlan& plan, Admitted admitted, absl::StatusOr<Pr
       device->BeginInlineWait(options_.eval_inline_waiters)) {
     const absl::Duration budget =
         std::min(options_.eval_inline_wait, std::max(absl::ZeroDuration(), deadline - absl::Now()));
-    CallQueue::WillWait();  // a serving thread that holds the gRPC queue hands it on first
-    if (options_.eval_spin > absl::ZeroDuration() && !device->is_cpu()) {
-      entry->sequence->Poll(std::min(budget, options_.eval_spin));
-    }
-    absl::Status status = entry->sequence->Wait(budget);
+    absl::Status status = WaitInline(*entry->sequence, budget, options_.eval_hold,
+                                     device->is_cpu() ? absl::ZeroDuration() : options_.eval_spin);
     device->EndInlineWait();
     if (!absl::IsDeadlineExceeded(status)) {
       if (stages != nullptr) stages->waited_inline = true;

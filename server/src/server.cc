@@ -238,6 +238,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (options.eval_spin < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the eval spin must not be negative");
   }
+  if (options.eval_hold < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--eval_hold must not be negative");
+  }
   if (options.eval_inline_waiters < 0) {
     return absl::InvalidArgumentError("the number of inline eval waiters must not be negative");
   }

@@ -79,6 +79,11 @@ struct ServerOptions {
   // tens of microseconds late on an idle host). Not done on CPU devices, whose work needs the
   // cores.
   absl::Duration eval_spin = absl::Microseconds(50);
+  // Within that wait, how long the serving thread keeps the gRPC queue (CallQueue::WillWait)
+  // before it hands it to another serving thread: other calls wait for it meanwhile, and a short
+  // eval costs no hand-off (a wake-up of another thread on the submission's path, and of it again
+  // for the answer's completion). Zero: handed on before the wait begins.
+  absl::Duration eval_hold = absl::Microseconds(100);
   // Threads that serve every gRPC call (CallQueue); an Eval may also wait inline on one (above).
   int grpc_threads = 4;
   // How long an Eval serving thread that has just served a call polls for the next one before it

@@ -57,9 +57,9 @@
 //   KOMPUTED_BENCH_REMOTE_BULK_ITERS  iterations of each remote 256 MiB transfer (default 3)
 //   KOMPUTED_BENCH_ASYNC_DEPTH  sequences in flight in async_evals (default 16: enough to cover
 //                               a loopback round trip, as a pipelining client keeps)
-//   KOMPUTED_BENCH_EVAL_SPIN_US, KOMPUTED_BENCH_EVAL_INLINE_US, KOMPUTED_BENCH_EVAL_POLL_US
-//                               the benchmark's daemons' --eval_spin, --eval_inline_wait and
-//                               --eval_poll (default: the daemon's)
+//   KOMPUTED_BENCH_EVAL_SPIN_US, KOMPUTED_BENCH_EVAL_INLINE_US, KOMPUTED_BENCH_EVAL_POLL_US,
+//   KOMPUTED_BENCH_EVAL_HOLD_US  the benchmark's daemons' --eval_spin, --eval_inline_wait,
+//                               --eval_poll and --eval_hold (default: the daemon's)
 //   KOMPUTED_BENCH_GRPC_THREADS  the benchmark's daemons' --grpc_threads (default: the daemon's)
 //   KOMPUTED_BENCH_MAX_KERNEL_TIME_MS, KOMPUTED_BENCH_DAEMON_DISPATCH_SHARE  the benchmark's
 //                               daemons' --max_kernel_time (0: no watchdog) and --dispatch_share
@@ -195,6 +195,7 @@ struct Config {
   std::optional<double> eval_spin_us;           // the daemons' --eval_spin (unset: their default)
   std::optional<double> eval_inline_us;         // the daemons' --eval_inline_wait
   std::optional<double> eval_poll_us;           // the daemons' --eval_poll
+  std::optional<double> eval_hold_us;           // the daemons' --eval_hold
   std::optional<int> grpc_threads;              // the daemons' --grpc_threads
   std::string daemon_address;                   // KOMPUTED_BENCH_DAEMON
   bool daemons_in_process = false;              // KOMPUTED_BENCH_INPROCESS_DAEMONS
@@ -240,6 +241,7 @@ Config ReadConfig() {
   c.daemon_dispatch_share = EnvNumber("KOMPUTED_BENCH_DAEMON_DISPATCH_SHARE");
   c.eval_inline_us = EnvNumber("KOMPUTED_BENCH_EVAL_INLINE_US");
   c.eval_poll_us = EnvNumber("KOMPUTED_BENCH_EVAL_POLL_US");
+  c.eval_hold_us = EnvNumber("KOMPUTED_BENCH_EVAL_HOLD_US");
   if (auto v = EnvNumber("KOMPUTED_BENCH_GRPC_THREADS"); v && *v >= 1 && *v <= 64) {
     c.grpc_threads = static_cast<int>(*v);
   }
@@ -777,6 +779,9 @@ absl::Status SetUp(Env& env) {
     }
     if (env.config.eval_poll_us.has_value()) {
       rc.eval_poll = absl::Microseconds(*env.config.eval_poll_us);
+    }
+    if (env.config.eval_hold_us.has_value()) {
+      rc.eval_hold = absl::Microseconds(*env.config.eval_hold_us);
     }
     rc.grpc_threads = env.config.grpc_threads;
     rc.daemon_address = env.config.daemon_address;

@@ -248,6 +248,7 @@ class BenchDaemon {
       o.tls_key = spec.tls_key;
       if (c.eval_spin.has_value()) o.eval_spin = *c.eval_spin;
       if (c.eval_poll.has_value()) o.eval_poll = c.eval_poll;
+      if (c.eval_hold.has_value()) o.eval_hold = *c.eval_hold;
       if (c.grpc_threads.has_value()) o.grpc_threads = *c.grpc_threads;
       if (c.max_kernel_time.has_value()) o.max_kernel_time = *c.max_kernel_time;
       if (c.dispatch_share.has_value()) o.dispatch_share = *c.dispatch_share;
@@ -271,6 +272,7 @@ class BenchDaemon {
     };
     duration("eval_spin", c.eval_spin);
     duration("eval_poll", c.eval_poll);
+    duration("eval_hold", c.eval_hold);
     duration("max_kernel_time", c.max_kernel_time);
     duration("eval_inline_wait", c.eval_inline_wait);
     if (c.grpc_threads.has_value())

@@ -118,8 +118,9 @@ struct RemoteConfig {
   // The daemons' --eval_spin and --eval_inline_wait (unset: their defaults).
   std::optional<absl::Duration> eval_spin;
   std::optional<absl::Duration> eval_inline_wait;
-  // The daemons' --eval_poll (unset: their default).
+  // The daemons' --eval_poll and --eval_hold (unset: their defaults).
   std::optional<absl::Duration> eval_poll;
+  std::optional<absl::Duration> eval_hold;
   // The daemons' --grpc_threads (unset: their default).
   std::optional<int> grpc_threads;
   // A daemon started by hand (host:port), serving the same device, that the TCP benchmarks (ping,

@@ -103,9 +103,10 @@ TEST(Flags, HelpDocumentsEveryFlag) {
   std::string out, err;
   RunProgram({KomputedBinary(), "--help"}, &out, &err);
   const std::string help = out + err;
-  for (const char* flag : {"listen", "metrics_listen", "devices", "session_idle_timeout",
-                           "eval_timeout", "eval_inline_wait", "eval_spin", "grpc_threads",
-                           "eval_poll", "drain_timeout", "max_message_bytes", "log_level"}) {
+  for (const char* flag :
+       {"listen", "metrics_listen", "devices", "session_idle_timeout", "eval_timeout",
+        "eval_inline_wait", "eval_spin", "eval_hold", "grpc_threads", "eval_poll", "drain_timeout",
+        "max_message_bytes", "log_level"}) {
     // absl writes "--name (help text); default: value;".
     const std::string entry = absl::StrCat("--", flag, " (");
     const size_t at = help.find(entry);

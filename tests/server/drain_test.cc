@@ -199,6 +199,7 @@ class InlineWaitTest : public DrainTest {
   ServerOptions Options() override {
     ServerOptions o = DrainTest::Options();
     o.eval_inline_wait = absl::Seconds(60);
+    o.eval_hold = absl::Microseconds(100);  // shorter than the kernel
     o.grpc_threads = 2;
     return o;
   }
@@ -233,6 +234,42 @@ TEST_F(InlineWaitTest, APingIsAnsweredWhileAnEvalWaitsOnTheServingThread) {
   // The kernel was still on the device when the Ping came back, and the eval was answered after.
   EXPECT_TRUE(eval_still_running);
   EXPECT_LT(ping_answered, eval_answered);
+}
+
+// Within --eval_hold the thread that waits for an eval keeps the queue (a short eval wakes no other
+// thread): with a hold longer than the kernel, another client's Ping is served only once the eval
+// has completed, though a second serving thread is free.
+class HeldQueueTest : public InlineWaitTest {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions o = InlineWaitTest::Options();
+    o.eval_hold = absl::Seconds(60);
+    return o;
+  }
+};
+
+TEST_F(HeldQueueTest, APingWaitsForAnEvalThatHoldsTheQueue) {
+  const std::string session = Open("slow");
+  const test_support::SlowWork work = WorkFor(session, absl::Milliseconds(1500));
+  MakeSlow(session, 1, work);
+  grpc::Status eval_status;
+  v1::EvalResponse result;
+  std::thread slow([&] { eval_status = Eval(SlowEval(session, 1), &result); });
+  const absl::Cleanup join = [&] {
+    if (slow.joinable()) slow.join();
+  };
+  WaitForAnEvalOnTheDevice();
+  ASSERT_GE(server_->metrics().queue_depth("0", "0").Value(), 1) << "the eval never ran";
+  Client other(server_->address());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::PingResponse pong;
+  const grpc::Status ping = other.sessions->Ping(&context, v1::PingRequest(), &pong);
+  const bool eval_still_running = server_->metrics().queue_depth("0", "0").Value() >= 1;
+  ASSERT_THAT(ping, IsOk());
+  slow.join();
+  ASSERT_THAT(eval_status, IsOk());
+  EXPECT_FALSE(eval_still_running) << "the Ping was served while the eval held the queue";
 }
 
 }  // namespace
