@@ -4,14 +4,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "komputed/core/thread_name.h"
 
 namespace komputed::server {
 
-CallQueue::CallQueue(grpc::ServerBuilder& builder, int threads, absl::Duration poll)
+CallQueue::CallQueue(grpc::ServerBuilder& builder, int threads, absl::Duration poll,
+                     absl::Duration hold_off)
     : thread_count_(std::max(threads, 1)),
       poll_(std::max(poll, absl::ZeroDuration())),
+      hold_off_(std::max(hold_off, absl::ZeroDuration())),
       cq_(builder.AddCompletionQueue()) {}
 
 CallQueue::~CallQueue() { Shutdown(); }
@@ -74,8 +77,25 @@ void CallQueue::Release(Call* call) {
 
 thread_local CallQueue::Holder* CallQueue::serving_ = nullptr;
 
+namespace {
+int64_t SteadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
 void CallQueue::WillWait() {
   if (serving_ != nullptr) serving_->queue->HandOn(*serving_);
+}
+
+bool CallQueue::MayHold() {
+  if (serving_ == nullptr || !serving_->holds) return false;
+  CallQueue& q = *serving_->queue;
+  if (SteadyNowNs() < q.hold_off_until_ns_.load(std::memory_order_relaxed)) return false;
+  serving_->held_wait = true;
+  serving_->held_peer = serving_->call != nullptr ? serving_->call->peer() : std::string();
+  return true;
 }
 
 void CallQueue::Take(Holder& self) {
@@ -95,26 +115,40 @@ void CallQueue::HandOn(Holder& self) {
   absl::MutexLock lock(&hold_mu_);
   held_ = false;  // a waiting thread takes it as the lock is released
   self.holds = false;
+  self.held_wait = false;
 }
 
 void CallQueue::Serve() {
   komputed::core::NameThisThread("kd-grpc");
-  using Clock = std::chrono::steady_clock;
-  auto now_ns = [] {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-        .count();
-  };
   const int64_t poll = absl::ToInt64Nanoseconds(poll_);
   Holder self{this};
   void* tag = nullptr;
   bool ok = false;
+  // After a wait that kept the queue (MayHold): the events to look at, without sleeping, for
+  // other calls' events that waited behind it. The first is usually the answer's own.
+  int look_behind = 0;
   for (;;) {
     Take(self);
     if (!self.holds) return;  // drained
     grpc::CompletionQueue::NextStatus next = grpc::CompletionQueue::TIMEOUT;
+    if (look_behind > 0) {
+      --look_behind;
+      next = cq_->AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC));
+      if (next == grpc::CompletionQueue::TIMEOUT) {
+        look_behind = 0;
+      } else if (next == grpc::CompletionQueue::GOT_EVENT && ok &&
+                 static_cast<Tag*>(tag)->op != Op::kFinish &&
+                 static_cast<Tag*>(tag)->call->peer() != self.held_peer) {
+        // Another connection's call waited: the same client's next call is no sign of others.
+        look_behind = 0;
+        hold_off_until_ns_.store(SteadyNowNs() + absl::ToInt64Nanoseconds(hold_off_),
+                                 std::memory_order_relaxed);
+      }
+    }
     // Each AsyncNext with a deadline already past looks at the queue (and the connections) once,
     // without sleeping; the window is read on every turn, as an answer may extend it meanwhile.
-    while (poll > 0 && now_ns() < poll_until_ns_.load(std::memory_order_relaxed)) {
+    while (next == grpc::CompletionQueue::TIMEOUT && poll > 0 &&
+           SteadyNowNs() < poll_until_ns_.load(std::memory_order_relaxed)) {
       next = cq_->AsyncNext(&tag, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC));
       if (next != grpc::CompletionQueue::TIMEOUT) break;
     }
@@ -133,10 +167,13 @@ void CallQueue::Serve() {
     const bool polls = ok && t->op == Op::kArrived && t->call->polls();
     if (!t->call->keeps_queue(t->op, ok)) HandOn(self);
     serving_ = &self;
+    self.call = t->call;
     t->call->Proceed(t->op, ok);
+    self.call = nullptr;
     serving_ = nullptr;
+    if (std::exchange(self.held_wait, false)) look_behind = 2;
     if (polls) {
-      const int64_t until = now_ns() + poll;
+      const int64_t until = SteadyNowNs() + poll;
       int64_t seen = poll_until_ns_.load(std::memory_order_relaxed);
       while (seen < until &&
              !poll_until_ns_.compare_exchange_weak(seen, until, std::memory_order_relaxed)) {

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -111,8 +112,16 @@ class CallQueue {
   // Called by a handler on a serving thread just before it waits (for the device): if the thread
   // holds the queue, another takes it. Nothing elsewhere.
   static void WillWait();
+  // Called by a handler on a serving thread that would rather wait a short while keeping the queue
+  // (then WillWait before it waits longer): whether it may. Not where the thread does not hold the
+  // queue, nor for `hold_off` (the constructor's) after a thread that kept it so found an event of
+  // another client's call (another peer) waiting behind it: where several clients are at work,
+  // the hand-off lets their calls go on meanwhile. (Clients of a Unix socket may all share one
+  // peer name: there only the hold's bound applies.)
+  static bool MayHold();
 
-  CallQueue(grpc::ServerBuilder& builder, int threads, absl::Duration poll);
+  CallQueue(grpc::ServerBuilder& builder, int threads, absl::Duration poll,
+            absl::Duration hold_off = absl::Milliseconds(20));
   ~CallQueue();
   CallQueue(const CallQueue&) = delete;
   CallQueue& operator=(const CallQueue&) = delete;
@@ -181,6 +190,8 @@ class CallQueue {
     // Whether the thread that took this event may serve it keeping the queue (short work that
     // never waits, or hands the queue on itself before it does: WillWait).
     virtual bool keeps_queue(Op /*op*/, bool /*ok*/) const { return false; }
+    // Its client's address (gRPC's peer), once it has arrived.
+    virtual std::string peer() const = 0;
   };
   // A method: asks gRPC for its next call.
   class Method {
@@ -199,6 +210,9 @@ class CallQueue {
   struct Holder {
     CallQueue* queue;
     bool holds = false;
+    Call* call = nullptr;    // the call whose event it serves
+    bool held_wait = false;  // that event waited keeping the queue (MayHold)
+    std::string held_peer;   // and that call's client
   };
   void Serve();
   void Take(Holder& self);
@@ -206,12 +220,15 @@ class CallQueue {
 
   const int thread_count_;
   const absl::Duration poll_;
+  const absl::Duration hold_off_;
   std::unique_ptr<grpc::ServerCompletionQueue> cq_;
   std::vector<std::unique_ptr<Method>> methods_;
   std::vector<std::thread> threads_;
   // Until when (steady clock, ns) the thread that holds the queue polls it instead of sleeping:
   // the polling window of the last answered polling call.
   std::atomic<int64_t> poll_until_ns_{0};
+  // Until when (steady clock, ns) MayHold says no.
+  std::atomic<int64_t> hold_off_until_ns_{0};
   absl::Mutex hold_mu_;
   bool held_ ABSL_GUARDED_BY(hold_mu_) = false;     // a thread holds the queue
   bool drained_ ABSL_GUARDED_BY(hold_mu_) = false;  // the queue is shut down and empty
@@ -266,6 +283,7 @@ class UnaryMethod<Request, Response>::Call final : public CallQueue::Call {
     });
   }
   bool polls() const override { return method_.serving_ == CallQueue::Serving::kQuickPolls; }
+  std::string peer() const override { return context_.peer(); }
   bool keeps_queue(CallQueue::Op op, bool ok) const override {
     // The answer's event and a call that will not come only delete the call.
     if (op != CallQueue::Op::kArrived || !ok) return true;
@@ -429,6 +447,7 @@ class StreamMethod<Request, Response, Stream>::Call final : public CallQueue::Ca
     FinishNow(status);
   }
   bool Cancelled() const override { return cancelled_.load(); }
+  std::string peer() const override { return context_.peer(); }
 
  private:
   // The reactor's constructor may start operations: they are started once it is bound, so that

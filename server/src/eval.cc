@@ -39,16 +39,17 @@ uint64_t CollectDownloads(const Downloads& downloads, const HostWrites& writes,
 
 // The inline wait of a submitted sequence, for up to `budget`: OK once it has completed,
 // DEADLINE_EXCEEDED when it still runs after `budget`, else the device's error. A serving thread
-// keeps the gRPC queue for the first `hold` of it (a short eval then wakes no other thread) and
-// hands it on before it waits longer (CallQueue::WillWait). The fence is polled for the first
-// `spin` (not on CPU devices, whose work needs the cores), then waited on.
+// keeps the gRPC queue for the first `hold` of it where it may (CallQueue::MayHold: a short eval
+// then wakes no other thread) and hands it on before it waits longer (CallQueue::WillWait). The
+// fence is polled for the first `spin` (0 on CPU devices, whose work needs the cores), then
+// waited on.
 absl::Status WaitInline(core::Sequence& sequence, absl::Duration budget, absl::Duration hold,
                         absl::Duration spin) {
   const absl::Time began = absl::Now();
   const auto left = [&](absl::Duration until) {
     return std::max(absl::ZeroDuration(), std::min(budget, until) - (absl::Now() - began));
   };
-  if (hold > absl::ZeroDuration()) {
+  if (hold > absl::ZeroDuration() && CallQueue::MayHold()) {
     if (spin > absl::ZeroDuration()) sequence.Poll(left(std::min(spin, hold)));
     absl::Status held = sequence.Wait(left(hold));
     if (!absl::IsDeadlineExceeded(held)) return held;

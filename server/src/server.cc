@@ -339,7 +339,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   builder.RegisterService(s->reflection_.get());
   s->calls_ = std::make_unique<CallQueue>(
       builder, o.grpc_threads,
-      o.eval_poll.value_or(s->pool_->any_gpu() ? kDefaultEvalPoll : absl::ZeroDuration()));
+      o.eval_poll.value_or(s->pool_->any_gpu() ? kDefaultEvalPoll : absl::ZeroDuration()),
+      o.eval_hold_off);
   s->devices_service_->AddTo(*s->calls_);
   s->sessions_service_->AddTo(*s->calls_);
   s->tensors_service_->AddTo(*s->calls_);

@@ -84,6 +84,10 @@ struct ServerOptions {
   // eval costs no hand-off (a wake-up of another thread on the submission's path, and of it again
   // for the answer's completion). Zero: handed on before the wait begins.
   absl::Duration eval_hold = absl::Microseconds(100);
+  // How long no serving thread keeps the queue so after one that did found other calls' events
+  // waiting behind it (CallQueue::MayHold): where several clients are at work, each wait hands
+  // the queue on at once.
+  absl::Duration eval_hold_off = absl::Milliseconds(20);
   // Threads that serve every gRPC call (CallQueue); an Eval may also wait inline on one (above).
   int grpc_threads = 4;
   // How long an Eval serving thread that has just served a call polls for the next one before it

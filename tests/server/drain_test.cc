@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "support/slow_kernel.h"
+#include "support/stubs.h"
 #include "test_util.h"
 
 namespace komputed::server::testing {
@@ -270,6 +271,52 @@ TEST_F(HeldQueueTest, APingWaitsForAnEvalThatHoldsTheQueue) {
   slow.join();
   ASSERT_THAT(eval_status, IsOk());
   EXPECT_FALSE(eval_still_running) << "the Ping was served while the eval held the queue";
+}
+
+// A thread that kept the queue through its wait and then finds another client's call waiting behind
+// it stops the holds (eval_hold_off): the next eval hands the queue on before it waits, and another
+// client's Ping is answered while its kernel runs.
+class HeldQueueOffTest : public HeldQueueTest {
+ protected:
+  ServerOptions Options() override {
+    ServerOptions o = HeldQueueTest::Options();
+    o.eval_hold_off = absl::Seconds(60);
+    return o;
+  }
+  // Pings while the eval of `sequence` runs; whether the kernel was still on the device when the
+  // Ping was answered.
+  bool PingDuringEval(const std::string& session, uint64_t sequence) {
+    grpc::Status eval_status;
+    v1::EvalResponse result;
+    std::thread slow([&] { eval_status = Eval(SlowEval(session, sequence), &result); });
+    const absl::Cleanup join = [&] {
+      if (slow.joinable()) slow.join();
+    };
+    WaitForAnEvalOnTheDevice();
+    EXPECT_GE(server_->metrics().queue_depth("0", "0").Value(), 1) << "the eval never ran";
+    // Another client: a connection of its own (gRPC would share the eval's otherwise).
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    test_support::Stubs other(
+        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::PingResponse pong;
+    const grpc::Status ping = other.sessions->Ping(&context, v1::PingRequest(), &pong);
+    const bool still_running = server_->metrics().queue_depth("0", "0").Value() >= 1;
+    EXPECT_THAT(ping, IsOk());
+    slow.join();
+    EXPECT_THAT(eval_status, IsOk());
+    return still_running;
+  }
+};
+
+TEST_F(HeldQueueOffTest, AnEvalAfterOneThatCallsWaitedBehindHandsTheQueueOn) {
+  const std::string session = Open("slow");
+  const test_support::SlowWork work = WorkFor(session, absl::Milliseconds(1500));
+  MakeSlow(session, 1, work);
+  EXPECT_FALSE(PingDuringEval(session, 1)) << "the first eval did not keep the queue";
+  EXPECT_TRUE(PingDuringEval(session, 1)) << "the second eval kept the queue";
 }
 
 }  // namespace
