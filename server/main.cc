@@ -77,7 +77,8 @@ ABSL_FLAG(absl::Duration, eval_spin, absl::Microseconds(50),
 ABSL_FLAG(absl::Duration, eval_hold, absl::Microseconds(100),
           "within --eval_inline_wait: how long a serving thread that waits for an eval keeps the "
           "gRPC queue before another serving thread takes it (other calls wait meanwhile); a "
-          "short eval then wakes no other thread; 0: hand it on before the wait");
+          "short eval then wakes no other thread; none holds for 20ms after another client's "
+          "call waited behind a hold; 0: hand it on before the wait");
 ABSL_FLAG(int, grpc_threads, 4,
           "threads that serve every gRPC call, on gRPC's completion-queue API (an Eval may also "
           "wait inline on one, --eval_inline_wait); 1 to 64");
