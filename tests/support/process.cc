@@ -5,14 +5,18 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <mutex>
 #include <thread>
 
 #include "absl/time/clock.h"
@@ -24,6 +28,46 @@ std::string FromEnv(const char* name, const char* otherwise) {
   const char* value = std::getenv(name);
   return value != nullptr && value[0] != '\0' ? value : otherwise;
 }
+
+// Runs the forks of Spawn on one thread that lasts as long as the process, so that a child's
+// PR_SET_PDEATHSIG (which fires when the thread that forked it ends, not the process) stops the
+// child only when the process ends, however it ends (SIGKILL included), whichever thread asked.
+class Forker {
+ public:
+  static Forker& Get() {
+    static Forker* const forker = new Forker;  // never destroyed: its thread outlives main
+    return *forker;
+  }
+  // Runs `fork_and_exec` on the forking thread; returns once it has run.
+  void Run(const std::function<void()>& fork_and_exec) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const uint64_t ticket = ++asked_;
+    // One request at a time: the thread takes `job_` and clears it.
+    cv_.wait(lock, [&] { return job_ == nullptr; });
+    job_ = &fork_and_exec;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return done_ >= ticket; });
+  }
+
+ private:
+  Forker() {
+    std::thread([this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      for (;;) {
+        cv_.wait(lock, [&] { return job_ != nullptr; });
+        (*job_)();
+        job_ = nullptr;
+        ++done_;
+        cv_.notify_all();
+      }
+    }).detach();
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const std::function<void()>* job_ = nullptr;
+  uint64_t asked_ = 0;
+  uint64_t done_ = 0;
+};
 
 }  // namespace
 
@@ -41,15 +85,22 @@ pid_t Spawn(const std::vector<std::string>& argv, int* stdout_read, int stderr_f
   const std::string failure = "execv " + args[0];
   int out[2];
   if (pipe2(out, O_CLOEXEC) != 0) return -1;
-  const pid_t pid = fork();
-  if (pid == 0) {
+  const pid_t parent = getpid();
+  pid_t pid = -1;
+  Forker::Get().Run([&] {
+    pid = fork();
+    if (pid != 0) return;
+    // The child ends with this process (SIGTERM), even where it is killed; a parent gone before
+    // the signal was asked for is seen as a new parent.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);
     // dup2 clears close-on-exec on the copies; every other pipe end closes at exec.
     dup2(out[1], STDOUT_FILENO);
     if (stderr_fd != STDERR_FILENO) dup2(stderr_fd, STDERR_FILENO);
     execv(raw[0], raw.data());
     std::perror(failure.c_str());
     _exit(127);
-  }
+  });
   close(out[1]);
   if (pid < 0) {
     close(out[0]);
