@@ -1,5 +1,7 @@
 // The programs that tests and benchmarks start (test_support::Spawn) end with the process that
 // started them, however it ends: a daemon never outlives a killed test or benchmark.
+#include "support/process.h"
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -13,7 +15,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "support/process.h"
 
 namespace komputed::ops_testing {
 namespace {
