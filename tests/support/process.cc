@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -40,33 +41,34 @@ class Forker {
   }
   // Runs `fork_and_exec` on the forking thread; returns once it has run.
   void Run(const std::function<void()>& fork_and_exec) {
+    Job job{&fork_and_exec};
     std::unique_lock<std::mutex> lock(mu_);
-    const uint64_t ticket = ++asked_;
-    // One request at a time: the thread takes `job_` and clears it.
-    cv_.wait(lock, [&] { return job_ == nullptr; });
-    job_ = &fork_and_exec;
+    jobs_.push_back(&job);
     cv_.notify_all();
-    cv_.wait(lock, [&] { return done_ >= ticket; });
+    cv_.wait(lock, [&] { return job.done; });
   }
 
  private:
+  struct Job {
+    const std::function<void()>* run;
+    bool done = false;
+  };
   Forker() {
     std::thread([this] {
       std::unique_lock<std::mutex> lock(mu_);
       for (;;) {
-        cv_.wait(lock, [&] { return job_ != nullptr; });
-        (*job_)();
-        job_ = nullptr;
-        ++done_;
+        cv_.wait(lock, [&] { return !jobs_.empty(); });
+        Job* job = jobs_.front();
+        jobs_.pop_front();
+        (*job->run)();
+        job->done = true;
         cv_.notify_all();
       }
     }).detach();
   }
   std::mutex mu_;
   std::condition_variable cv_;
-  const std::function<void()>* job_ = nullptr;
-  uint64_t asked_ = 0;
-  uint64_t done_ = 0;
+  std::deque<Job*> jobs_;  // waiting to run, in the order asked
 };
 
 }  // namespace
