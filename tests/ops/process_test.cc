@@ -5,11 +5,8 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <string>
-#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -21,7 +18,6 @@ namespace {
 
 namespace ts = komputed::test_support;
 
-constexpr char kHelperEnv[] = "KOMPUTED_TEST_SPAWN_HELPER";
 constexpr char kChildLine[] = "spawned ";
 
 // Whether `pid` has ended (gone, or a zombie that nobody has reaped).
@@ -33,31 +29,10 @@ bool Ended(pid_t pid) {
   return close == std::string::npos || line.size() < close + 3 || line[close + 2] == 'Z';
 }
 
-// Run by the test below in a process of its own: starts a long sleep from a thread that then ends
-// (as a benchmark starts its daemons), prints the sleep's pid, and waits to be killed.
-TEST(SpawnHelper, StartsAChildAndWaits) {
-  if (std::getenv(kHelperEnv) == nullptr) GTEST_SKIP() << "run by SpawnTest only";
-  pid_t child = -1;
-  std::thread([&] {
-    int out = -1;
-    child = ts::Spawn({"/bin/sleep", "120"}, &out);
-    if (out >= 0) close(out);
-  }).join();
-  ASSERT_GT(child, 0);
-  std::printf("%s%d\n", kChildLine, static_cast<int>(child));
-  std::fflush(stdout);
-  absl::SleepFor(absl::Seconds(120));
-}
-
 TEST(SpawnTest, AChildEndsWhenTheProcessThatStartedItIsKilled) {
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  ASSERT_GT(n, 0);
-  self[n] = '\0';
-  setenv(kHelperEnv, "1", 1);
+  // SPAWN_HELPER starts a sleep from a thread that then ends, prints its pid, and waits.
   int out = -1;
-  const pid_t helper = ts::Spawn({self, "--gtest_filter=SpawnHelper.*"}, &out);
-  unsetenv(kHelperEnv);
+  const pid_t helper = ts::Spawn({SPAWN_HELPER}, &out);
   ASSERT_GT(helper, 0);
   pid_t child = -1;
   const absl::Time deadline = absl::Now() + absl::Seconds(30);

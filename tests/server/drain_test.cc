@@ -204,37 +204,52 @@ class InlineWaitTest : public DrainTest {
     o.grpc_threads = 2;
     return o;
   }
+  struct PingDuringEvalResult {
+    bool eval_still_running = false;  // whether the kernel was on the device when the Ping returned
+    absl::Time ping_answered;
+    absl::Time eval_answered;
+  };
+  // Starts the eval of `sequence` (made by MakeSlow), waits until it is on the device, and Pings
+  // from another client while it runs. Both calls must succeed.
+  PingDuringEvalResult PingDuringEval(const std::string& session, uint64_t sequence) {
+    PingDuringEvalResult out;
+    grpc::Status eval_status;
+    v1::EvalResponse result;
+    std::thread slow([&] {
+      eval_status = Eval(SlowEval(session, sequence), &result);
+      out.eval_answered = absl::Now();
+    });
+    const absl::Cleanup join = [&] {
+      if (slow.joinable()) slow.join();
+    };
+    WaitForAnEvalOnTheDevice();
+    EXPECT_GE(server_->metrics().queue_depth("0", "0").Value(), 1) << "the eval never ran";
+    // Another client: a connection of its own (gRPC would share the eval's otherwise).
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    test_support::Stubs other(
+        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::PingResponse pong;
+    const grpc::Status ping = other.sessions->Ping(&context, v1::PingRequest(), &pong);
+    out.ping_answered = absl::Now();
+    out.eval_still_running = server_->metrics().queue_depth("0", "0").Value() >= 1;
+    EXPECT_THAT(ping, IsOk());
+    slow.join();
+    EXPECT_THAT(eval_status, IsOk());
+    return out;
+  }
 };
 
 TEST_F(InlineWaitTest, APingIsAnsweredWhileAnEvalWaitsOnTheServingThread) {
   const std::string session = Open("slow");
   const test_support::SlowWork work = WorkFor(session, absl::Milliseconds(1500));
   MakeSlow(session, 1, work);
-  grpc::Status eval_status;
-  v1::EvalResponse result;
-  absl::Time eval_answered;
-  std::thread slow([&] {
-    eval_status = Eval(SlowEval(session, 1), &result);
-    eval_answered = absl::Now();
-  });
-  const absl::Cleanup join = [&] {
-    if (slow.joinable()) slow.join();
-  };
-  WaitForAnEvalOnTheDevice();
-  ASSERT_GE(server_->metrics().queue_depth("0", "0").Value(), 1) << "the eval never ran";
-  Client other(server_->address());
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::PingResponse pong;
-  const grpc::Status ping = other.sessions->Ping(&context, v1::PingRequest(), &pong);
-  const absl::Time ping_answered = absl::Now();
-  const bool eval_still_running = server_->metrics().queue_depth("0", "0").Value() >= 1;
-  ASSERT_THAT(ping, IsOk());
-  slow.join();
-  ASSERT_THAT(eval_status, IsOk());
+  const PingDuringEvalResult r = PingDuringEval(session, 1);
   // The kernel was still on the device when the Ping came back, and the eval was answered after.
-  EXPECT_TRUE(eval_still_running);
-  EXPECT_LT(ping_answered, eval_answered);
+  EXPECT_TRUE(r.eval_still_running);
+  EXPECT_LT(r.ping_answered, r.eval_answered);
 }
 
 // Within --eval_hold the thread that waits for an eval keeps the queue (a short eval wakes no other
@@ -253,24 +268,8 @@ TEST_F(HeldQueueTest, APingWaitsForAnEvalThatHoldsTheQueue) {
   const std::string session = Open("slow");
   const test_support::SlowWork work = WorkFor(session, absl::Milliseconds(1500));
   MakeSlow(session, 1, work);
-  grpc::Status eval_status;
-  v1::EvalResponse result;
-  std::thread slow([&] { eval_status = Eval(SlowEval(session, 1), &result); });
-  const absl::Cleanup join = [&] {
-    if (slow.joinable()) slow.join();
-  };
-  WaitForAnEvalOnTheDevice();
-  ASSERT_GE(server_->metrics().queue_depth("0", "0").Value(), 1) << "the eval never ran";
-  Client other(server_->address());
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::PingResponse pong;
-  const grpc::Status ping = other.sessions->Ping(&context, v1::PingRequest(), &pong);
-  const bool eval_still_running = server_->metrics().queue_depth("0", "0").Value() >= 1;
-  ASSERT_THAT(ping, IsOk());
-  slow.join();
-  ASSERT_THAT(eval_status, IsOk());
-  EXPECT_FALSE(eval_still_running) << "the Ping was served while the eval held the queue";
+  EXPECT_FALSE(PingDuringEval(session, 1).eval_still_running)
+      << "the Ping was served while the eval held the queue";
 }
 
 // A thread that kept the queue through its wait and then finds another client's call waiting behind
@@ -283,40 +282,15 @@ class HeldQueueOffTest : public HeldQueueTest {
     o.eval_hold_off = absl::Seconds(60);
     return o;
   }
-  // Pings while the eval of `sequence` runs; whether the kernel was still on the device when the
-  // Ping was answered.
-  bool PingDuringEval(const std::string& session, uint64_t sequence) {
-    grpc::Status eval_status;
-    v1::EvalResponse result;
-    std::thread slow([&] { eval_status = Eval(SlowEval(session, sequence), &result); });
-    const absl::Cleanup join = [&] {
-      if (slow.joinable()) slow.join();
-    };
-    WaitForAnEvalOnTheDevice();
-    EXPECT_GE(server_->metrics().queue_depth("0", "0").Value(), 1) << "the eval never ran";
-    // Another client: a connection of its own (gRPC would share the eval's otherwise).
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    test_support::Stubs other(
-        grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args));
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    v1::PingResponse pong;
-    const grpc::Status ping = other.sessions->Ping(&context, v1::PingRequest(), &pong);
-    const bool still_running = server_->metrics().queue_depth("0", "0").Value() >= 1;
-    EXPECT_THAT(ping, IsOk());
-    slow.join();
-    EXPECT_THAT(eval_status, IsOk());
-    return still_running;
-  }
 };
 
 TEST_F(HeldQueueOffTest, AnEvalAfterOneThatCallsWaitedBehindHandsTheQueueOn) {
   const std::string session = Open("slow");
   const test_support::SlowWork work = WorkFor(session, absl::Milliseconds(1500));
   MakeSlow(session, 1, work);
-  EXPECT_FALSE(PingDuringEval(session, 1)) << "the first eval did not keep the queue";
-  EXPECT_TRUE(PingDuringEval(session, 1)) << "the second eval kept the queue";
+  EXPECT_FALSE(PingDuringEval(session, 1).eval_still_running)
+      << "the first eval did not keep the queue";
+  EXPECT_TRUE(PingDuringEval(session, 1).eval_still_running) << "the second eval kept the queue";
 }
 
 }  // namespace
