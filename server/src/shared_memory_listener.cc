@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "komputed/core/shared_memory.h"
 #include "komputed/core/spin.h"
 #include "komputed/core/thread_name.h"
 #include "spdlog/spdlog.h"
@@ -78,6 +79,17 @@ struct SharedMemoryListener::Connection {
   // Only the listener's thread changes fd (Close): it reads it without the lock.
   int fd_for_listener() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return fd; }
 
+  // Publishes `record` as the answer to ring request `seq`, and rings the client's doorbell if it
+  // may be asleep.
+  void RingAnswer(uint32_t seq, const std::string& record) {
+    ring->PutAnswer(seq, record);
+    if (ring->client_sleeping()) {
+      Send(v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kDoorbell, {}));
+    }
+  }
+  // Whether a request waits in the ring (reactor thread only).
+  bool RingHasWork() const { return ring != nullptr && ring->request_seq() != ring_seen; }
+
   absl::Mutex mu;
   int fd ABSL_GUARDED_BY(mu);
   // Listener thread only:
@@ -87,6 +99,11 @@ struct SharedMemoryListener::Connection {
   std::atomic<bool> in_flight{false};
   // Submits not answered yet (at most kMaxChannelSubmits).
   std::atomic<size_t> submits{0};
+  // The channel's ring, once passed (set on its reactor before any eval that answers into it):
+  // its mapping, held as long as an answer may still be written there.
+  std::shared_ptr<core::SharedMemory> ring_memory;
+  std::unique_ptr<v1::wire::ChannelRing> ring;
+  uint32_t ring_seen = 0;  // the last request taken from it (reactor thread only)
 };
 
 // A reactor: its thread, the bound connections given to it, and the eventfd that wakes it for new
@@ -215,11 +232,14 @@ SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Co
     jobs_.push_back(std::move(job));
     return Next::kKeep;
   }
-  for (int fd : received.fds) close(fd);
-  const bool had_fds = !received.fds.empty();
   v1::wire::ChannelOp op;
   absl::string_view payload;
   absl::Status status = v1::wire::DecodeChannelRequest(received.record, &op, &payload);
+  if (status.ok() && op == v1::wire::ChannelOp::kRing) {
+    return AttachRing(c, std::move(received.fds));
+  }
+  for (int fd : received.fds) close(fd);
+  const bool had_fds = !received.fds.empty();
   if (status.ok() && had_fds) {
     status = absl::InvalidArgumentError("a channel record with descriptors");
   }
@@ -240,6 +260,7 @@ SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Co
     return Next::kBound;
   }
   if (op == v1::wire::ChannelOp::kSubmit) return Submit(c, payload);
+  if (op == v1::wire::ChannelOp::kDoorbell) return Next::kKeep;  // the reactor looks at its rings
   // kEval: on a bound channel, one at a time.
   if (c->ticket.empty() || c->in_flight.exchange(true)) {
     c->Send(v1::wire::EncodeChannelReply(
@@ -255,6 +276,71 @@ SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Co
                    c->Send(response.ok() ? v1::wire::EncodeChannelReply(absl::OkStatus(), *response)
                                          : v1::wire::EncodeChannelReply(response.status(), {}));
                  });
+  return Next::kKeep;
+}
+
+SharedMemoryListener::Next SharedMemoryListener::AttachRing(const std::shared_ptr<Connection>& c,
+                                                            std::vector<int> fds) {
+  absl::Status status;
+  if (fds.size() != 1) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("a ring record with ", fds.size(), " descriptors (it takes one)"));
+  } else if (c->ticket.empty()) {
+    status = absl::FailedPreconditionError("a ring on a channel bound to no session");
+  } else if (c->ring != nullptr) {
+    status = absl::FailedPreconditionError("the channel has a ring already");
+  } else if (c->in_flight.load()) {
+    status = absl::FailedPreconditionError("a ring while the channel's eval still runs");
+  }
+  if (!status.ok()) {
+    for (int fd : fds) close(fd);
+    c->Send(v1::wire::EncodeChannelReply(status, {}));
+    return Next::kClose;
+  }
+  const uint64_t page = core::SharedMemory::PageSize();
+  const uint64_t size = (v1::wire::kRingBytes + page - 1) / page * page;
+  absl::StatusOr<std::shared_ptr<core::SharedMemory>> memory =
+      core::SharedMemory::Adopt(fds[0], size, size);
+  if (!memory.ok()) {
+    c->Send(v1::wire::EncodeChannelReply(memory.status(), {}));
+    return Next::kClose;
+  }
+  c->ring_memory = *std::move(memory);
+  c->ring = std::make_unique<v1::wire::ChannelRing>(c->ring_memory->data());
+  c->ring_seen = c->ring->request_seq();
+  if (handlers_.ring) handlers_.ring();
+  c->Send(v1::wire::EncodeChannelReply(absl::OkStatus(), {}));
+  return Next::kKeep;
+}
+
+SharedMemoryListener::Next SharedMemoryListener::ServeRing(const std::shared_ptr<Connection>& c,
+                                                           bool* served) {
+  if (!c->RingHasWork()) return Next::kKeep;
+  *served = true;
+  const uint32_t seq = c->ring->request_seq();
+  c->ring_seen = seq;
+  absl::StatusOr<std::string> record = c->ring->TakeRequest();  // a copy: the client may write on
+  v1::wire::ChannelOp op = v1::wire::ChannelOp::kEval;
+  absl::string_view payload;
+  absl::Status status = record.status();
+  if (status.ok()) status = v1::wire::DecodeChannelRequest(*record, &op, &payload);
+  if (status.ok() && op != v1::wire::ChannelOp::kEval) {
+    status = absl::InvalidArgumentError("a ring request that is not an eval");
+  }
+  if (status.ok() && c->in_flight.exchange(true)) {
+    status = absl::FailedPreconditionError("an eval while the channel's last one still runs");
+  }
+  if (!status.ok()) {
+    c->RingAnswer(seq, v1::wire::EncodeChannelReply(status, {}));
+    return Next::kClose;
+  }
+  handlers_.eval(
+      c->ticket, std::string(payload), /*may_wait_inline=*/true,
+      [c, seq](absl::StatusOr<std::string> response) {
+        c->in_flight.store(false);  // before the answer: the client's next may follow
+        c->RingAnswer(seq, response.ok() ? v1::wire::EncodeChannelReply(absl::OkStatus(), *response)
+                                         : v1::wire::EncodeChannelReply(response.status(), {}));
+      });
   return Next::kKeep;
 }
 
@@ -305,14 +391,52 @@ void SharedMemoryListener::React(Reactor& reactor) {
   std::vector<std::shared_ptr<Connection>> connections;
   std::vector<pollfd> polled;
   absl::Time spin_until = absl::InfinitePast();  // polling without sleep until then
+  auto rings_have_work = [&connections] {
+    for (const auto& c : connections) {
+      if (c->RingHasWork()) return true;
+    }
+    return false;
+  };
+  // Tells the clients of the rings whether a request needs a doorbell; false if there is none.
+  auto set_sleeping = [&connections](bool sleeping) {
+    bool any = false;
+    for (const auto& c : connections) {
+      if (c->ring == nullptr) continue;
+      c->ring->set_daemon_sleeping(sleeping);
+      any = true;
+    }
+    return any;
+  };
   for (;;) {
+    // The rings first: a request there came without a record on the socket.
+    bool served = false;
+    {
+      std::vector<std::shared_ptr<Connection>> kept;
+      for (const auto& c : connections) {
+        if (ServeRing(c, &served) == Next::kKeep) {
+          kept.push_back(c);
+        } else {
+          c->Close();
+        }
+      }
+      connections.swap(kept);
+    }
+    if (served && spin_ > absl::ZeroDuration()) spin_until = absl::Now() + spin_;
     polled.clear();
     polled.push_back({reactor.wake_fd, POLLIN, 0});
     for (const auto& c : connections) polled.push_back({c->fd_for_listener(), POLLIN, 0});
     int ready;
     while (true) {
-      ready = poll(polled.data(), polled.size(), absl::Now() < spin_until ? 0 : -1);
-      if (ready != 0) break;
+      bool sleep = absl::Now() >= spin_until;
+      // A client that publishes a request after this looks at the flag and rings; one that
+      // published before is seen by the second look.
+      if (sleep && set_sleeping(true) && rings_have_work()) {
+        set_sleeping(false);
+        sleep = false;
+      }
+      ready = poll(polled.data(), polled.size(), sleep ? -1 : 0);
+      if (sleep) set_sleeping(false);
+      if (ready != 0 || rings_have_work()) break;
       core::CpuRelax();
     }
     if (ready < 0 && errno != EINTR) {

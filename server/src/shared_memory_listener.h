@@ -8,7 +8,9 @@
 // that binds nothing within a short time is closed; so are connections beyond a fixed number at
 // once. A reactor runs an eval on its own thread: it may wait for a short submission there
 // (bounded, as the gRPC serving threads do: Session::Eval's inline wait), so that the answer needs
-// no hand-off; longer ones are answered from the completion waiter.
+// no hand-off; longer ones are answered from the completion waiter. A bound channel may pass a ring
+// of shared memory (kRing): its evals then come and go through the ring, which its reactor looks at
+// on every turn (and, where it polls, between two polls), and the socket carries only doorbells.
 
 #include <deque>
 #include <functional>
@@ -42,6 +44,8 @@ class SharedMemoryListener {
     std::function<void(const std::string& ticket, std::string request, bool may_wait_inline,
                        std::function<void(absl::StatusOr<std::string> response)> done)>
         eval;
+    // Called when a channel takes a ring (v1::wire::ChannelRing); may be empty.
+    std::function<void()> ring;
   };
   // Listens on a new abstract name (komputed-<pid>-<random>), with `reactors` threads (at least
   // 1) that serve the bound channels. After serving a record, a reactor polls its channels
@@ -72,6 +76,10 @@ class SharedMemoryListener {
   Next Submit(const std::shared_ptr<Connection>& c, absl::string_view payload);
   // Reads the record waiting on `c` and handles it (kKeep when none had come after all).
   Next Serve(const std::shared_ptr<Connection>& c);
+  // A kRing record's descriptors (taken: closed whatever happens).
+  Next AttachRing(const std::shared_ptr<Connection>& c, std::vector<int> fds);
+  // Runs the request waiting in the ring of `c`, if one is (`*served` then true).
+  Next ServeRing(const std::shared_ptr<Connection>& c, bool* served);
 
   std::string name_;
   Handlers handlers_;

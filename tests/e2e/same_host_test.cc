@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "komputed/v1/shared_memory_wire.h"
 #include "support/daemon_process.h"
@@ -74,24 +75,27 @@ class SocketDaemon {
   std::unique_ptr<DaemonProcess> daemon_;
 };
 
-// How many mappings of tensors' shared memory the process `pid` has.
-int SharedMappings(pid_t pid) {
+constexpr char kTensorMemory[] = "memfd:komputed-tensor";
+constexpr char kRingMemory[] = "memfd:komputed-channel-ring";
+
+// How many mappings of shared memory named `what` (tensors' by default) the process `pid` has.
+int SharedMappings(pid_t pid, const char* what = kTensorMemory) {
   std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
   int n = 0;
   for (std::string line; std::getline(maps, line);) {
-    if (line.find("memfd:komputed-tensor") != std::string::npos) ++n;
+    if (line.find(what) != std::string::npos) ++n;
   }
   return n;
 }
 
-// Waits up to 30 s for the process `pid` to have no mapping of tensors' shared memory (a call that
-// has answered may still hold a tensor for a moment); returns how many it has at the end.
-int MappingsAfterRelease(pid_t pid) {
-  int mappings = SharedMappings(pid);
+// Waits up to 30 s for the process `pid` to have no mapping of shared memory named `what` (a call
+// that has answered may still hold a tensor for a moment); returns how many it has at the end.
+int MappingsAfterRelease(pid_t pid, const char* what = kTensorMemory) {
+  int mappings = SharedMappings(pid, what);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (mappings > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    mappings = SharedMappings(pid);
+    mappings = SharedMappings(pid, what);
   }
   return mappings;
 }
@@ -226,6 +230,32 @@ TEST(ExecuteBatches, AsyncEvalsOnTheStreamGoSeveralToAMessage) {
   }
 }
 
+// A sync eval channel passes a ring of shared memory: the evals and their answers go through it.
+// Without it (KOMPUTED_SAME_HOST_RING=0) they go on the channel's socket, as before.
+TEST(SameHost, EvalsGoThroughTheChannelsRingUnlessTurnedOff) {
+  for (const bool ring : {true, false}) {
+    SCOPED_TRACE(ring ? "with the ring" : "without");
+    SocketDaemon d;
+    ASSERT_TRUE(d.daemon().started());
+    ScopedEnv env("KOMPUTED_SAME_HOST_RING", ring ? std::nullopt : std::optional<std::string>("0"));
+    {
+      kp::Manager mgr{d.address()};
+      EXPECT_TRUE(ScaleTwice(mgr, 1024));
+      // Many more, each answered before the next is written into the ring.
+      auto t = mgr.tensor(std::vector<float>(64, 1.0f));
+      auto seq = mgr.sequence();
+      seq->record<kp::OpTensorSyncDevice>({t});
+      for (int i = 0; i < 200; ++i) seq->eval();
+      EXPECT_EQ(SharedMappings(d.daemon().pid(), kRingMemory), ring ? 1 : 0);
+      const Samples samples = Samples::From(d.daemon());
+      EXPECT_EQ(samples.Get("komputed_same_host_rings_total"), ring ? 1 : 0);
+      EXPECT_GE(samples.Get("komputed_same_host_evals_total"), 202);
+      EXPECT_EQ(samples.Get("komputed_rpcs_total", {{"method", "Eval"}, {"code", "OK"}}), 0);
+    }
+    EXPECT_EQ(MappingsAfterRelease(d.daemon().pid(), kRingMemory), 0);
+  }
+}
+
 TEST(SameHost, TurnedOffByTheClientTheDataGoesOverGrpc) {
   SocketDaemon d;
   ASSERT_TRUE(d.daemon().started());
@@ -268,14 +298,18 @@ TEST(SameHost, KilledClientLeavesNoMappingBehind) {
   ASSERT_GT(read(out, buf, sizeof(buf) - 1), 0);
   ASSERT_STREQ(buf, "ready\n");
   close(out);
-  // Its 16 MiB tensor lives in shared memory: the daemon maps it.
+  // Its 16 MiB tensor lives in shared memory, and its eval channel has a ring: the daemon maps
+  // both.
   EXPECT_EQ(SharedMappings(d.daemon().pid()), 1);
+  EXPECT_EQ(SharedMappings(d.daemon().pid(), kRingMemory), 1);
   EXPECT_EQ(Samples::From(d.daemon()).Get("komputed_shared_memory_tensors_total"), 1);
+  EXPECT_EQ(Samples::From(d.daemon()).Get("komputed_same_host_rings_total"), 1);
 
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
   // Reaped: no mapping stays (the memfd had only the client's and the mapping's references).
   EXPECT_EQ(MappingsAfterRelease(d.daemon().pid()), 0);
+  EXPECT_EQ(MappingsAfterRelease(d.daemon().pid(), kRingMemory), 0);
   // No descriptor of a memfd stays open in the daemon either.
   int memfds = 0;
   const std::string fd_dir = "/proc/" + std::to_string(d.daemon().pid()) + "/fd/";
@@ -567,6 +601,118 @@ TEST_F(SameHostWire, TheEvalChannelTakesOnlyWhatItShould) {
     ASSERT_TRUE(stubs_.sessions->CloseSession(&context, request, &response).ok());
   }
   EXPECT_EQ(c.Ask(EvalRecord(nothing)).status().code(), absl::StatusCode::kNotFound);
+}
+
+// A ring (kRing) is taken only on a bound channel, once, as a sealed memfd of the ring's size. An
+// eval in it is answered in it; one that the channel does not take is refused there with its
+// reason; a request in it that is malformed ends the channel.
+TEST_F(SameHostWire, ARingIsTakenOnlyAsItShouldBeAndCarriesEvals) {
+  const std::string& name = session_.shared_memory_socket();
+  const std::string bind =
+      v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kBind, session_.shared_memory_ticket());
+  const std::string ring_record = v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kRing, {});
+  const std::string doorbell = v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kDoorbell, {});
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t size = (v1::wire::kRingBytes + page - 1) / page * page;
+  // Asks with a new memfd of `bytes` and `seals`.
+  auto pass = [&](RawChannel& c, uint64_t bytes, int seals) {
+    const int fd = Memfd(bytes, seals);
+    absl::StatusOr<std::string> answer = c.Ask(ring_record, fd);
+    close(fd);
+    return answer.status().code();
+  };
+  {
+    RawChannel c(name);  // bound to no session
+    EXPECT_EQ(pass(c, size, kSizeSeals), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(c.Closed());
+  }
+  {
+    RawChannel none(name);
+    ASSERT_TRUE(none.Ask(bind).ok());
+    EXPECT_EQ(none.Ask(ring_record).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(none.Closed());
+    RawChannel small(name);
+    ASSERT_TRUE(small.Ask(bind).ok());
+    EXPECT_EQ(pass(small, page, kSizeSeals), absl::StatusCode::kInvalidArgument);
+    RawChannel unsealed(name);
+    ASSERT_TRUE(unsealed.Ask(bind).ok());
+    EXPECT_EQ(pass(unsealed, size, 0), absl::StatusCode::kInvalidArgument);
+    RawChannel twice(name);
+    ASSERT_TRUE(twice.Ask(bind).ok());
+    EXPECT_EQ(pass(twice, size, kSizeSeals), absl::StatusCode::kOk);
+    EXPECT_EQ(pass(twice, size, kSizeSeals), absl::StatusCode::kFailedPrecondition);
+  }
+  EXPECT_EQ(Samples::From(d_.daemon()).Get("komputed_same_host_rings_total"), 1);
+
+  // A good ring, mapped here too.
+  RawChannel c(name);
+  ASSERT_TRUE(c.Ask(bind).ok());
+  const int fd = Memfd(size, kSizeSeals);
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(base, MAP_FAILED);
+  const absl::Cleanup unmap = [&] { munmap(base, size); };
+  absl::StatusOr<std::string> taken = c.Ask(ring_record, fd);
+  close(fd);
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  v1::wire::ChannelRing ring(base);
+  // Waits up to 10 s for the answer to ring request `seq` (the doorbell already rung).
+  auto answer = [&](uint32_t seq) -> absl::StatusOr<std::string> {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (ring.answer_seq() != seq && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+    if (ring.answer_seq() != seq) return absl::DeadlineExceededError("no answer in the ring");
+    absl::StatusOr<std::string> record = ring.TakeAnswer();
+    if (!record.ok()) return record.status();
+    return v1::wire::DecodeChannelReply(*record);
+  };
+  auto ask = [&](uint32_t seq, const std::string& record) {
+    ring.PutRequest(seq, record);
+    EXPECT_TRUE(c.Send(doorbell));  // whether or not the daemon sleeps
+    return answer(seq);
+  };
+  const v1::EvalRequest nothing;  // no sequence: runs no submission, succeeds
+  for (uint32_t seq = 1; seq <= 3; ++seq) {
+    absl::StatusOr<std::string> a = ask(seq, EvalRecord(nothing));
+    EXPECT_TRUE(a.ok()) << a.status();
+  }
+  v1::EvalRequest create;
+  create.add_commands()->mutable_create_tensor()->set_handle(1);
+  absl::StatusOr<std::string> refused = ask(4, EvalRecord(create));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("creates objects"));
+  EXPECT_TRUE(ask(5, EvalRecord(nothing)).ok());
+  // A record in the ring that is not an eval ends the channel, answered with why.
+  absl::StatusOr<std::string> not_eval = ask(6, bind);
+  EXPECT_EQ(not_eval.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(not_eval.status().message()), HasSubstr("not an eval"));
+  EXPECT_TRUE(c.Closed());
+
+  // A request whose size is over a record's: refused with its size, and the channel ends.
+  RawChannel h(name);
+  ASSERT_TRUE(h.Ask(bind).ok());
+  const int hfd = Memfd(size, kSizeSeals);
+  void* hbase = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, hfd, 0);
+  ASSERT_NE(hbase, MAP_FAILED);
+  const absl::Cleanup hunmap = [&] { munmap(hbase, size); };
+  ASSERT_TRUE(h.Ask(ring_record, hfd).ok());
+  close(hfd);
+  auto* words = static_cast<uint32_t*>(hbase);
+  words[v1::wire::ChannelRing::kRequestSize / 4] = 0xffffffffu;
+  __atomic_store_n(&words[v1::wire::ChannelRing::kRequestSeq / 4], 1u, __ATOMIC_SEQ_CST);
+  ASSERT_TRUE(h.Send(doorbell));
+  v1::wire::ChannelRing hostile(hbase);
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (hostile.answer_seq() != 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(hostile.answer_seq(), 1u);
+  absl::StatusOr<std::string> record = hostile.TakeAnswer();
+  ASSERT_TRUE(record.ok());
+  absl::StatusOr<std::string> over = v1::wire::DecodeChannelReply(*record);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(over.status().message()), HasSubstr("4294967295 bytes"));
+  EXPECT_TRUE(h.Closed());
+  // The daemon serves on: a new channel with a ring of its own is taken.
+  RawChannel again(name);
+  ASSERT_TRUE(again.Ask(bind).ok());
+  EXPECT_EQ(pass(again, size, kSizeSeals), absl::StatusCode::kOk);
 }
 
 TEST_F(SameHostWire, SubmitsAreAnsweredWithTheirIdsAndRefusedWhenMalformed) {

@@ -1,5 +1,6 @@
-// A client that opens a session, takes device memory, starts an asynchronous evaluation on the
-// Execute stream, prints "ready", and then waits to be killed without closing anything.
+// A client that opens a session, takes device memory, runs an evaluation and starts an
+// asynchronous one on the Execute stream, prints "ready", and then waits to be killed without
+// closing anything.
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,6 +14,8 @@ int main(int argc, char** argv) {
   kp::Manager mgr{std::string(argv[1])};
   auto big = mgr.tensorT<float>(size_t{4} << 20);  // 16 MiB
   auto seq = mgr.sequence();
+  // A sync eval first: on the same host it opens the session's eval channel and its ring.
+  mgr.sequence()->eval<kp::OpTensorSyncDevice>(std::vector<std::shared_ptr<kp::Tensor>>{big});
   seq->evalAsync<kp::OpTensorSyncDevice>(std::vector<std::shared_ptr<kp::Tensor>>{big});
   std::printf("ready\n");
   std::fflush(stdout);

@@ -7,9 +7,11 @@
 // likewise); a shared-memory request without its descriptor is always refused; the input is a
 // channel record exactly when it starts with the channel's magic. Then the input's bytes make an
 // answer (id, status, response) that must decode back to what was encoded, the status message cut
-// at 4096 bytes.
+// at 4096 bytes. The input also stands as the first bytes of a ring (ChannelRing): what a client
+// writes there is taken at most a record's size.
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -33,7 +35,8 @@ void Requests(const std::string& record) {
   absl::string_view payload;
   if (wire::DecodeChannelRequest(record, &op, &payload).ok()) {
     Check(op == wire::ChannelOp::kBind || op == wire::ChannelOp::kEval ||
-              op == wire::ChannelOp::kSubmit,
+              op == wire::ChannelOp::kSubmit || op == wire::ChannelOp::kRing ||
+              op == wire::ChannelOp::kDoorbell,
           "a decoded request has a known op");
     Check(wire::EncodeChannelRequest(op, payload) == record, "a request encodes back as it came");
     Check(wire::IsChannelRecord(record), "a decoded request is a channel record");
@@ -56,6 +59,22 @@ void Requests(const std::string& record) {
   (void)wire::DecodeChannelReply(record);
   uint64_t id = 0;
   (void)wire::DecodeChannelSubmitReply(record, &id);
+}
+
+// The input as a ring's first bytes (its header words, what a client may write there at any
+// time): a request is taken only at its size, at most a record's, and its answer comes back whole.
+void Ring(const std::string& bytes) {
+  static std::string memory(wire::kRingBytes, '\0');
+  std::fill(memory.begin(), memory.begin() + wire::kRingHeaderBytes + 64, '\0');
+  std::copy_n(bytes.begin(), std::min(bytes.size(), memory.size()), memory.begin());
+  wire::ChannelRing ring(memory.data());
+  absl::StatusOr<std::string> request = ring.TakeRequest();
+  Check(!request.ok() || request->size() <= wire::kMaxChannelRecord, "a request fits a record");
+  const std::string answer = bytes.substr(0, wire::kMaxChannelRecord);
+  ring.PutAnswer(ring.request_seq(), answer);
+  Check(ring.answer_seq() == ring.request_seq(), "an answer is published under its request");
+  absl::StatusOr<std::string> taken = ring.TakeAnswer();
+  Check(taken.ok() && *taken == answer, "an answer comes back as it was put");
 }
 
 void Answers(FuzzedDataProvider& in) {
@@ -90,6 +109,7 @@ void Answers(FuzzedDataProvider& in) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Requests(std::string(reinterpret_cast<const char*>(data), size));
+  Ring(std::string(reinterpret_cast<const char*>(data), size));
   FuzzedDataProvider in(data, size);
   Answers(in);
   return 0;

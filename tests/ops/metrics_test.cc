@@ -38,6 +38,7 @@ const std::map<std::string, std::string> kTable = {
     {"komputed_submitted_together_total", "counter"},
     {"komputed_shared_memory_tensors_total", "counter"},
     {"komputed_same_host_evals_total", "counter"},
+    {"komputed_same_host_rings_total", "counter"},
     {"komputed_sequences_released_total", "counter"},
 };
 

@@ -190,7 +190,8 @@ std::optional<absl::StatusOr<v1::EvalResponse>> Connection::EvalSameHost(
   if (same_host_ == nullptr) {
     if (channel_failed_) return std::nullopt;
     absl::StatusOr<std::unique_ptr<SameHostChannel>> opened =
-        SameHostChannel::Open(shared_memory_socket_, shared_memory_ticket_, RpcTimeout());
+        SameHostChannel::Open(shared_memory_socket_, shared_memory_ticket_, RpcTimeout(),
+                              /*ring=*/SameHostChannel::RingWanted());
     if (!opened.ok()) {
       channel_failed_ = true;
       spdlog::info("komputed: no same-host eval channel ({}); evals go over gRPC",

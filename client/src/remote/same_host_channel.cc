@@ -6,12 +6,16 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "komputed/core/spin.h"
 #include "komputed/v1/shared_memory_wire.h"
+#include "spdlog/spdlog.h"
 
 namespace kp::internal::remote {
 
@@ -41,7 +45,7 @@ ssize_t ReceiveSpinning(int fd, std::vector<char>& buffer, absl::Duration spin) 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SameHostChannel>> SameHostChannel::Open(
-    const std::string& socket_name, absl::string_view ticket, absl::Duration timeout) {
+    const std::string& socket_name, absl::string_view ticket, absl::Duration timeout, bool ring) {
   absl::StatusOr<int> fd = v1::wire::ConnectSharedMemory(socket_name);
   if (!fd.ok()) return absl::UnavailableError(fd.status().message());
   auto channel = std::unique_ptr<SameHostChannel>(new SameHostChannel(*fd));
@@ -53,7 +57,49 @@ absl::StatusOr<std::unique_ptr<SameHostChannel>> SameHostChannel::Open(
   if (!answer.ok()) return answer.status();
   absl::StatusOr<std::string> bound = v1::wire::DecodeChannelReply(*answer);
   if (!bound.ok()) return bound.status();
+  if (ring) {
+    if (absl::Status attached = channel->AttachRing(timeout); !attached.ok()) {
+      // The daemon closes a channel whose ring it refuses: a new one, without.
+      spdlog::info("komputed: the same-host channel goes on without a ring ({})",
+                   attached.ToString());
+      return Open(socket_name, ticket, timeout, /*ring=*/false);
+    }
+  }
   return channel;
+}
+
+bool SameHostChannel::RingWanted() {
+  const char* env = std::getenv("KOMPUTED_SAME_HOST_RING");
+  return env == nullptr || std::string(env) != "0";
+}
+
+absl::Status SameHostChannel::AttachRing(absl::Duration timeout) {
+  absl::StatusOr<std::shared_ptr<komputed::core::SharedMemory>> memory =
+      komputed::core::SharedMemory::Create(v1::wire::kRingBytes, "komputed-channel-ring");
+  if (!memory.ok()) return memory.status();
+  const std::string record = v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kRing, {});
+  if (!v1::wire::SendRecord(fd_, record.data(), record.size(), (*memory)->fd())) {
+    return absl::UnavailableError(
+        absl::StrCat("passing the ring on the same-host channel: ", std::strerror(errno)));
+  }
+  (*memory)->CloseDescriptor();  // the daemon has its own now
+  pollfd p{fd_, POLLIN, 0};
+  if (poll(&p, 1,
+           static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(timeout), 0, 1 << 30))) <=
+      0) {
+    return absl::DeadlineExceededError("no answer to the ring within the timeout");
+  }
+  thread_local std::vector<char> buffer(v1::wire::kMaxChannelRecord + 1);
+  const ssize_t n = recv(fd_, buffer.data(), buffer.size(), 0);
+  if (n <= 0 || static_cast<size_t>(n) > v1::wire::kMaxChannelRecord) {
+    return absl::UnavailableError("the daemon closed the same-host channel");
+  }
+  absl::StatusOr<std::string> taken =
+      v1::wire::DecodeChannelReply(absl::string_view(buffer.data(), static_cast<size_t>(n)));
+  if (!taken.ok()) return taken.status();
+  ring_memory_ = *std::move(memory);
+  ring_ = std::make_unique<v1::wire::ChannelRing>(ring_memory_->data());
+  return absl::OkStatus();
 }
 
 SameHostChannel::~SameHostChannel() { Break(); }
@@ -68,10 +114,72 @@ bool SameHostChannel::Takes(const v1::EvalRequest& request) {
          request.ByteSizeLong() + 64 <= v1::wire::kMaxChannelRecord;
 }
 
+absl::StatusOr<std::string> SameHostChannel::RingRoundTrip(const std::string& record,
+                                                           absl::Duration timeout,
+                                                           komputed::core::SpinWindow& spin,
+                                                           bool* sent) {
+  *sent = false;
+  if (fd_ < 0) return absl::UnavailableError("the same-host channel is closed");
+  if (record.size() > v1::wire::kMaxChannelRecord) {
+    return absl::UnavailableError("a request larger than the same-host channel's ring");
+  }
+  const uint32_t seq = ++ring_seq_;
+  ring_->PutRequest(seq, record);
+  *sent = true;  // the daemon may take it from here on, doorbell or not
+  const std::string doorbell = v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kDoorbell, {});
+  if (ring_->daemon_sleeping()) {
+    if (absl::Status rung = Send(doorbell); !rung.ok()) {
+      Break();
+      return rung;
+    }
+  }
+  const absl::Time now = absl::Now();
+  const absl::Time deadline = now + timeout;
+  const absl::Time spin_until = now + std::min(timeout, spin.Window(now, now));
+  while (ring_->answer_seq() != seq && absl::Now() < spin_until) komputed::core::CpuRelax();
+  thread_local std::vector<char> buffer(v1::wire::kMaxChannelRecord + 1);
+  while (ring_->answer_seq() != seq) {
+    // Asleep from here: the daemon rings after its answer. Looked at again after saying so, in
+    // case the answer came in between.
+    ring_->set_client_sleeping(true);
+    if (ring_->answer_seq() == seq) {
+      ring_->set_client_sleeping(false);
+      break;
+    }
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
+    const timespec wait = absl::ToTimespec(left);
+    pollfd p{fd_, POLLIN, 0};
+    const int ready = ppoll(&p, 1, &wait, nullptr);
+    ring_->set_client_sleeping(false);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready > 0) {
+      // Doorbells only: read them all; a closed socket ends the channel.
+      for (;;) {
+        const ssize_t n = recv(fd_, buffer.data(), buffer.size(), MSG_DONTWAIT);
+        if (n > 0) continue;
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (ring_->answer_seq() == seq) break;
+        Break();
+        return absl::UnavailableError("the daemon closed the same-host channel");
+      }
+    } else if (ring_->answer_seq() != seq && absl::Now() >= deadline) {
+      Break();
+      return absl::DeadlineExceededError(absl::StrCat("no answer on the same-host channel within ",
+                                                      absl::FormatDuration(timeout)));
+    }
+  }
+  spin.Observe(absl::Now() - now, /*seen_running=*/true);
+  absl::StatusOr<std::string> answer = ring_->TakeAnswer();
+  if (!answer.ok()) Break();
+  return answer;
+}
+
 absl::StatusOr<std::string> SameHostChannel::RoundTrip(const std::string& record,
                                                        absl::Duration timeout,
                                                        komputed::core::SpinWindow& spin,
                                                        bool* sent) {
+  if (ring_ != nullptr) return RingRoundTrip(record, timeout, spin, sent);
   *sent = false;
   if (absl::Status status = Send(record); !status.ok()) {
     Break();

@@ -9,8 +9,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "komputed/core/shared_memory.h"
 #include "komputed/core/spin.h"
 #include "komputed/v1/komputed.pb.h"
+#include "komputed/v1/shared_memory_wire.h"
 
 namespace kp::internal::remote {
 
@@ -18,9 +20,15 @@ class SameHostChannel {
  public:
   // Connects to the abstract socket `socket_name` and binds to the session of `ticket`, within
   // `timeout`. UNAVAILABLE when the socket cannot be reached; the daemon's refusal otherwise.
+  // With `ring` (for a channel of Eval), it also passes a ring of shared memory
+  // (v1::wire::ChannelRing) through which its evals go; where the daemon does not take one, the
+  // channel goes on without (a log line says why).
   static absl::StatusOr<std::unique_ptr<SameHostChannel>> Open(const std::string& socket_name,
                                                                absl::string_view ticket,
-                                                               absl::Duration timeout);
+                                                               absl::Duration timeout,
+                                                               bool ring = false);
+  // Whether the sync channel should pass a ring: unless KOMPUTED_SAME_HOST_RING=0.
+  static bool RingWanted();
   ~SameHostChannel();
   SameHostChannel(const SameHostChannel&) = delete;
   SameHostChannel& operator=(const SameHostChannel&) = delete;
@@ -37,6 +45,8 @@ class SameHostChannel {
                                                   absl::Duration timeout,
                                                   komputed::core::SpinWindow& spin, bool* sent);
   bool broken() const { return fd_ < 0; }
+  // Whether the channel's evals go through a ring.
+  bool has_ring() const { return ring_ != nullptr; }
 
   // Pipelined use (one thread sends, another receives): sends a kSubmit of `request` tagged
   // `id`, without waiting. UNAVAILABLE when it could not be sent (nothing reached the daemon).
@@ -57,9 +67,17 @@ class SameHostChannel {
   // Sends `record` and receives the answer's record within `timeout`.
   absl::StatusOr<std::string> RoundTrip(const std::string& record, absl::Duration timeout,
                                         komputed::core::SpinWindow& spin, bool* sent);
+  // RoundTrip through the ring: the socket carries doorbells only.
+  absl::StatusOr<std::string> RingRoundTrip(const std::string& record, absl::Duration timeout,
+                                            komputed::core::SpinWindow& spin, bool* sent);
+  // Passes a new ring to the daemon and waits for its answer.
+  absl::Status AttachRing(absl::Duration timeout);
   void Break();
 
   int fd_;
+  std::shared_ptr<komputed::core::SharedMemory> ring_memory_;
+  std::unique_ptr<komputed::v1::wire::ChannelRing> ring_;
+  uint32_t ring_seq_ = 0;  // the last request's number
 };
 
 }  // namespace kp::internal::remote

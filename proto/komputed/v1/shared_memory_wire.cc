@@ -289,9 +289,8 @@ absl::Status DecodeChannelRequest(absl::string_view record, ChannelOp* op,
                                                    record.size() - sizeof(h), " bytes is not the ",
                                                    h.payload_size, " bytes that its header says"));
   }
-  if (h.op != static_cast<uint32_t>(ChannelOp::kBind) &&
-      h.op != static_cast<uint32_t>(ChannelOp::kEval) &&
-      h.op != static_cast<uint32_t>(ChannelOp::kSubmit)) {
+  if (h.op < static_cast<uint32_t>(ChannelOp::kBind) ||
+      h.op > static_cast<uint32_t>(ChannelOp::kDoorbell)) {
     return absl::InvalidArgumentError(absl::StrCat("a channel record of unknown op ", h.op));
   }
   *op = static_cast<ChannelOp>(h.op);
@@ -385,6 +384,39 @@ absl::StatusOr<std::string> DecodeChannelReply(absl::string_view record) {
   }
   if (!status.ok()) return status;
   return std::string(payload);
+}
+
+void ChannelRing::PutRequest(uint32_t seq, absl::string_view record) {
+  const size_t size = std::min(record.size(), kMaxChannelRecord);
+  std::memcpy(request(), record.data(), size);
+  Word(kRequestSize).store(static_cast<uint32_t>(size), std::memory_order_relaxed);
+  Word(kRequestSeq).store(seq);
+}
+
+uint32_t ChannelRing::request_seq() const { return Word(kRequestSeq).load(); }
+
+absl::StatusOr<std::string> ChannelRing::TakeRequest() const {
+  const uint32_t size = Word(kRequestSize).load(std::memory_order_relaxed);  // read once
+  if (size > kMaxChannelRecord) {
+    return absl::InvalidArgumentError(absl::StrCat("a ring request of ", size, " bytes, over the ",
+                                                   kMaxChannelRecord, " a record may have"));
+  }
+  return std::string(request(), size);
+}
+
+void ChannelRing::PutAnswer(uint32_t seq, absl::string_view record) {
+  const size_t size = std::min(record.size(), kMaxChannelRecord);
+  std::memcpy(answer(), record.data(), size);
+  Word(kAnswerSize).store(static_cast<uint32_t>(size), std::memory_order_relaxed);
+  Word(kAnswerSeq).store(seq);
+}
+
+uint32_t ChannelRing::answer_seq() const { return Word(kAnswerSeq).load(); }
+
+absl::StatusOr<std::string> ChannelRing::TakeAnswer() const {
+  const uint32_t size = Word(kAnswerSize).load(std::memory_order_relaxed);
+  if (size > kMaxChannelRecord) return absl::DataLossError("a ring answer over a record's size");
+  return std::string(answer(), size);
 }
 
 }  // namespace komputed::v1::wire

@@ -5,6 +5,7 @@
 // record with exactly one descriptor (SCM_RIGHTS), and one reply; then it is closed. The
 // session's ticket (OpenSessionResponse.shared_memory_ticket) says whose memory it is.
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -71,7 +72,10 @@ std::string EncodeSharedMemoryAnswer(uint64_t region, const absl::Status& status
 inline constexpr size_t kMaxChannelRecord = 64 << 10;
 inline constexpr size_t kMaxChannelSubmits = 64;
 
-enum class ChannelOp : uint32_t { kBind = 1, kEval = 2, kSubmit = 3 };
+// kRing: a bound channel's record that carries a ring (ChannelRing) as its one descriptor; its
+// evals go through the ring from then on. kDoorbell: on a channel with a ring, "look at the ring"
+// (either way; no payload, no answer).
+enum class ChannelOp : uint32_t { kBind = 1, kEval = 2, kSubmit = 3, kRing = 4, kDoorbell = 5 };
 
 // Whether the channel takes `request` (INVALID_ARGUMENT naming why not): it creates no object and
 // has no downloads. Its size is checked where it is encoded (kMaxChannelRecord).
@@ -100,5 +104,65 @@ std::string EncodeChannelSubmitReply(uint64_t id, const absl::Status& status,
 // The answer's id, and its status or the response of an OK answer; DATA_LOSS (and no id) for a
 // malformed record.
 absl::StatusOr<std::string> DecodeChannelSubmitReply(absl::string_view record, uint64_t* id);
+
+// A channel's ring: shared memory (a sealed memfd of kRingBytes, passed with kRing) through which
+// the channel's kEval records and their answers go instead of the socket, one at a time, so that a
+// client and a daemon that both poll exchange an eval without a system call. The client writes a
+// request record (EncodeChannelRequest(kEval, ...)) and publishes it under the next request
+// number; the daemon writes the answer record (EncodeChannelReply) and publishes it under the
+// request's number. Each side says when it may sleep instead of looking at the ring; the other then
+// sends it a kDoorbell record on the socket, which also tells a sleeper that the peer is gone (the
+// socket closes). The daemon copies a request out of the ring before it reads it: the client may
+// write the memory at any time.
+inline constexpr size_t kRingHeaderBytes = 4096;
+inline constexpr size_t kRingBytes = kRingHeaderBytes + 2 * kMaxChannelRecord;
+
+class ChannelRing {
+ public:
+  // Over `base`, kRingBytes of shared memory (not owned).
+  explicit ChannelRing(void* base) : base_(static_cast<char*>(base)) {}
+
+  // Client: writes `record` (at most kMaxChannelRecord bytes) and publishes it as request `seq`.
+  void PutRequest(uint32_t seq, absl::string_view record);
+  // Daemon: the last request's number, and (once it differs from the last one taken) a copy of
+  // its record: INVALID_ARGUMENT when its size is over kMaxChannelRecord.
+  uint32_t request_seq() const;
+  absl::StatusOr<std::string> TakeRequest() const;
+
+  // Daemon: writes `record` (at most kMaxChannelRecord bytes) and publishes it as the answer to
+  // request `seq`.
+  void PutAnswer(uint32_t seq, absl::string_view record);
+  // Client: the number of the request last answered, and a copy of the answer (DATA_LOSS when its
+  // size is over kMaxChannelRecord).
+  uint32_t answer_seq() const;
+  absl::StatusOr<std::string> TakeAnswer() const;
+
+  // Whether each side may be asleep: set before a sleep and looked at (sequentially consistent)
+  // after publishing, so that of a publish and a sleep that cross, one side sees the other.
+  void set_daemon_sleeping(bool sleeping) { Word(kDaemonSleeping).store(sleeping ? 1 : 0); }
+  bool daemon_sleeping() const { return Word(kDaemonSleeping).load() != 0; }
+  void set_client_sleeping(bool sleeping) { Word(kClientSleeping).store(sleeping ? 1 : 0); }
+  bool client_sleeping() const { return Word(kClientSleeping).load() != 0; }
+
+  // The header's words (native-endian uint32), each number on a cache line of its own; the
+  // request's record at kRingHeaderBytes, the answer's kMaxChannelRecord bytes after it.
+  enum Offset : size_t {
+    kRequestSeq = 0,
+    kRequestSize = 4,
+    kAnswerSeq = 64,
+    kAnswerSize = 68,
+    kDaemonSleeping = 128,
+    kClientSleeping = 192,
+  };
+
+ private:
+  std::atomic_ref<uint32_t> Word(Offset offset) const {
+    return std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(base_ + offset));
+  }
+  char* request() const { return base_ + kRingHeaderBytes; }
+  char* answer() const { return base_ + kRingHeaderBytes + kMaxChannelRecord; }
+
+  char* base_;
+};
 
 }  // namespace komputed::v1::wire
