@@ -272,7 +272,8 @@ void RunSameHostEvalStages(benchmark::State& state, const std::string& address,
     return;
   }
   absl::StatusOr<std::unique_ptr<remote::SameHostChannel>> channel =
-      remote::SameHostChannel::Open(session.socket(), session.ticket(), absl::Seconds(30));
+      remote::SameHostChannel::Open(session.socket(), session.ticket(), absl::Seconds(30),
+                                    /*ring=*/remote::SameHostChannel::RingWanted());
   if (!channel.ok()) {
     state.SkipWithError(absl::StrCat("tiny_eval/same_host_stages: opening the channel: ",
                                      channel.status().ToString())

@@ -108,6 +108,7 @@
 #include "komputed/core/spin.h"
 #include "komputed/core/status.h"
 #include "komputed/core/tensor.h"
+#include "remote/same_host_channel.h"
 #include "remote_bench.h"
 #include "support/daemon_process.h"
 
@@ -1494,10 +1495,17 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   const auto up_same = r.MeanBytesPerSecond(kb::kUploadSameHost);
   const auto down_same = r.MeanBytesPerSecond(kb::kDownloadSameHost);
   const std::optional<uint64_t> shared = g_env->remote->same_host_shared_tensors();
+  const std::optional<uint64_t> rings = g_env->remote->same_host_rings();
   std::cout << "\nsame host (daemon " << g_env->remote->daemons_where() << " at "
             << g_env->remote->same_host_address() << ", "
             << (shared.has_value() ? absl::StrCat(*shared) : "an unknown number of")
-            << " tensors made over shared memory)\n";
+            << " tensors made over shared memory; "
+            << (rings.has_value() ? absl::StrCat(*rings) : "an unknown number of")
+            << " eval channels with a ring"
+            << (kp::internal::remote::SameHostChannel::RingWanted()
+                    ? ""
+                    : ", none wanted: KOMPUTED_SAME_HOST_RING=0")
+            << ")\n";
   std::cout << "tiny eval, mean: in-process " << Micros(tiny_in) << ", same host "
             << Micros(tiny_same) << "\n";
   if (const auto stages = r.MeanSeconds(kb::kTinyEvalSameHostStages); stages.has_value()) {

@@ -308,6 +308,10 @@ class BenchDaemon {
     if (server_ != nullptr) return server_->metrics().shared_memory_tensors_total().Value();
     return Scraped("komputed_shared_memory_tensors_total");
   }
+  std::optional<double> SameHostRings() const {
+    if (server_ != nullptr) return server_->metrics().same_host_rings_total().Value();
+    return Scraped("komputed_same_host_rings_total");
+  }
   std::optional<double> SubmittedTogether() const {
     if (server_ != nullptr) return server_->metrics().submitted_together_total().Value();
     return Scraped("komputed_submitted_together_total");
@@ -535,6 +539,12 @@ const char* RemoteBench::tcp_daemon_where() const {
 std::string RemoteBench::same_host_address() const { return s_->same_host_server->address(); }
 std::optional<uint64_t> RemoteBench::same_host_shared_tensors() const {
   const std::optional<double> n = s_->same_host_server->SharedMemoryTensors();
+  if (!n.has_value()) return std::nullopt;
+  return static_cast<uint64_t>(*n);
+}
+
+std::optional<uint64_t> RemoteBench::same_host_rings() const {
+  const std::optional<double> n = s_->same_host_server->SameHostRings();
   if (!n.has_value()) return std::nullopt;
   return static_cast<uint64_t>(*n);
 }

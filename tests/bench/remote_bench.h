@@ -162,6 +162,8 @@ class RemoteBench {
   std::string same_host_address() const;
   // Nothing where its metrics did not answer.
   std::optional<uint64_t> same_host_shared_tensors() const;
+  // How many same-host eval channels passed a ring (komputed_same_host_rings_total).
+  std::optional<uint64_t> same_host_rings() const;
 
   // ping, tcp_loopback, tiny_eval/{inprocess,remote,remote_token,remote_tls,same_host},
   // async_evals/{inprocess,remote,same_host}.

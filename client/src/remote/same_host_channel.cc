@@ -125,14 +125,15 @@ absl::StatusOr<std::string> SameHostChannel::RingRoundTrip(const std::string& re
   }
   const uint32_t seq = ++ring_seq_;
   ring_->PutRequest(seq, record);
-  *sent = true;  // the daemon may take it from here on, doorbell or not
   const std::string doorbell = v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kDoorbell, {});
   if (ring_->daemon_sleeping()) {
     if (absl::Status rung = Send(doorbell); !rung.ok()) {
+      // The socket is gone: so is the daemon's end, which no longer looks at the ring.
       Break();
       return rung;
     }
   }
+  *sent = true;  // the daemon may have taken it
   const absl::Time now = absl::Now();
   const absl::Time deadline = now + timeout;
   const absl::Time spin_until = now + std::min(timeout, spin.Window(now, now));
