@@ -73,14 +73,16 @@ absl::StatusOr<std::shared_ptr<SharedMemory>> SharedMemory::Adopt(int fd, uint64
                                                    " bytes: not a whole number of ", page,
                                                    "-byte pages from 1 to ", max_size / page));
   }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError("the descriptor passed as shared memory is not a memfd");
-  }
+  // The seals first: F_GET_SEALS answers at once for any descriptor, and fails for all but memfds
+  // (and shmem files), where fstat of a file on a client's own FUSE mount would ask the client.
   const int seals = fcntl(fd, F_GET_SEALS);
   if (seals < 0) {
     return absl::InvalidArgumentError(
         "the descriptor passed as shared memory is not a memfd that allows sealing");
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError("the descriptor passed as shared memory is not a memfd");
   }
   if ((seals & kSizeSeals) != kSizeSeals) {
     return absl::InvalidArgumentError(

@@ -62,6 +62,8 @@ inline const prometheus::Histogram::BucketBoundaries kRpcDurationBuckets = {
   COUNTER(same_host_rings_total, "komputed_same_host_rings_total",                                \
           "Same-host eval channels that passed a ring of shared memory: their evals and answers " \
           "go through it, without a system call while both ends poll.")                           \
+  COUNTER(same_host_ring_evals_total, "komputed_same_host_ring_evals_total",                      \
+          "Eval requests that came through same-host channels' rings, refused ones too.")         \
   GAUGE(device_memory_used_bytes, "komputed_device_memory_used_bytes",                            \
         "Tensor memory that sessions hold on the device, in bytes (a device tensor counts its "   \
         "buffer and its staging buffer).",                                                        \

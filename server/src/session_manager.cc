@@ -78,7 +78,8 @@ SessionManager::SessionManager(DevicePool* pool, const ServerOptions& options, M
                            std::function<void(absl::StatusOr<std::string>)> done) {
       SameHostEval(ticket, std::move(request), may_wait_inline, std::move(done));
     };
-    handlers.ring = [this] { metrics_->same_host_rings_total().Increment(); };
+    handlers.ring_taken = [this] { metrics_->same_host_rings_total().Increment(); };
+    handlers.ring_eval = [this] { metrics_->same_host_ring_evals_total().Increment(); };
     // The reactors poll briefly for a channel's next record, as an inline wait polls its fence,
     // where a GPU is served (CPU devices need the cores).
     absl::StatusOr<std::unique_ptr<SharedMemoryListener>> listener = SharedMemoryListener::Start(

@@ -87,8 +87,20 @@ struct SharedMemoryListener::Connection {
       Send(v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kDoorbell, {}));
     }
   }
-  // Whether a request waits in the ring (reactor thread only).
-  bool RingHasWork() const { return ring != nullptr && ring->request_seq() != ring_seen; }
+  // Whether a request waits in the ring (reactor thread only). A number once seen to differ from
+  // the last one taken is taken next, whatever the client writes meanwhile: a request noticed is
+  // always served or refused, so that a client cannot keep the thread looking without being served.
+  bool RingHasWork() {
+    if (ring == nullptr) return false;
+    if (!ring_noticed) {
+      const uint32_t seq = ring->request_seq();
+      if (seq != ring_seen) {
+        ring_noticed = true;
+        ring_next = seq;
+      }
+    }
+    return ring_noticed;
+  }
 
   absl::Mutex mu;
   int fd ABSL_GUARDED_BY(mu);
@@ -103,7 +115,10 @@ struct SharedMemoryListener::Connection {
   // its mapping, held as long as an answer may still be written there.
   std::shared_ptr<core::SharedMemory> ring_memory;
   std::unique_ptr<v1::wire::ChannelRing> ring;
-  uint32_t ring_seen = 0;  // the last request taken from it (reactor thread only)
+  // Reactor thread only: the last request taken from it, and the next one once noticed.
+  uint32_t ring_seen = 0;
+  uint32_t ring_next = 0;
+  bool ring_noticed = false;
 };
 
 // A reactor: its thread, the bound connections given to it, and the eventfd that wakes it for new
@@ -308,7 +323,7 @@ SharedMemoryListener::Next SharedMemoryListener::AttachRing(const std::shared_pt
   c->ring_memory = *std::move(memory);
   c->ring = std::make_unique<v1::wire::ChannelRing>(c->ring_memory->data());
   c->ring_seen = c->ring->request_seq();
-  if (handlers_.ring) handlers_.ring();
+  if (handlers_.ring_taken) handlers_.ring_taken();
   c->Send(v1::wire::EncodeChannelReply(absl::OkStatus(), {}));
   return Next::kKeep;
 }
@@ -317,9 +332,11 @@ SharedMemoryListener::Next SharedMemoryListener::ServeRing(const std::shared_ptr
                                                            bool* served) {
   if (!c->RingHasWork()) return Next::kKeep;
   *served = true;
-  const uint32_t seq = c->ring->request_seq();
+  const uint32_t seq = c->ring_next;
   c->ring_seen = seq;
+  c->ring_noticed = false;
   absl::StatusOr<std::string> record = c->ring->TakeRequest();  // a copy: the client may write on
+  c->ring->set_taken_seq(seq);
   v1::wire::ChannelOp op = v1::wire::ChannelOp::kEval;
   absl::string_view payload;
   absl::Status status = record.status();
@@ -334,6 +351,7 @@ SharedMemoryListener::Next SharedMemoryListener::ServeRing(const std::shared_ptr
     c->RingAnswer(seq, v1::wire::EncodeChannelReply(status, {}));
     return Next::kClose;
   }
+  if (handlers_.ring_eval) handlers_.ring_eval();
   handlers_.eval(
       c->ticket, std::string(payload), /*may_wait_inline=*/true,
       [c, seq](absl::StatusOr<std::string> response) {

@@ -44,8 +44,10 @@ class SharedMemoryListener {
     std::function<void(const std::string& ticket, std::string request, bool may_wait_inline,
                        std::function<void(absl::StatusOr<std::string> response)> done)>
         eval;
-    // Called when a channel takes a ring (v1::wire::ChannelRing); may be empty.
-    std::function<void()> ring;
+    // Called when a channel takes a ring (v1::wire::ChannelRing), and for each eval that comes
+    // through one; either may be empty.
+    std::function<void()> ring_taken;
+    std::function<void()> ring_eval;
   };
   // Listens on a new abstract name (komputed-<pid>-<random>), with `reactors` threads (at least
   // 1) that serve the bound channels. After serving a record, a reactor polls its channels

@@ -231,13 +231,23 @@ TEST(ExecuteBatches, AsyncEvalsOnTheStreamGoSeveralToAMessage) {
 }
 
 // A sync eval channel passes a ring of shared memory: the evals and their answers go through it.
-// Without it (KOMPUTED_SAME_HOST_RING=0) they go on the channel's socket, as before.
+// Without it (KOMPUTED_SAME_HOST_RING=0) they go on the channel's socket, as before. The client
+// either sleeps at once (a CPU device) or polls for 20 us first, so that answers come both while
+// it polls and after it has said that it sleeps.
 TEST(SameHost, EvalsGoThroughTheChannelsRingUnlessTurnedOff) {
-  for (const bool ring : {true, false}) {
-    SCOPED_TRACE(ring ? "with the ring" : "without");
+  struct Case {
+    bool ring;
+    const char* spin_us;
+  };
+  for (const Case& c : {Case{true, nullptr}, Case{true, "20"}, Case{false, nullptr}}) {
+    const bool ring = c.ring;
+    SCOPED_TRACE(ring ? (c.spin_us != nullptr ? "with the ring, polling" : "with the ring")
+                      : "without");
     SocketDaemon d;
     ASSERT_TRUE(d.daemon().started());
     ScopedEnv env("KOMPUTED_SAME_HOST_RING", ring ? std::nullopt : std::optional<std::string>("0"));
+    ScopedEnv spin("KOMPUTED_FENCE_SPIN_US",
+                   c.spin_us != nullptr ? std::optional<std::string>(c.spin_us) : std::nullopt);
     {
       kp::Manager mgr{d.address()};
       EXPECT_TRUE(ScaleTwice(mgr, 1024));
@@ -250,6 +260,13 @@ TEST(SameHost, EvalsGoThroughTheChannelsRingUnlessTurnedOff) {
       const Samples samples = Samples::From(d.daemon());
       EXPECT_EQ(samples.Get("komputed_same_host_rings_total"), ring ? 1 : 0);
       EXPECT_GE(samples.Get("komputed_same_host_evals_total"), 202);
+      // Through the ring, or none of them.
+      const double through_ring = samples.Get("komputed_same_host_ring_evals_total");
+      if (ring) {
+        EXPECT_EQ(through_ring, samples.Get("komputed_same_host_evals_total"));
+      } else {
+        EXPECT_EQ(through_ring, 0);
+      }
       EXPECT_EQ(samples.Get("komputed_rpcs_total", {{"method", "Eval"}, {"code", "OK"}}), 0);
     }
     EXPECT_EQ(MappingsAfterRelease(d.daemon().pid(), kRingMemory), 0);
@@ -641,6 +658,7 @@ TEST_F(SameHostWire, ARingIsTakenOnlyAsItShouldBeAndCarriesEvals) {
     ASSERT_TRUE(twice.Ask(bind).ok());
     EXPECT_EQ(pass(twice, size, kSizeSeals), absl::StatusCode::kOk);
     EXPECT_EQ(pass(twice, size, kSizeSeals), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(twice.Closed());
   }
   EXPECT_EQ(Samples::From(d_.daemon()).Get("komputed_same_host_rings_total"), 1);
 
@@ -655,25 +673,51 @@ TEST_F(SameHostWire, ARingIsTakenOnlyAsItShouldBeAndCarriesEvals) {
   close(fd);
   ASSERT_TRUE(taken.ok()) << taken.status();
   v1::wire::ChannelRing ring(base);
-  // Waits up to 10 s for the answer to ring request `seq` (the doorbell already rung).
-  auto answer = [&](uint32_t seq) -> absl::StatusOr<std::string> {
-    const absl::Time until = absl::Now() + absl::Seconds(10);
-    while (ring.answer_seq() != seq && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
-    if (ring.answer_seq() != seq) return absl::DeadlineExceededError("no answer in the ring");
-    absl::StatusOr<std::string> record = ring.TakeAnswer();
-    if (!record.ok()) return record.status();
-    return v1::wire::DecodeChannelReply(*record);
-  };
-  auto ask = [&](uint32_t seq, const std::string& record) {
+  // The daemon's channel thread, idle, says that it sleeps (a CPU device's never polls; a GPU's
+  // polls for --eval_spin first).
+  const absl::Time idle_until = absl::Now() + absl::Seconds(10);
+  while (!ring.daemon_sleeping() && absl::Now() < idle_until) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(ring.daemon_sleeping());
+  // As a client does: says that it sleeps (here before the request, so that every answer comes
+  // with a doorbell), publishes the request, rings if the daemon sleeps, and waits on the socket
+  // for the daemon's doorbell. Returns the decoded answer.
+  int doorbells = 0;
+  auto ask = [&](uint32_t seq, const std::string& record) -> absl::StatusOr<std::string> {
+    ring.set_client_sleeping(true);
     ring.PutRequest(seq, record);
-    EXPECT_TRUE(c.Send(doorbell));  // whether or not the daemon sleeps
-    return answer(seq);
+    if (ring.daemon_sleeping()) {
+      EXPECT_TRUE(c.Send(doorbell));
+    }
+    absl::StatusOr<std::string> rung = c.Record();
+    ring.set_client_sleeping(false);
+    if (!rung.ok()) return rung.status();
+    v1::wire::ChannelOp op;
+    absl::string_view payload;
+    if (v1::wire::DecodeChannelRequest(*rung, &op, &payload).ok() &&
+        op == v1::wire::ChannelOp::kDoorbell) {
+      ++doorbells;
+    }
+    if (ring.answer_seq() != seq) return absl::DeadlineExceededError("no answer in the ring");
+    absl::StatusOr<std::string> answer = ring.TakeAnswer();
+    if (!answer.ok()) return answer.status();
+    return v1::wire::DecodeChannelReply(*answer);
   };
+  // A request published while the daemon sleeps, without its doorbell, waits for one.
+  ring.PutRequest(1, EvalRecord(v1::EvalRequest()));
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(ring.answer_seq(), 0u) << "served without its doorbell while the daemon slept";
+  ASSERT_TRUE(c.Send(doorbell));
+  const absl::Time until1 = absl::Now() + absl::Seconds(10);
+  while (ring.answer_seq() != 1 && absl::Now() < until1) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(ring.answer_seq(), 1u);
+  EXPECT_EQ(ring.taken_seq(), 1u);
+  EXPECT_EQ(Samples::From(d_.daemon()).Get("komputed_same_host_ring_evals_total"), 1);
   const v1::EvalRequest nothing;  // no sequence: runs no submission, succeeds
-  for (uint32_t seq = 1; seq <= 3; ++seq) {
+  for (uint32_t seq = 2; seq <= 3; ++seq) {
     absl::StatusOr<std::string> a = ask(seq, EvalRecord(nothing));
     EXPECT_TRUE(a.ok()) << a.status();
   }
+  EXPECT_EQ(doorbells, 2) << "an answer to a client that said it slept came without a doorbell";
   v1::EvalRequest create;
   create.add_commands()->mutable_create_tensor()->set_handle(1);
   absl::StatusOr<std::string> refused = ask(4, EvalRecord(create));

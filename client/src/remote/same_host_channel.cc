@@ -83,14 +83,18 @@ absl::Status SameHostChannel::AttachRing(absl::Duration timeout) {
         absl::StrCat("passing the ring on the same-host channel: ", std::strerror(errno)));
   }
   (*memory)->CloseDescriptor();  // the daemon has its own now
-  pollfd p{fd_, POLLIN, 0};
-  if (poll(&p, 1,
-           static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(timeout), 0, 1 << 30))) <=
-      0) {
-    return absl::DeadlineExceededError("no answer to the ring within the timeout");
-  }
+  const absl::Time deadline = absl::Now() + timeout;
   thread_local std::vector<char> buffer(v1::wire::kMaxChannelRecord + 1);
-  const ssize_t n = recv(fd_, buffer.data(), buffer.size(), 0);
+  ssize_t n = -1;
+  while (n < 0) {
+    const timespec wait = absl::ToTimespec(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    pollfd p{fd_, POLLIN, 0};
+    const int ready = ppoll(&p, 1, &wait, nullptr);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return absl::DeadlineExceededError("no answer to the ring within the timeout");
+    n = recv(fd_, buffer.data(), buffer.size(), 0);
+    if (n < 0 && errno != EINTR) break;
+  }
   if (n <= 0 || static_cast<size_t>(n) > v1::wire::kMaxChannelRecord) {
     return absl::UnavailableError("the daemon closed the same-host channel");
   }
@@ -125,21 +129,27 @@ absl::StatusOr<std::string> SameHostChannel::RingRoundTrip(const std::string& re
   }
   const uint32_t seq = ++ring_seq_;
   ring_->PutRequest(seq, record);
-  const std::string doorbell = v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kDoorbell, {});
+  // The daemon's end closed: it took the request first or never will (ChannelRing::taken_seq).
+  auto closed = [&](absl::Status status) {
+    *sent = ring_->taken_seq() == seq;
+    Break();
+    return status;
+  };
   if (ring_->daemon_sleeping()) {
-    if (absl::Status rung = Send(doorbell); !rung.ok()) {
-      // The socket is gone: so is the daemon's end, which no longer looks at the ring.
-      Break();
-      return rung;
+    if (absl::Status rung =
+            Send(v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kDoorbell, {}));
+        !rung.ok()) {
+      return closed(rung);
     }
   }
-  *sent = true;  // the daemon may have taken it
+  *sent = true;  // the daemon may take it from here on
   const absl::Time now = absl::Now();
   const absl::Time deadline = now + timeout;
   const absl::Time spin_until = now + std::min(timeout, spin.Window(now, now));
   while (ring_->answer_seq() != seq && absl::Now() < spin_until) komputed::core::CpuRelax();
   thread_local std::vector<char> buffer(v1::wire::kMaxChannelRecord + 1);
-  while (ring_->answer_seq() != seq) {
+  bool hung_up = false;  // the daemon closed its end (after answering, where the answer is there)
+  while (ring_->answer_seq() != seq && !hung_up) {
     // Asleep from here: the daemon rings after its answer. Looked at again after saying so, in
     // case the answer came in between.
     ring_->set_client_sleeping(true);
@@ -151,8 +161,14 @@ absl::StatusOr<std::string> SameHostChannel::RingRoundTrip(const std::string& re
     const timespec wait = absl::ToTimespec(left);
     pollfd p{fd_, POLLIN, 0};
     const int ready = ppoll(&p, 1, &wait, nullptr);
+    const int error = errno;
     ring_->set_client_sleeping(false);
-    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0 && error == EINTR) continue;
+    if (ready < 0) {
+      Break();  // the daemon may still take the request: sent stays true
+      return absl::UnavailableError(
+          absl::StrCat("waiting on the same-host channel: ", std::strerror(error)));
+    }
     if (ready > 0) {
       // Doorbells only: read them all; a closed socket ends the channel.
       for (;;) {
@@ -160,19 +176,21 @@ absl::StatusOr<std::string> SameHostChannel::RingRoundTrip(const std::string& re
         if (n > 0) continue;
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        if (ring_->answer_seq() == seq) break;
-        Break();
-        return absl::UnavailableError("the daemon closed the same-host channel");
+        hung_up = true;
+        break;
       }
     } else if (ring_->answer_seq() != seq && absl::Now() >= deadline) {
-      Break();
+      Break();  // the daemon may still take the request: sent stays true
       return absl::DeadlineExceededError(absl::StrCat("no answer on the same-host channel within ",
                                                       absl::FormatDuration(timeout)));
     }
   }
+  if (ring_->answer_seq() != seq) {
+    return closed(absl::UnavailableError("the daemon closed the same-host channel"));
+  }
   spin.Observe(absl::Now() - now, /*seen_running=*/true);
   absl::StatusOr<std::string> answer = ring_->TakeAnswer();
-  if (!answer.ok()) Break();
+  if (!answer.ok() || hung_up) Break();  // opened again for the next eval
   return answer;
 }
 

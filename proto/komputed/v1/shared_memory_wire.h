@@ -132,6 +132,11 @@ class ChannelRing {
   // Daemon: writes `record` (at most kMaxChannelRecord bytes) and publishes it as the answer to
   // request `seq`.
   void PutAnswer(uint32_t seq, absl::string_view record);
+  // Daemon: says that request `seq` was taken (read out of the ring), before it runs. Client:
+  // the last request taken: one not taken by the time the daemon's end of the socket is closed
+  // was never run (only the daemon's channel thread takes requests and closes channels).
+  void set_taken_seq(uint32_t seq) { Word(kTakenSeq).store(seq); }
+  uint32_t taken_seq() const { return Word(kTakenSeq).load(); }
   // Client: the number of the request last answered, and a copy of the answer (DATA_LOSS when its
   // size is over kMaxChannelRecord).
   uint32_t answer_seq() const;
@@ -153,6 +158,7 @@ class ChannelRing {
     kAnswerSize = 68,
     kDaemonSleeping = 128,
     kClientSleeping = 192,
+    kTakenSeq = 256,
   };
 
  private:
