@@ -31,6 +31,12 @@ constexpr size_t kMaxConnections = 8192;
 constexpr size_t kMaxUnbound = 256;
 constexpr absl::Duration kRequestTime = absl::Seconds(2);
 
+// A kEval's answer record: the serialized EvalResponse, or the error.
+std::string AnswerRecord(const absl::StatusOr<std::string>& response) {
+  return v1::wire::EncodeChannelReply(
+      response.status(), response.ok() ? absl::string_view(*response) : absl::string_view());
+}
+
 }  // namespace
 
 std::string RandomHex(size_t count) {
@@ -288,8 +294,7 @@ SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Co
   handlers_.eval(c->ticket, std::string(payload), /*may_wait_inline=*/true,
                  [c](absl::StatusOr<std::string> response) {
                    c->in_flight.store(false);
-                   c->Send(response.ok() ? v1::wire::EncodeChannelReply(absl::OkStatus(), *response)
-                                         : v1::wire::EncodeChannelReply(response.status(), {}));
+                   c->Send(AnswerRecord(response));
                  });
   return Next::kKeep;
 }
@@ -352,13 +357,11 @@ SharedMemoryListener::Next SharedMemoryListener::ServeRing(const std::shared_ptr
     return Next::kClose;
   }
   if (handlers_.ring_eval) handlers_.ring_eval();
-  handlers_.eval(
-      c->ticket, std::string(payload), /*may_wait_inline=*/true,
-      [c, seq](absl::StatusOr<std::string> response) {
-        c->in_flight.store(false);  // before the answer: the client's next may follow
-        c->RingAnswer(seq, response.ok() ? v1::wire::EncodeChannelReply(absl::OkStatus(), *response)
-                                         : v1::wire::EncodeChannelReply(response.status(), {}));
-      });
+  handlers_.eval(c->ticket, std::string(payload), /*may_wait_inline=*/true,
+                 [c, seq](absl::StatusOr<std::string> response) {
+                   c->in_flight.store(false);  // before the answer: the client's next may follow
+                   c->RingAnswer(seq, AnswerRecord(response));
+                 });
   return Next::kKeep;
 }
 

@@ -662,16 +662,31 @@ TEST_F(SameHostWire, ARingIsTakenOnlyAsItShouldBeAndCarriesEvals) {
   }
   EXPECT_EQ(Samples::From(d_.daemon()).Get("komputed_same_host_rings_total"), 1);
 
-  // A good ring, mapped here too.
+  // Binds `channel`, passes it a new ring, and maps the ring here too (until the test ends): its
+  // memory, or null when any step failed.
+  std::vector<void*> mapped;
+  const absl::Cleanup unmap = [&] {
+    for (void* m : mapped) munmap(m, size);
+  };
+  auto attach = [&](RawChannel& channel) -> void* {
+    if (!channel.Ask(bind).ok()) return nullptr;
+    const int fd = Memfd(size, kSizeSeals);
+    void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+      close(fd);
+      return nullptr;
+    }
+    mapped.push_back(base);
+    absl::StatusOr<std::string> taken = channel.Ask(ring_record, fd);
+    close(fd);
+    EXPECT_TRUE(taken.ok()) << taken.status();
+    return taken.ok() ? base : nullptr;
+  };
+
+  // A good ring.
   RawChannel c(name);
-  ASSERT_TRUE(c.Ask(bind).ok());
-  const int fd = Memfd(size, kSizeSeals);
-  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ASSERT_NE(base, MAP_FAILED);
-  const absl::Cleanup unmap = [&] { munmap(base, size); };
-  absl::StatusOr<std::string> taken = c.Ask(ring_record, fd);
-  close(fd);
-  ASSERT_TRUE(taken.ok()) << taken.status();
+  void* base = attach(c);
+  ASSERT_NE(base, nullptr);
   v1::wire::ChannelRing ring(base);
   // The daemon's channel thread, idle, says that it sleeps (a CPU device's never polls; a GPU's
   // polls for --eval_spin first).
@@ -732,13 +747,8 @@ TEST_F(SameHostWire, ARingIsTakenOnlyAsItShouldBeAndCarriesEvals) {
 
   // A request whose size is over a record's: refused with its size, and the channel ends.
   RawChannel h(name);
-  ASSERT_TRUE(h.Ask(bind).ok());
-  const int hfd = Memfd(size, kSizeSeals);
-  void* hbase = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, hfd, 0);
-  ASSERT_NE(hbase, MAP_FAILED);
-  const absl::Cleanup hunmap = [&] { munmap(hbase, size); };
-  ASSERT_TRUE(h.Ask(ring_record, hfd).ok());
-  close(hfd);
+  void* hbase = attach(h);
+  ASSERT_NE(hbase, nullptr);
   auto* words = static_cast<uint32_t*>(hbase);
   words[v1::wire::ChannelRing::kRequestSize / 4] = 0xffffffffu;
   __atomic_store_n(&words[v1::wire::ChannelRing::kRequestSeq / 4], 1u, __ATOMIC_SEQ_CST);

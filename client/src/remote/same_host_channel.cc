@@ -83,23 +83,10 @@ absl::Status SameHostChannel::AttachRing(absl::Duration timeout) {
         absl::StrCat("passing the ring on the same-host channel: ", std::strerror(errno)));
   }
   (*memory)->CloseDescriptor();  // the daemon has its own now
-  const absl::Time deadline = absl::Now() + timeout;
-  thread_local std::vector<char> buffer(v1::wire::kMaxChannelRecord + 1);
-  ssize_t n = -1;
-  while (n < 0) {
-    const timespec wait = absl::ToTimespec(std::max(deadline - absl::Now(), absl::ZeroDuration()));
-    pollfd p{fd_, POLLIN, 0};
-    const int ready = ppoll(&p, 1, &wait, nullptr);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) return absl::DeadlineExceededError("no answer to the ring within the timeout");
-    n = recv(fd_, buffer.data(), buffer.size(), 0);
-    if (n < 0 && errno != EINTR) break;
-  }
-  if (n <= 0 || static_cast<size_t>(n) > v1::wire::kMaxChannelRecord) {
-    return absl::UnavailableError("the daemon closed the same-host channel");
-  }
-  absl::StatusOr<std::string> taken =
-      v1::wire::DecodeChannelReply(absl::string_view(buffer.data(), static_cast<size_t>(n)));
+  komputed::core::SpinWindow sleep_at_once(absl::ZeroDuration(), absl::ZeroDuration());
+  absl::StatusOr<std::string> answer = ReceiveAnswer(timeout, sleep_at_once);
+  if (!answer.ok()) return answer.status();
+  absl::StatusOr<std::string> taken = v1::wire::DecodeChannelReply(*answer);
   if (!taken.ok()) return taken.status();
   ring_memory_ = *std::move(memory);
   ring_ = std::make_unique<v1::wire::ChannelRing>(ring_memory_->data());
@@ -205,6 +192,11 @@ absl::StatusOr<std::string> SameHostChannel::RoundTrip(const std::string& record
     return status;
   }
   *sent = true;
+  return ReceiveAnswer(timeout, spin);
+}
+
+absl::StatusOr<std::string> SameHostChannel::ReceiveAnswer(absl::Duration timeout,
+                                                           komputed::core::SpinWindow& spin) {
   const absl::Time now = absl::Now();
   const absl::Time deadline = now + timeout;
   thread_local std::vector<char> buffer(v1::wire::kMaxChannelRecord + 1);

@@ -67,6 +67,10 @@ class SameHostChannel {
   // Sends `record` and receives the answer's record within `timeout`.
   absl::StatusOr<std::string> RoundTrip(const std::string& record, absl::Duration timeout,
                                         komputed::core::SpinWindow& spin, bool* sent);
+  // Receives the next record on the socket within `timeout`, polling for up to what `spin` says
+  // first; on failure the channel is broken.
+  absl::StatusOr<std::string> ReceiveAnswer(absl::Duration timeout,
+                                            komputed::core::SpinWindow& spin);
   // RoundTrip through the ring: the socket carries doorbells only.
   absl::StatusOr<std::string> RingRoundTrip(const std::string& record, absl::Duration timeout,
                                             komputed::core::SpinWindow& spin, bool* sent);

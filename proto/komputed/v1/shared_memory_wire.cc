@@ -386,11 +386,16 @@ absl::StatusOr<std::string> DecodeChannelReply(absl::string_view record) {
   return std::string(payload);
 }
 
-void ChannelRing::PutRequest(uint32_t seq, absl::string_view record) {
+void ChannelRing::Put(Offset seq_word, Offset size_word, char* area, uint32_t seq,
+                      absl::string_view record) {
   const size_t size = std::min(record.size(), kMaxChannelRecord);
-  std::memcpy(request(), record.data(), size);
-  Word(kRequestSize).store(static_cast<uint32_t>(size), std::memory_order_relaxed);
-  Word(kRequestSeq).store(seq);
+  std::memcpy(area, record.data(), size);
+  Word(size_word).store(static_cast<uint32_t>(size), std::memory_order_relaxed);
+  Word(seq_word).store(seq);  // publishes the bytes and the size with it
+}
+
+void ChannelRing::PutRequest(uint32_t seq, absl::string_view record) {
+  Put(kRequestSeq, kRequestSize, request(), seq, record);
 }
 
 uint32_t ChannelRing::request_seq() const { return Word(kRequestSeq).load(); }
@@ -405,10 +410,7 @@ absl::StatusOr<std::string> ChannelRing::TakeRequest() const {
 }
 
 void ChannelRing::PutAnswer(uint32_t seq, absl::string_view record) {
-  const size_t size = std::min(record.size(), kMaxChannelRecord);
-  std::memcpy(answer(), record.data(), size);
-  Word(kAnswerSize).store(static_cast<uint32_t>(size), std::memory_order_relaxed);
-  Word(kAnswerSeq).store(seq);
+  Put(kAnswerSeq, kAnswerSize, answer(), seq, record);
 }
 
 uint32_t ChannelRing::answer_seq() const { return Word(kAnswerSeq).load(); }

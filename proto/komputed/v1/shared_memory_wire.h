@@ -162,6 +162,9 @@ class ChannelRing {
   };
 
  private:
+  // Writes `record` (cut at kMaxChannelRecord) into `area`, its size into `size_word`, and then
+  // publishes `seq` in `seq_word`.
+  void Put(Offset seq_word, Offset size_word, char* area, uint32_t seq, absl::string_view record);
   std::atomic_ref<uint32_t> Word(Offset offset) const {
     return std::atomic_ref<uint32_t>(*reinterpret_cast<uint32_t*>(base_ + offset));
   }
