@@ -65,8 +65,6 @@ absl::StatusOr<std::shared_ptr<SharedMemory>> SharedMemory::Create(uint64_t size
 
 absl::StatusOr<std::shared_ptr<SharedMemory>> SharedMemory::Adopt(int fd, uint64_t size,
                                                                   uint64_t max_size) {
-  auto memory = std::shared_ptr<SharedMemory>(new SharedMemory());
-  memory->fd_ = fd;  // closed below, or by the destructor on error
   const uint64_t page = PageSize();
   if (size == 0 || size % page != 0 || size > max_size) {
     return absl::InvalidArgumentError(absl::StrCat("shared memory of ", size,
@@ -102,10 +100,10 @@ absl::StatusOr<std::shared_ptr<SharedMemory>> SharedMemory::Adopt(int fd, uint64
     return absl::InvalidArgumentError(
         absl::StrCat("mapping the shared memory of ", size, " bytes: ", Errno(error)));
   }
+  auto memory = std::shared_ptr<SharedMemory>(new SharedMemory());
   memory->data_ = data;
   memory->size_ = size;
-  close(memory->fd_);
-  memory->fd_ = -1;
+  close(fd);  // a memfd: its close waits on nothing
   return memory;
 }
 

@@ -156,7 +156,7 @@ absl::Status SessionManager::TakeSharedMemory(v1::wire::SharedMemoryAttach reque
     if (it != tickets_.end()) session = it->second.lock();
   }
   if (session == nullptr) {
-    close(request.fd);
+    v1::wire::ClosePassed(request.fd);
     return absl::NotFoundError(
         "no session of this daemon has that shared-memory ticket (closed, or another daemon's)");
   }
@@ -167,7 +167,10 @@ absl::Status SessionManager::TakeSharedMemory(v1::wire::SharedMemoryAttach reque
       device.info().max_buffer_size != 0 ? device.info().max_buffer_size : uint64_t{1} << 40;
   absl::StatusOr<std::shared_ptr<core::SharedMemory>> memory =
       core::SharedMemory::Adopt(request.fd, request.size, (max_buffer + page - 1) / page * page);
-  if (!memory.ok()) return memory.status();
+  if (!memory.ok()) {
+    v1::wire::ClosePassed(request.fd);
+    return memory.status();
+  }
   return session->AttachSharedMemory(request.region, *std::move(memory));
 }
 

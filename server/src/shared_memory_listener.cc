@@ -30,6 +30,10 @@ namespace {
 constexpr size_t kMaxConnections = 8192;
 constexpr size_t kMaxUnbound = 256;
 constexpr absl::Duration kRequestTime = absl::Seconds(2);
+// Passed descriptors that may wait for their closing (v1::wire::ClosePassed) before the socket
+// takes no new connection: each connection brings at most a few, so this bounds the descriptors
+// that clients whose files do not let go can make the daemon hold.
+constexpr size_t kMaxPassedClosesPending = 64;
 
 // A kEval's answer record: the serialized EvalResponse, or the error.
 std::string AnswerRecord(const absl::StatusOr<std::string>& response) {
@@ -117,9 +121,8 @@ struct SharedMemoryListener::Connection {
   std::atomic<bool> in_flight{false};
   // Submits not answered yet (at most kMaxChannelSubmits).
   std::atomic<size_t> submits{0};
-  // The channel's ring, once passed (set on its reactor before any eval that answers into it):
-  // its mapping, held as long as an answer may still be written there.
-  std::shared_ptr<core::SharedMemory> ring_memory;
+  // The channel's ring, once passed (set on its reactor before any eval that answers into it),
+  // mapped as long as an answer may still be written there.
   std::unique_ptr<v1::wire::ChannelRing> ring;
   // Reactor thread only: the last request taken from it, and the next one once noticed.
   uint32_t ring_seen = 0;
@@ -237,7 +240,7 @@ SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Co
       return Next::kClose;
     }
     if (c->in_flight.exchange(true)) {
-      close(request->fd);
+      v1::wire::ClosePassed(request->fd);
       return Next::kClose;  // a second request while the first is taken
     }
     // Taken on a worker (importing a large region into the device may take a while); the
@@ -259,7 +262,7 @@ SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Co
   if (status.ok() && op == v1::wire::ChannelOp::kRing) {
     return AttachRing(c, std::move(received.fds));
   }
-  for (int fd : received.fds) close(fd);
+  v1::wire::ClosePassed(received.fds);
   const bool had_fds = !received.fds.empty();
   if (status.ok() && had_fds) {
     status = absl::InvalidArgumentError("a channel record with descriptors");
@@ -313,7 +316,7 @@ SharedMemoryListener::Next SharedMemoryListener::AttachRing(const std::shared_pt
     status = absl::FailedPreconditionError("a ring while the channel's eval still runs");
   }
   if (!status.ok()) {
-    for (int fd : fds) close(fd);
+    v1::wire::ClosePassed(fds);
     c->Send(v1::wire::EncodeChannelReply(status, {}));
     return Next::kClose;
   }
@@ -322,11 +325,12 @@ SharedMemoryListener::Next SharedMemoryListener::AttachRing(const std::shared_pt
   absl::StatusOr<std::shared_ptr<core::SharedMemory>> memory =
       core::SharedMemory::Adopt(fds[0], size, size);
   if (!memory.ok()) {
+    v1::wire::ClosePassed(fds[0]);
     c->Send(v1::wire::EncodeChannelReply(memory.status(), {}));
     return Next::kClose;
   }
-  c->ring_memory = *std::move(memory);
-  c->ring = std::make_unique<v1::wire::ChannelRing>(c->ring_memory->data());
+  void* base = (*memory)->data();
+  c->ring = std::make_unique<v1::wire::ChannelRing>(base, *std::move(memory));
   c->ring_seen = c->ring->request_seq();
   if (handlers_.ring_taken) handlers_.ring_taken();
   c->Send(v1::wire::EncodeChannelReply(absl::OkStatus(), {}));
@@ -496,6 +500,7 @@ void SharedMemoryListener::React(Reactor& reactor) {
 void SharedMemoryListener::Run() {
   std::vector<std::shared_ptr<Connection>> connections;
   std::vector<pollfd> polled;
+  bool refusing_for_closes = false;
   for (;;) {
     polled.clear();
     polled.push_back({wake_fd_, POLLIN, 0});
@@ -547,10 +552,24 @@ void SharedMemoryListener::Run() {
     }
     connections.swap(kept);
     if (polled[1].revents != 0) {
+      const bool closes_stuck = v1::wire::PassedClosesPending() >= kMaxPassedClosesPending;
+      if (closes_stuck != refusing_for_closes) {
+        refusing_for_closes = closes_stuck;
+        if (closes_stuck) {
+          spdlog::warn(
+              "shared-memory socket @{}: {} or more descriptors that clients passed wait for their "
+              "close (files whose file system does not answer, such as a client's FUSE mount); "
+              "new same-host connections are refused until they are closed",
+              name_, kMaxPassedClosesPending);
+        } else {
+          spdlog::info("shared-memory socket @{}: passed descriptors closed; taking connections",
+                       name_);
+        }
+      }
       for (;;) {
         const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
-        if (unbound >= kMaxUnbound || connections.size() >= kMaxConnections) {
+        if (closes_stuck || unbound >= kMaxUnbound || connections.size() >= kMaxConnections) {
           close(fd);
           continue;
         }

@@ -12,8 +12,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <kompute/Kompute.hpp>
@@ -30,6 +32,7 @@
 #include "support/process.h"
 #include "support/raw_channel.h"
 #include "support/scoped_env.h"
+#include "support/stalling_fuse.h"
 #include "support/stubs.h"
 
 namespace {
@@ -40,6 +43,7 @@ using komputed::test_support::RawChannel;
 using komputed::test_support::Samples;
 using komputed::test_support::ScopedEnv;
 using komputed::test_support::Spawn;
+using komputed::test_support::StallingFuse;
 using komputed::test_support::Stubs;
 using ::testing::HasSubstr;
 
@@ -98,6 +102,20 @@ int MappingsAfterRelease(pid_t pid, const char* what = kTensorMemory) {
     mappings = SharedMappings(pid, what);
   }
   return mappings;
+}
+
+// How many descriptors the process `pid` has open on files whose path contains `what`.
+int OpenDescriptors(pid_t pid, const std::string& what) {
+  int n = 0;
+  const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd/";
+  for (int fd = 0; fd < 4096; ++fd) {
+    char target[256] = {};
+    if (readlink((fd_dir + std::to_string(fd)).c_str(), target, sizeof(target) - 1) > 0 &&
+        std::string(target).find(what) != std::string::npos) {
+      ++n;
+    }
+  }
+  return n;
 }
 
 // b = 2 * a through the daemon, with a's data changed between two evals; returns whether every
@@ -328,16 +346,7 @@ TEST(SameHost, KilledClientLeavesNoMappingBehind) {
   EXPECT_EQ(MappingsAfterRelease(d.daemon().pid()), 0);
   EXPECT_EQ(MappingsAfterRelease(d.daemon().pid(), kRingMemory), 0);
   // No descriptor of a memfd stays open in the daemon either.
-  int memfds = 0;
-  const std::string fd_dir = "/proc/" + std::to_string(d.daemon().pid()) + "/fd/";
-  for (int fd = 0; fd < 4096; ++fd) {
-    char target[256] = {};
-    if (readlink((fd_dir + std::to_string(fd)).c_str(), target, sizeof(target) - 1) > 0 &&
-        std::string(target).find("memfd:") != std::string::npos) {
-      ++memfds;
-    }
-  }
-  EXPECT_EQ(memfds, 0);
+  EXPECT_EQ(OpenDescriptors(d.daemon().pid(), "memfd:"), 0);
 }
 
 // A memfd of `size` bytes with `seals`.
@@ -687,7 +696,7 @@ TEST_F(SameHostWire, ARingIsTakenOnlyAsItShouldBeAndCarriesEvals) {
   RawChannel c(name);
   void* base = attach(c);
   ASSERT_NE(base, nullptr);
-  v1::wire::ChannelRing ring(base);
+  v1::wire::ChannelRing ring(base, nullptr);
   // The daemon's channel thread, idle, says that it sleeps (a CPU device's never polls; a GPU's
   // polls for --eval_spin first).
   const absl::Time idle_until = absl::Now() + absl::Seconds(10);
@@ -753,7 +762,7 @@ TEST_F(SameHostWire, ARingIsTakenOnlyAsItShouldBeAndCarriesEvals) {
   words[v1::wire::ChannelRing::kRequestSize / 4] = 0xffffffffu;
   __atomic_store_n(&words[v1::wire::ChannelRing::kRequestSeq / 4], 1u, __ATOMIC_SEQ_CST);
   ASSERT_TRUE(h.Send(doorbell));
-  v1::wire::ChannelRing hostile(hbase);
+  v1::wire::ChannelRing hostile(hbase, nullptr);
   const absl::Time until = absl::Now() + absl::Seconds(10);
   while (hostile.answer_seq() != 1 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
   ASSERT_EQ(hostile.answer_seq(), 1u);
@@ -767,6 +776,87 @@ TEST_F(SameHostWire, ARingIsTakenOnlyAsItShouldBeAndCarriesEvals) {
   RawChannel again(name);
   ASSERT_TRUE(again.Ask(bind).ok());
   EXPECT_EQ(pass(again, size, kSizeSeals), absl::StatusCode::kOk);
+}
+
+// Waits up to 10 s for `done`; returns its last answer.
+bool Within10s(const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return done();
+}
+
+// A client can pass, in place of a memfd, a file whose close does not return: one of its own FUSE
+// mount, whose flush it leaves unanswered. The daemon closes such descriptors on a thread of their
+// own, so each way of passing one is refused at once and the same-host path goes on; and once 64
+// such closes wait, its socket takes no new connection until they are done.
+TEST_F(SameHostWire, AFileWhoseCloseHangsHoldsNoServingThread) {
+  StallingFuse fuse;
+  if (!fuse.mounted()) GTEST_SKIP() << "no FUSE mount can be made here: " << fuse.error();
+  const int file = open(fuse.file().c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(file, 0) << std::strerror(errno);
+  const absl::Cleanup close_file = [&] {
+    fuse.Release();
+    close(file);
+  };
+  fuse.Stall();
+  const std::string& name = session_.shared_memory_socket();
+  const std::string bind =
+      v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kBind, session_.shared_memory_ticket());
+  const std::string ring_record = v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kRing, {});
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t ring_size = (v1::wire::kRingBytes + page - 1) / page * page;
+
+  // As a region (taken on the import worker), as a bound channel's ring (on a channel reactor),
+  // and with an unbound channel's record (on the socket's own thread).
+  absl::Status passed = Pass(1, file, page);
+  EXPECT_THAT(std::string(passed.message()), HasSubstr("not a memfd")) << passed;
+  {
+    RawChannel c(name);
+    ASSERT_TRUE(c.Ask(bind).ok());
+    absl::StatusOr<std::string> ring = c.Ask(ring_record, file);
+    EXPECT_THAT(std::string(ring.status().message()), HasSubstr("not a memfd")) << ring.status();
+  }
+  {
+    RawChannel c(name);
+    absl::StatusOr<std::string> bound = c.Ask(bind, file);
+    EXPECT_THAT(std::string(bound.status().message()), HasSubstr("with descriptors"))
+        << bound.status();
+  }
+  // The daemon's first close waits on its flush.
+  EXPECT_TRUE(Within10s([&] { return fuse.flushes() >= 1; }));
+  EXPECT_EQ(fuse.flushes(), 1);
+
+  // Meanwhile memory is taken, and a channel binds and takes a ring.
+  const int memfd = Memfd(page, kSizeSeals);
+  EXPECT_TRUE(Pass(1, memfd, page).ok());
+  close(memfd);
+  {
+    RawChannel c(name);
+    ASSERT_TRUE(c.Ask(bind).ok());
+    const int ring = Memfd(ring_size, kSizeSeals);
+    EXPECT_TRUE(c.Ask(ring_record, ring).ok());
+    close(ring);
+  }
+
+  // Once 64 wait (the one in its close included), a new connection is closed without an answer.
+  for (int i = 3; i < 64; ++i) {
+    RawChannel c(name);
+    EXPECT_THAT(std::string(c.Ask(bind, file).status().message()), HasSubstr("with descriptors"));
+  }
+  {
+    RawChannel refused(name);
+    EXPECT_EQ(refused.Ask(bind).status().code(), absl::StatusCode::kUnavailable);
+  }
+  EXPECT_EQ(fuse.flushes(), 1);
+  EXPECT_EQ(OpenDescriptors(d_.daemon().pid(), fuse.file()), 63);
+
+  // Answered, every close is done, and the socket takes connections again.
+  fuse.Release();
+  EXPECT_TRUE(Within10s([&] { return fuse.flushes() == 64; })) << fuse.flushes();
+  EXPECT_TRUE(Within10s([&] { return OpenDescriptors(d_.daemon().pid(), fuse.file()) == 0; }));
+  EXPECT_TRUE(Within10s([&] { return RawChannel(name).Ask(bind).ok(); }));
 }
 
 TEST_F(SameHostWire, SubmitsAreAnsweredWithTheirIdsAndRefusedWhenMalformed) {

@@ -67,7 +67,7 @@ void Ring(const std::string& bytes) {
   static std::string memory(wire::kRingBytes, '\0');
   std::fill(memory.begin(), memory.begin() + wire::kRingHeaderBytes + 64, '\0');
   std::copy_n(bytes.begin(), std::min(bytes.size(), memory.size()), memory.begin());
-  wire::ChannelRing ring(memory.data());
+  wire::ChannelRing ring(memory.data(), nullptr);
   absl::StatusOr<std::string> request = ring.TakeRequest();
   Check(!request.ok() || request->size() <= wire::kMaxChannelRecord, "a request fits a record");
   const std::string answer = bytes.substr(0, wire::kMaxChannelRecord);

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <string>
 
@@ -63,12 +64,15 @@ class RawChannel {
     if (!record.ok()) return record.status();
     return v1::wire::DecodeChannelSubmitReply(*record, id);
   }
-  // Whether the daemon has closed the connection.
+  // Whether the daemon has closed the connection (within 10 s).
   bool Closed() {
     pollfd p{fd_, POLLIN, 0};
     if (poll(&p, 1, 10000) <= 0) return false;
     char c;
-    return recv(fd_, &c, 1, MSG_DONTWAIT) == 0;
+    const ssize_t n = recv(fd_, &c, 1, MSG_DONTWAIT);
+    // ECONNRESET: the daemon closed it with a record of ours still unread (a doorbell after the
+    // request that ended the channel).
+    return n == 0 || (n < 0 && errno == ECONNRESET);
   }
 
  private:

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "komputed/core/shared_memory.h"
 #include "komputed/core/spin.h"
 #include "komputed/v1/shared_memory_wire.h"
 #include "spdlog/spdlog.h"
@@ -88,8 +89,8 @@ absl::Status SameHostChannel::AttachRing(absl::Duration timeout) {
   if (!answer.ok()) return answer.status();
   absl::StatusOr<std::string> taken = v1::wire::DecodeChannelReply(*answer);
   if (!taken.ok()) return taken.status();
-  ring_memory_ = *std::move(memory);
-  ring_ = std::make_unique<v1::wire::ChannelRing>(ring_memory_->data());
+  void* base = (*memory)->data();
+  ring_ = std::make_unique<v1::wire::ChannelRing>(base, *std::move(memory));
   return absl::OkStatus();
 }
 

@@ -9,7 +9,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "komputed/core/shared_memory.h"
 #include "komputed/core/spin.h"
 #include "komputed/v1/komputed.pb.h"
 #include "komputed/v1/shared_memory_wire.h"
@@ -79,7 +78,6 @@ class SameHostChannel {
   void Break();
 
   int fd_;
-  std::shared_ptr<komputed::core::SharedMemory> ring_memory_;
   std::unique_ptr<komputed::v1::wire::ChannelRing> ring_;
   uint32_t ring_seq_ = 0;  // the last request's number
 };

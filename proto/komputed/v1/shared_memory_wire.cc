@@ -1,6 +1,8 @@
 #include "komputed/v1/shared_memory_wire.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -9,9 +11,13 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <deque>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace komputed::v1::wire {
 
@@ -33,6 +39,54 @@ struct Reply {
   int32_t code;  // absl::StatusCode
   uint64_t region;
   char message[240];  // NUL-terminated
+};
+
+// The process's closing thread (ClosePassed), started with the first descriptor it is given and
+// kept for the life of the process.
+class PassedCloser {
+ public:
+  static PassedCloser& Get() {
+    static PassedCloser* const closer = new PassedCloser();  // never destroyed: a thread uses it
+    return *closer;
+  }
+
+  void Close(int fd) {
+    absl::MutexLock lock(&mu_);
+    pending_.push_back(fd);
+    if (!started_) {
+      started_ = true;
+      std::thread([this] { Run(); }).detach();
+    }
+  }
+
+  size_t pending() {
+    absl::MutexLock lock(&mu_);
+    return pending_.size() + closing_;
+  }
+
+ private:
+  void Run() {
+    pthread_setname_np(pthread_self(), "kd-close");
+    for (;;) {
+      int fd;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](std::deque<int>* pending) { return !pending->empty(); }, &pending_));
+        fd = pending_.front();
+        pending_.pop_front();
+        closing_ = 1;
+      }
+      close(fd);
+      absl::MutexLock lock(&mu_);
+      closing_ = 0;
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<int> pending_ ABSL_GUARDED_BY(mu_);
+  size_t closing_ ABSL_GUARDED_BY(mu_) = 0;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // The abstract address of `name`: a NUL, then the name (no terminator).
@@ -127,6 +181,22 @@ absl::Status PassSharedMemory(const std::string& socket_name, absl::string_view 
   return absl::Status(code, reply.message);
 }
 
+void ClosePassed(int fd) {
+  if (fd < 0) return;
+  // A shmem file has no flush to wait on; F_GET_SEALS asks no file system.
+  if (fcntl(fd, F_GET_SEALS) >= 0) {
+    close(fd);
+    return;
+  }
+  PassedCloser::Get().Close(fd);
+}
+
+void ClosePassed(const std::vector<int>& fds) {
+  for (int fd : fds) ClosePassed(fd);
+}
+
+size_t PassedClosesPending() { return PassedCloser::Get().pending(); }
+
 absl::StatusOr<int> ListenSharedMemory(const std::string& socket_name) {
   auto address = Address(socket_name);
   if (!address.ok()) return address.status();
@@ -169,7 +239,7 @@ absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection) {
     }
   }
   auto refuse = [&](absl::Status status) {
-    for (int fd : received.fds) close(fd);
+    ClosePassed(received.fds);
     return status;
   };
   if (n <= 0) return refuse(absl::UnavailableError("the client closed the connection"));
@@ -183,7 +253,7 @@ absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection) {
 
 absl::StatusOr<SharedMemoryAttach> ParseSharedMemory(ReceivedRecord received) {
   auto refuse = [&](absl::Status status) {
-    for (int fd : received.fds) close(fd);
+    ClosePassed(received.fds);
     return status;
   };
   Request request{};

@@ -7,7 +7,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -27,7 +29,7 @@ struct SharedMemoryAttach {
   std::string ticket;
   uint64_t region = 0;
   uint64_t size = 0;
-  int fd = -1;  // owned by the receiver once received
+  int fd = -1;  // owned by the receiver once received (closed with ClosePassed)
 };
 
 // A SOCK_SEQPACKET connection (close-on-exec) to the abstract socket `socket_name`: its
@@ -45,10 +47,20 @@ absl::Status PassSharedMemory(const std::string& socket_name, absl::string_view 
 // not -1 (SCM_RIGHTS); false unless the whole record went.
 bool SendRecord(int connection, const void* data, size_t size, int fd);
 
+// Daemon: closes a descriptor that a peer passed. A memfd (any shmem file: F_GET_SEALS answers
+// for it) is closed at once. Any other may be a file of the peer's own FUSE mount, whose close
+// waits for the peer to answer (FUSE_FLUSH) for as long as the peer likes: it is handed to one
+// closing thread of the process, so that no serving thread waits on a peer.
+void ClosePassed(int fd);
+void ClosePassed(const std::vector<int>& fds);
+// How many descriptors wait for (or are in) the closing thread's close.
+size_t PassedClosesPending();
+
 // Daemon: a listening SOCK_SEQPACKET socket at the abstract name `socket_name` (non-blocking,
 // close-on-exec), or the error.
 absl::StatusOr<int> ListenSharedMemory(const std::string& socket_name);
-// Daemon: a record received with the descriptors that came with it (the receiver's to close).
+// Daemon: a record received with the descriptors that came with it (the receiver's to close, with
+// ClosePassed).
 struct ReceivedRecord {
   std::string record;
   std::vector<int> fds;
@@ -119,8 +131,10 @@ inline constexpr size_t kRingBytes = kRingHeaderBytes + 2 * kMaxChannelRecord;
 
 class ChannelRing {
  public:
-  // Over `base`, kRingBytes of shared memory (not owned).
-  explicit ChannelRing(void* base) : base_(static_cast<char*>(base)) {}
+  // Over `base`, kRingBytes of shared memory, kept mapped by `mapping` (whatever owns it) as long
+  // as the ring lives.
+  ChannelRing(void* base, std::shared_ptr<const void> mapping)
+      : mapping_(std::move(mapping)), base_(static_cast<char*>(base)) {}
 
   // Client: writes `record` (at most kMaxChannelRecord bytes) and publishes it as request `seq`.
   void PutRequest(uint32_t seq, absl::string_view record);
@@ -171,6 +185,7 @@ class ChannelRing {
   char* request() const { return base_ + kRingHeaderBytes; }
   char* answer() const { return base_ + kRingHeaderBytes + kMaxChannelRecord; }
 
+  std::shared_ptr<const void> mapping_;
   char* base_;
 };
 

@@ -20,10 +20,11 @@ class SharedMemory {
   // RESOURCE_EXHAUSTED when the system has no memory for it; UNIMPLEMENTED without memfds.
   static absl::StatusOr<std::shared_ptr<SharedMemory>> Create(uint64_t size,
                                                               absl::string_view name);
-  // Maps the region another process made and passed as `fd` (taken: closed whatever happens),
-  // after checking that it is a memfd of exactly `size` bytes (whole pages, at most `max_size`)
-  // that is sealed against shrinking and growing and can be written. INVALID_ARGUMENT naming
-  // what is wrong otherwise. The mapping is all that is kept: the descriptor is closed.
+  // Maps the region another process made and passed as `fd`, after checking that it is a memfd
+  // of exactly `size` bytes (whole pages, at most `max_size`) that is sealed against shrinking and
+  // growing and can be written. The mapping is all that is kept: the descriptor is closed. Else
+  // INVALID_ARGUMENT naming what is wrong, and `fd` stays the caller's (it may be any file, whose
+  // close may wait on its file system: v1::wire::ClosePassed).
   static absl::StatusOr<std::shared_ptr<SharedMemory>> Adopt(int fd, uint64_t size,
                                                              uint64_t max_size);
   ~SharedMemory();
