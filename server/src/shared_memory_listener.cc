@@ -232,7 +232,10 @@ SharedMemoryListener::~SharedMemoryListener() {
 SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Connection>& c,
                                                         v1::wire::ReceivedRecord received) {
   if (!v1::wire::IsChannelRecord(received.record)) {
-    if (!c->ticket.empty()) return Next::kClose;  // a bound channel carries channel records only
+    if (!c->ticket.empty()) {  // a bound channel carries channel records only
+      v1::wire::ClosePassed(received.fds);
+      return Next::kClose;
+    }
     absl::StatusOr<v1::wire::SharedMemoryAttach> request =
         v1::wire::ParseSharedMemory(std::move(received));
     if (!request.ok()) {

@@ -809,7 +809,8 @@ TEST_F(SameHostWire, AFileWhoseCloseHangsHoldsNoServingThread) {
   const uint64_t ring_size = (v1::wire::kRingBytes + page - 1) / page * page;
 
   // As a region (taken on the import worker), as a bound channel's ring (on a channel reactor),
-  // and with an unbound channel's record (on the socket's own thread).
+  // with an unbound channel's record (on the socket's own thread), and with a record that a bound
+  // channel does not take.
   absl::Status passed = Pass(1, file, page);
   EXPECT_THAT(std::string(passed.message()), HasSubstr("not a memfd")) << passed;
   {
@@ -823,6 +824,12 @@ TEST_F(SameHostWire, AFileWhoseCloseHangsHoldsNoServingThread) {
     absl::StatusOr<std::string> bound = c.Ask(bind, file);
     EXPECT_THAT(std::string(bound.status().message()), HasSubstr("with descriptors"))
         << bound.status();
+  }
+  {
+    RawChannel c(name);
+    ASSERT_TRUE(c.Ask(bind).ok());
+    EXPECT_EQ(c.Ask("not a channel record", file).status().code(), absl::StatusCode::kUnavailable)
+        << "a bound channel that gets another record is closed";
   }
   // The daemon's first close waits on its flush.
   EXPECT_TRUE(Within10s([&] { return fuse.flushes() >= 1; }));
@@ -841,7 +848,7 @@ TEST_F(SameHostWire, AFileWhoseCloseHangsHoldsNoServingThread) {
   }
 
   // Once 64 wait (the one in its close included), a new connection is closed without an answer.
-  for (int i = 3; i < 64; ++i) {
+  for (int i = 4; i < 64; ++i) {
     RawChannel c(name);
     EXPECT_THAT(std::string(c.Ask(bind, file).status().message()), HasSubstr("with descriptors"));
   }
