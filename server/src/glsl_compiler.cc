@@ -8,11 +8,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "komputed/core/shader.h"
 
@@ -39,6 +43,23 @@ absl::Status Errno(absl::string_view what) {
   return absl::InternalError(absl::StrCat("GLSL compile: ", what, ": ", std::strerror(errno)));
 }
 
+// How long a killed child may take to end before it is left to later compiles to reap: a child can
+// wait in the kernel beyond any signal (closing a descriptor of a file whose FUSE server does not
+// answer, in its exec or exit), and the serving thread must not wait with it.
+constexpr absl::Duration kReapGrace = absl::Seconds(2);
+
+ABSL_CONST_INIT absl::Mutex abandoned_mu(absl::kConstInit);
+std::vector<pid_t>* abandoned ABSL_GUARDED_BY(abandoned_mu) = new std::vector<pid_t>();
+
+// Reaps the children left behind that have ended since.
+void ReapAbandoned() {
+  absl::MutexLock lock(&abandoned_mu);
+  std::vector<pid_t>& pids = *abandoned;
+  pids.erase(std::remove_if(pids.begin(), pids.end(),
+                            [](pid_t pid) { return waitpid(pid, nullptr, WNOHANG) != 0; }),
+             pids.end());
+}
+
 }  // namespace
 
 std::string DefaultGlslCompiler() {
@@ -53,6 +74,7 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlslInChild(const std::string& comp
                                                          absl::string_view source,
                                                          absl::string_view name,
                                                          const GlslCompileLimits& limits) {
+  ReapAbandoned();
   // The child's stdin is one end of a socket pair, not a pipe: a send with MSG_NOSIGNAL to a child
   // that exited early fails with EPIPE instead of raising SIGPIPE in the caller's process.
   int in[2], out[2], err[2];
@@ -136,7 +158,11 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlslInChild(const std::string& comp
     }
     if (too_big) break;
   }
-  if (timed_out || too_big || out_open || err_open) kill(pid, SIGKILL);
+  absl::Time killed_at = absl::InfiniteFuture();
+  if (timed_out || too_big || out_open || err_open) {
+    kill(pid, SIGKILL);
+    killed_at = absl::Now();
+  }
   // The rest of the source is not sent: a child still reading it sees its end instead of waiting.
   in_write.Close();
   // A child that closed its stdout and stderr may still be running: it too is bounded by the
@@ -148,6 +174,14 @@ absl::StatusOr<std::vector<uint32_t>> CompileGlslInChild(const std::string& comp
     if (reaped == 0 && absl::Now() >= deadline && !timed_out) {
       timed_out = true;
       kill(pid, SIGKILL);
+      killed_at = absl::Now();
+    }
+    if (reaped == 0 && absl::Now() >= killed_at + kReapGrace) {
+      absl::MutexLock lock(&abandoned_mu);
+      abandoned->push_back(pid);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the GLSL compile of ", name, " was stopped, and its process had not ended ",
+                       absl::FormatDuration(kReapGrace), " later"));
     }
     if (reaped == 0) absl::SleepFor(absl::Milliseconds(1));
   }

@@ -30,10 +30,11 @@ namespace {
 constexpr size_t kMaxConnections = 8192;
 constexpr size_t kMaxUnbound = 256;
 constexpr absl::Duration kRequestTime = absl::Seconds(2);
-// Passed descriptors that may wait for their closing (v1::wire::ClosePassed) before the socket
-// takes no new connection: each connection brings at most a few, so this bounds the descriptors
-// that clients whose files do not let go can make the daemon hold.
-constexpr size_t kMaxPassedClosesPending = 64;
+// Closes of passed descriptors that may wait (v1::wire::ClosePassed, a thread each) before the
+// socket takes no more descriptors: records still come, and any descriptor with them is dropped
+// by the kernel unseen. This bounds the threads (and files) that clients whose files do not let go
+// can make the daemon hold.
+constexpr size_t kMaxPassedClosesPending = 16;
 
 // A kEval's answer record: the serialized EvalResponse, or the error.
 std::string AnswerRecord(const absl::StatusOr<std::string>& response) {
@@ -406,10 +407,23 @@ SharedMemoryListener::Next SharedMemoryListener::Submit(const std::shared_ptr<Co
 }
 
 SharedMemoryListener::Next SharedMemoryListener::Serve(const std::shared_ptr<Connection>& c) {
-  absl::StatusOr<v1::wire::ReceivedRecord> received = v1::wire::ReceiveRecord(c->fd_for_listener());
+  const bool take = v1::wire::PassedClosesPending() < kMaxPassedClosesPending;
+  if (refusing_descriptors_.exchange(!take) != !take) {
+    if (take) {
+      spdlog::info("shared-memory socket @{}: passed descriptors closed; taking them again", name_);
+    } else {
+      spdlog::warn(
+          "shared-memory socket @{}: {} descriptors that clients passed wait for their close "
+          "(files whose file system does not answer, such as a client's FUSE mount); no "
+          "descriptor is taken until fewer do (clients keep their tensors on gRPC)",
+          name_, kMaxPassedClosesPending);
+    }
+  }
+  absl::StatusOr<v1::wire::ReceivedRecord> received =
+      v1::wire::ReceiveRecord(c->fd_for_listener(), take);
   if (received.ok()) return Handle(c, *std::move(received));
   if (received.status().message() == "again") return Next::kKeep;  // nothing there yet
-  if (absl::IsInvalidArgument(received.status())) {
+  if (absl::IsInvalidArgument(received.status()) || absl::IsResourceExhausted(received.status())) {
     c->Send(v1::wire::EncodeChannelReply(received.status(), {}));
   }
   return Next::kClose;
@@ -503,7 +517,6 @@ void SharedMemoryListener::React(Reactor& reactor) {
 void SharedMemoryListener::Run() {
   std::vector<std::shared_ptr<Connection>> connections;
   std::vector<pollfd> polled;
-  bool refusing_for_closes = false;
   for (;;) {
     polled.clear();
     polled.push_back({wake_fd_, POLLIN, 0});
@@ -555,24 +568,10 @@ void SharedMemoryListener::Run() {
     }
     connections.swap(kept);
     if (polled[1].revents != 0) {
-      const bool closes_stuck = v1::wire::PassedClosesPending() >= kMaxPassedClosesPending;
-      if (closes_stuck != refusing_for_closes) {
-        refusing_for_closes = closes_stuck;
-        if (closes_stuck) {
-          spdlog::warn(
-              "shared-memory socket @{}: {} or more descriptors that clients passed wait for their "
-              "close (files whose file system does not answer, such as a client's FUSE mount); "
-              "new same-host connections are refused until they are closed",
-              name_, kMaxPassedClosesPending);
-        } else {
-          spdlog::info("shared-memory socket @{}: passed descriptors closed; taking connections",
-                       name_);
-        }
-      }
       for (;;) {
         const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) break;
-        if (closes_stuck || unbound >= kMaxUnbound || connections.size() >= kMaxConnections) {
+        if (unbound >= kMaxUnbound || connections.size() >= kMaxConnections) {
           close(fd);
           continue;
         }

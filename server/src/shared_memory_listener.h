@@ -12,6 +12,7 @@
 // of shared memory (kRing): its evals then come and go through the ring, which its reactor looks at
 // on every turn (and, where it polls, between two polls), and the socket carries only doorbells.
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -95,6 +96,9 @@ class SharedMemoryListener {
   bool stopping_ ABSL_GUARDED_BY(jobs_mu_) = false;
   std::thread worker_;
   std::vector<std::unique_ptr<Reactor>> reactors_;
+  // Whether records are read without their descriptors (too many passed ones wait for their
+  // close); logged as it changes.
+  std::atomic<bool> refusing_descriptors_{false};
   absl::Duration spin_ = absl::ZeroDuration();
   size_t next_reactor_ = 0;  // the listener's thread only
 };

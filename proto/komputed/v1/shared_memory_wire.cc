@@ -11,7 +11,6 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
-#include <deque>
 #include <thread>
 #include <vector>
 
@@ -41,52 +40,37 @@ struct Reply {
   char message[240];  // NUL-terminated
 };
 
-// The process's closing thread (ClosePassed), started with the first descriptor it is given and
-// kept for the life of the process.
-class PassedCloser {
+// The closes of passed descriptors that may wait (ClosePassed): each on a thread of its own, so
+// that none waits in the process's descriptor table, where a child that the process forks would
+// inherit it and wait on it too when it execs or exits.
+class PassedClosers {
  public:
-  static PassedCloser& Get() {
-    static PassedCloser* const closer = new PassedCloser();  // never destroyed: a thread uses it
-    return *closer;
+  static PassedClosers& Get() {
+    static PassedClosers* const closers = new PassedClosers();  // never destroyed: threads use it
+    return *closers;
   }
 
   void Close(int fd) {
-    absl::MutexLock lock(&mu_);
-    pending_.push_back(fd);
-    if (!started_) {
-      started_ = true;
-      std::thread([this] { Run(); }).detach();
+    {
+      absl::MutexLock lock(&mu_);
+      ++closing_;
     }
+    std::thread([this, fd] {
+      pthread_setname_np(pthread_self(), "kd-close");
+      close(fd);
+      absl::MutexLock lock(&mu_);
+      --closing_;
+    }).detach();
   }
 
-  size_t pending() {
+  size_t closing() {
     absl::MutexLock lock(&mu_);
-    return pending_.size() + closing_;
+    return closing_;
   }
 
  private:
-  void Run() {
-    pthread_setname_np(pthread_self(), "kd-close");
-    for (;;) {
-      int fd;
-      {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](std::deque<int>* pending) { return !pending->empty(); }, &pending_));
-        fd = pending_.front();
-        pending_.pop_front();
-        closing_ = 1;
-      }
-      close(fd);
-      absl::MutexLock lock(&mu_);
-      closing_ = 0;
-    }
-  }
-
   absl::Mutex mu_;
-  std::deque<int> pending_ ABSL_GUARDED_BY(mu_);
   size_t closing_ ABSL_GUARDED_BY(mu_) = 0;
-  bool started_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // The abstract address of `name`: a NUL, then the name (no terminator).
@@ -188,14 +172,14 @@ void ClosePassed(int fd) {
     close(fd);
     return;
   }
-  PassedCloser::Get().Close(fd);
+  PassedClosers::Get().Close(fd);
 }
 
 void ClosePassed(const std::vector<int>& fds) {
   for (int fd : fds) ClosePassed(fd);
 }
 
-size_t PassedClosesPending() { return PassedCloser::Get().pending(); }
+size_t PassedClosesPending() { return PassedClosers::Get().closing(); }
 
 absl::StatusOr<int> ListenSharedMemory(const std::string& socket_name) {
   auto address = Address(socket_name);
@@ -211,20 +195,20 @@ absl::StatusOr<int> ListenSharedMemory(const std::string& socket_name) {
   return s;
 }
 
-absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection) {
+absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection, bool take_descriptors) {
   ReceivedRecord received;
   // Received into a buffer kept by the thread (a record may be up to kMaxChannelRecord bytes;
   // most are a few hundred), then copied at its size.
   thread_local std::vector<char> buffer(kMaxChannelRecord + 1);
   iovec iov{buffer.data(), buffer.size()};
-  // Room for more descriptors than one, so that extra ones arrive (and are closed) rather than
-  // being cut off.
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)] = {};
+  // Room for the one descriptor that a record may carry, or none: the kernel drops what does not
+  // fit without ever putting it in this process's table (and says so with MSG_CTRUNC).
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
+  msg.msg_control = take_descriptors ? control : nullptr;
+  msg.msg_controllen = take_descriptors ? sizeof(control) : 0;
   const ssize_t n = recvmsg(connection, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
     return absl::UnavailableError("again");
@@ -243,9 +227,17 @@ absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection) {
     return status;
   };
   if (n <= 0) return refuse(absl::UnavailableError("the client closed the connection"));
-  if (static_cast<size_t>(n) > kMaxChannelRecord || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+  if (static_cast<size_t>(n) > kMaxChannelRecord || (msg.msg_flags & MSG_TRUNC)) {
     return refuse(absl::InvalidArgumentError(
         absl::StrCat("a record over the daemon's ", kMaxChannelRecord, " bytes")));
+  }
+  if ((msg.msg_flags & MSG_CTRUNC) && !take_descriptors) {
+    return refuse(absl::ResourceExhaustedError(
+        "the daemon takes no descriptors for now: too many that clients passed wait for their "
+        "close (files whose file system does not answer, such as a client's FUSE mount)"));
+  }
+  if (msg.msg_flags & MSG_CTRUNC) {
+    return refuse(absl::InvalidArgumentError("a record with more than one descriptor"));
   }
   received.record.assign(buffer.data(), static_cast<size_t>(n));
   return received;

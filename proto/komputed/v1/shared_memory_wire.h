@@ -49,11 +49,12 @@ bool SendRecord(int connection, const void* data, size_t size, int fd);
 
 // Daemon: closes a descriptor that a peer passed. A memfd (any shmem file: F_GET_SEALS answers
 // for it) is closed at once. Any other may be a file of the peer's own FUSE mount, whose close
-// waits for the peer to answer (FUSE_FLUSH) for as long as the peer likes: it is handed to one
-// closing thread of the process, so that no serving thread waits on a peer.
+// waits, uninterruptibly, until the peer answers (FUSE_FLUSH): it is closed on a thread of its
+// own, so that no serving thread waits on a peer and the descriptor leaves the process's table at
+// once (a child forked meanwhile would otherwise inherit it, and wait in its exec or exit).
 void ClosePassed(int fd);
 void ClosePassed(const std::vector<int>& fds);
-// How many descriptors wait for (or are in) the closing thread's close.
+// How many such closes have not returned yet.
 size_t PassedClosesPending();
 
 // Daemon: a listening SOCK_SEQPACKET socket at the abstract name `socket_name` (non-blocking,
@@ -65,10 +66,13 @@ struct ReceivedRecord {
   std::string record;
   std::vector<int> fds;
 };
-// Daemon: reads the record waiting on `connection` (non-blocking). UNAVAILABLE when the peer
-// closed the connection, UNAVAILABLE with "again" when nothing is there yet; INVALID_ARGUMENT for
-// a record over kMaxChannelRecord bytes (its descriptors closed).
-absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection);
+// Daemon: reads the record waiting on `connection` (non-blocking), with the one descriptor that
+// may come with it unless `take_descriptors` is false (then the kernel drops any, unseen).
+// UNAVAILABLE when the peer closed the connection, UNAVAILABLE with "again" when nothing is there
+// yet; INVALID_ARGUMENT for a record over kMaxChannelRecord bytes or with more than one
+// descriptor; RESOURCE_EXHAUSTED naming why for one that came with a descriptor not taken. A record
+// refused has its descriptors closed (ClosePassed).
+absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection, bool take_descriptors);
 // Daemon: the shared-memory request in `received`. INVALID_ARGUMENT for a record of another size
 // or version, or one without exactly one descriptor (every descriptor that came is then closed).
 absl::StatusOr<SharedMemoryAttach> ParseSharedMemory(ReceivedRecord received);
