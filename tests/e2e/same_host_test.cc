@@ -92,15 +92,22 @@ int SharedMappings(pid_t pid, const char* what = kTensorMemory) {
   return n;
 }
 
+// Asks `done` until it says true, for up to `seconds`; whether it did.
+bool Within(int seconds, const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+bool Within10s(const std::function<bool()>& done) { return Within(10, done); }
+
 // Waits up to 30 s for the process `pid` to have no mapping of shared memory named `what` (a call
 // that has answered may still hold a tensor for a moment); returns how many it has at the end.
 int MappingsAfterRelease(pid_t pid, const char* what = kTensorMemory) {
-  int mappings = SharedMappings(pid, what);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (mappings > 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    mappings = SharedMappings(pid, what);
-  }
+  int mappings = 0;
+  Within(30, [&] { return (mappings = SharedMappings(pid, what)) == 0; });
   return mappings;
 }
 
@@ -776,16 +783,6 @@ TEST_F(SameHostWire, ARingIsTakenOnlyAsItShouldBeAndCarriesEvals) {
   RawChannel again(name);
   ASSERT_TRUE(again.Ask(bind).ok());
   EXPECT_EQ(pass(again, size, kSizeSeals), absl::StatusCode::kOk);
-}
-
-// Asks `done` until it says true, for up to 10 s; whether it did.
-bool Within10s(const std::function<bool()>& done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
 }
 
 // A client can pass, in place of a memfd, a file whose close does not return: one of its own FUSE
