@@ -184,9 +184,14 @@ const std::vector<QuotaField>& QuotaFields() {
 }
 
 std::array<uint8_t, 32> Sha256(absl::string_view data) {
+  // Fetched once: EVP_sha256() makes every digest look the algorithm up again in OpenSSL 3's
+  // provider store, under its lock, which costs more than hashing a token (this runs on every
+  // call that carries one). Kept for the life of the process.
+  static EVP_MD* const kSha256 = EVP_MD_fetch(nullptr, "SHA256", nullptr);
   std::array<uint8_t, 32> digest{};
   unsigned int size = 0;
-  EVP_Digest(data.data(), data.size(), digest.data(), &size, EVP_sha256(), nullptr);
+  const EVP_MD* md = kSha256 != nullptr ? kSha256 : EVP_sha256();
+  EVP_Digest(data.data(), data.size(), digest.data(), &size, md, nullptr);
   return digest;
 }
 
