@@ -32,6 +32,10 @@
 //     tiny_eval/interleaved: the in-process, remote and same-host evals and komputed's Ping in
 //     turn, each in a run of 16 back to back, so that all share one stretch of the device's
 //     clocks and the host's load; the tiny eval's targets are judged on it.
+//     tiny_eval/{remote_token,remote_tls}: the remote eval on a daemon that checks a bearer
+//     token and on one that serves TLS; tiny_eval/secure_interleaved takes them in turn with the
+//     plain one (and the plain daemon's client sending a token it does not check), and their
+//     targets are judged on it.
 //  7. async_evals/{inprocess,remote}: K tiny sequences kept in flight with evalAsync, awaited
 //     round robin with evalAwait and submitted again; items_per_second = completed evals.
 //     async_copies/{inprocess,remote,same_host}: the same with sequences that only sync up and
@@ -1466,8 +1470,26 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   const auto tiny_tls = r.MeanSeconds(kb::kTinyEvalTls);
   std::cout << "tiny eval, mean: with a bearer token " << Micros(tiny_token) << ", over TLS "
             << Micros(tiny_tls) << "\n";
-  met &= PrintRatio("token/none (remote tiny eval)", Ratio(tiny_token, tiny_remote), true, 1.05);
-  met &= PrintRatio("tls/plain (remote tiny eval)", Ratio(tiny_tls, tiny_remote), true, 1.20);
+  PrintInfoRatio("token/none (remote tiny eval), each in its own run",
+                 Ratio(tiny_token, tiny_remote));
+  PrintInfoRatio("tls/plain (remote tiny eval), each in its own run", Ratio(tiny_tls, tiny_remote));
+  // The targets: on the evals taken in turn (tiny_eval/secure_interleaved).
+  const auto secure = [&](const char* counter) {
+    return us(r.MeanCounter(kb::kTinyEvalSecureInterleaved, counter));
+  };
+  const auto turn_plain = secure(kb::kTinyEvalInterleavedRemote);
+  const auto turn_token_sent = secure(kb::kTinyEvalInterleavedTokenSent);
+  const auto turn_token = secure(kb::kTinyEvalInterleavedToken);
+  const auto turn_tls = secure(kb::kTinyEvalInterleavedTls);
+  std::cout << "remote tiny evals taken in turn, mean: plain " << Micros(turn_plain)
+            << ", a token sent to the plain daemon " << Micros(turn_token_sent)
+            << ", a token checked " << Micros(turn_token) << ", TLS " << Micros(turn_tls) << "\n";
+  PrintInfoRatio("token sent/none (remote tiny eval, the daemon not checking it), in turn",
+                 Ratio(turn_token_sent, turn_plain));
+  met &= PrintRatio("token/none (remote tiny eval), in turn", Ratio(turn_token, turn_plain), true,
+                    1.05);
+  met &=
+      PrintRatio("tls/plain (remote tiny eval), in turn", Ratio(turn_tls, turn_plain), true, 1.20);
   met &= PrintRatio("remote/in-process (async evals per second)", Ratio(async_remote, async_in),
                     false, 0.5);
   PrintInfoRatio("batched/unbatched (remote async evals per second)",

@@ -470,6 +470,9 @@ struct RemoteBench::State {
   std::unique_ptr<BenchDaemon> tls_server;
   std::unique_ptr<kp::Manager> token_remote;
   std::unique_ptr<kp::Manager> tls_remote;
+  // The plain daemon's client that sends the token all the same (the daemon does not check it).
+  std::unique_ptr<kp::Manager> token_sent_remote;
+  KpTiny tiny_token_sent;
   KpTiny tiny_token;
   KpTiny tiny_tls;
   KpTiny tiny_inprocess;
@@ -512,6 +515,8 @@ RemoteBench::~RemoteBench() {
   s_->tiny_remote = KpTiny{};
   s_->tiny_token = KpTiny{};
   s_->tiny_tls = KpTiny{};
+  s_->tiny_token_sent = KpTiny{};
+  s_->token_sent_remote.reset();
   s_->remote.reset();  // closes the session
   s_->token_remote.reset();
   s_->tls_remote.reset();
@@ -636,6 +641,10 @@ absl::StatusOr<std::unique_ptr<RemoteBench>> RemoteBench::Start(RemoteConfig con
     token_remote.token = kToken;
     s->token_remote = std::make_unique<kp::Manager>(token_remote);
     s->tiny_token = MakeKpTiny(*s->token_remote, s->config.tiny_spirv);
+    token_remote.address = s->address;
+    s->token_sent_remote = std::make_unique<kp::Manager>(token_remote);
+    s->tiny_token_sent = MakeKpTiny(*s->token_sent_remote, s->config.tiny_spirv);
+    s->tiny_token_sent.sequence->eval();
     kp::Remote tls_remote;
     tls_remote.address = s->tls_server->address();
     tls_remote.tlsCa = s->certs.ca();
@@ -717,15 +726,14 @@ void RemoteBench::PingInterleaved(benchmark::State& state, v1::Sessions::Stub* c
   state.counters[kPingInterleavedCallback] = total_us[2] / n;
 }
 
-// The tiny evals of `lanes` (in-process, remote, same host) and Pings of komputed, in turn, each
-// in a run of kTinyEvalInterleavedRun back to back (as a program that evaluates in a loop sends
-// them), each run timed as a whole.
-void RemoteBench::TinyEvalInterleaved(benchmark::State& state, KpTiny* const lanes[3],
-                                      v1::Sessions::Stub& ping) {
-  static constexpr const char* kWhat[3] = {"in-process", "remote", "same host"};
+// The tiny evals of each of `lanes` and then, with `ping`, Pings of komputed, in turn, each in a
+// run of kTinyEvalInterleavedRun back to back (as a program that evaluates in a loop sends them),
+// each run timed as a whole.
+void RemoteBench::TinyEvalInterleaved(benchmark::State& state, std::vector<TinyLane> lanes,
+                                      v1::Sessions::Stub* ping) {
   v1::PingRequest request;
   v1::PingResponse response;
-  double total_us[4] = {0, 0, 0, 0};
+  std::vector<double> total_us(lanes.size() + 1, 0.0);
   auto since = [](std::chrono::steady_clock::time_point start) {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
         .count();
@@ -733,26 +741,27 @@ void RemoteBench::TinyEvalInterleaved(benchmark::State& state, KpTiny* const lan
   uint64_t i = 0;
   try {
     for (auto _ : state) {
-      for (int k = 0; k < 3; ++k) {
+      for (size_t k = 0; k < lanes.size(); ++k) {
         const auto start = std::chrono::steady_clock::now();
         for (int e = 0; e < kTinyEvalInterleavedRun; ++e) {
-          if (!EvalTinyStep(*lanes[k], i++)) {
-            state.SkipWithError(absl::StrCat(kWhat[k], ": wrong result").c_str());
+          if (!EvalTinyStep(*lanes[k].tiny, i++)) {
+            state.SkipWithError(absl::StrCat(lanes[k].counter, ": wrong result").c_str());
             return;
           }
         }
         total_us[k] += since(start);
       }
+      if (ping == nullptr) continue;
       const auto start = std::chrono::steady_clock::now();
       for (int e = 0; e < kTinyEvalInterleavedRun; ++e) {
         grpc::ClientContext context;
-        const grpc::Status st = ping.Ping(&context, request, &response);
+        const grpc::Status st = ping->Ping(&context, request, &response);
         if (!st.ok()) {
           state.SkipWithError(absl::StrCat("ping: ", st.error_message()).c_str());
           return;
         }
       }
-      total_us[3] += since(start);
+      total_us.back() += since(start);
     }
   } catch (const kp::Error& e) {
     state.SkipWithError(e.what());
@@ -760,10 +769,8 @@ void RemoteBench::TinyEvalInterleaved(benchmark::State& state, KpTiny* const lan
   }
   const double n =
       static_cast<double>(std::max<int64_t>(1, state.iterations()) * kTinyEvalInterleavedRun);
-  state.counters[kTinyEvalInterleavedInprocess] = total_us[0] / n;
-  state.counters[kTinyEvalInterleavedRemote] = total_us[1] / n;
-  state.counters[kTinyEvalInterleavedSameHost] = total_us[2] / n;
-  state.counters[kTinyEvalInterleavedPing] = total_us[3] / n;
+  for (size_t k = 0; k < lanes.size(); ++k) state.counters[lanes[k].counter] = total_us[k] / n;
+  if (ping != nullptr) state.counters[kTinyEvalInterleavedPing] = total_us.back() / n;
 }
 
 // The ceiling for any protocol here: 256 MiB from one buffer into another through a TCP loopback
@@ -904,12 +911,28 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark(
-      kTinyEvalInterleaved,
-      [s](benchmark::State& state) {
-        KpTiny* const lanes[3] = {&s->tiny_inprocess, &s->tiny_remote, &s->tiny_same_host};
-        TinyEvalInterleaved(state, lanes, *s->ping_stub);
-      })
+  benchmark::RegisterBenchmark(kTinyEvalInterleaved,
+                               [s](benchmark::State& state) {
+                                 TinyEvalInterleaved(
+                                     state,
+                                     {{kTinyEvalInterleavedInprocess, &s->tiny_inprocess},
+                                      {kTinyEvalInterleavedRemote, &s->tiny_remote},
+                                      {kTinyEvalInterleavedSameHost, &s->tiny_same_host}},
+                                     s->ping_stub.get());
+                               })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(kTinyEvalSecureInterleaved,
+                               [s](benchmark::State& state) {
+                                 TinyEvalInterleaved(
+                                     state,
+                                     {{kTinyEvalInterleavedRemote, &s->tiny_remote},
+                                      {kTinyEvalInterleavedTokenSent, &s->tiny_token_sent},
+                                      {kTinyEvalInterleavedToken, &s->tiny_token},
+                                      {kTinyEvalInterleavedTls, &s->tiny_tls}},
+                                     nullptr);
+                               })
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);

@@ -83,6 +83,14 @@ inline constexpr char kTinyEvalInterleavedInprocess[] = "inprocess_us";
 inline constexpr char kTinyEvalInterleavedRemote[] = "remote_us";
 inline constexpr char kTinyEvalInterleavedSameHost[] = "same_host_us";
 inline constexpr char kTinyEvalInterleavedPing[] = "ping_us";
+// The remote tiny eval in turn, as tiny_eval/interleaved takes them, on the plain daemon
+// (remote_us), on it again with a bearer token that it does not check (token_sent_us: what sending
+// one costs the client and the wire), on a daemon that checks the token (token_us) and on one that
+// serves TLS (tls_us).
+inline constexpr char kTinyEvalSecureInterleaved[] = "tiny_eval/secure_interleaved";
+inline constexpr char kTinyEvalInterleavedTokenSent[] = "token_sent_us";
+inline constexpr char kTinyEvalInterleavedToken[] = "token_us";
+inline constexpr char kTinyEvalInterleavedTls[] = "tls_us";
 inline constexpr char kAsyncSameHost[] = "async_evals/same_host";
 inline constexpr char kUploadSameHost[] = "upload_256MiB/same_host";
 inline constexpr char kDownloadSameHost[] = "download_256MiB/same_host";
@@ -182,8 +190,13 @@ class RemoteBench {
   static void Ping(benchmark::State& state, komputed::v1::Sessions::Stub& stub);
   static void PingInterleaved(benchmark::State& state,
                               komputed::v1::Sessions::Stub* const stubs[3]);
-  static void TinyEvalInterleaved(benchmark::State& state, KpTiny* const lanes[3],
-                                  komputed::v1::Sessions::Stub& ping);
+  // A lane of TinyEvalInterleaved: its evals' mean goes into the counter named `counter`.
+  struct TinyLane {
+    const char* counter;
+    KpTiny* tiny;
+  };
+  static void TinyEvalInterleaved(benchmark::State& state, std::vector<TinyLane> lanes,
+                                  komputed::v1::Sessions::Stub* ping);
   static void TcpLoopback(benchmark::State& state);
   std::unique_ptr<State> s_;
 };
