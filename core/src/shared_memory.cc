@@ -103,7 +103,6 @@ absl::StatusOr<std::shared_ptr<SharedMemory>> SharedMemory::Adopt(int fd, uint64
   auto memory = std::shared_ptr<SharedMemory>(new SharedMemory());
   memory->data_ = data;
   memory->size_ = size;
-  close(fd);  // a memfd: its close waits on nothing
   return memory;
 }
 

@@ -156,7 +156,6 @@ absl::Status SessionManager::TakeSharedMemory(v1::wire::SharedMemoryAttach reque
     if (it != tickets_.end()) session = it->second.lock();
   }
   if (session == nullptr) {
-    v1::wire::ClosePassed(request.fd);
     return absl::NotFoundError(
         "no session of this daemon has that shared-memory ticket (closed, or another daemon's)");
   }
@@ -165,12 +164,9 @@ absl::Status SessionManager::TakeSharedMemory(v1::wire::SharedMemoryAttach reque
   const uint64_t page = core::SharedMemory::PageSize();
   const uint64_t max_buffer =
       device.info().max_buffer_size != 0 ? device.info().max_buffer_size : uint64_t{1} << 40;
-  absl::StatusOr<std::shared_ptr<core::SharedMemory>> memory =
-      core::SharedMemory::Adopt(request.fd, request.size, (max_buffer + page - 1) / page * page);
-  if (!memory.ok()) {
-    v1::wire::ClosePassed(request.fd);
-    return memory.status();
-  }
+  absl::StatusOr<std::shared_ptr<core::SharedMemory>> memory = core::SharedMemory::Adopt(
+      request.fd.get(), request.size, (max_buffer + page - 1) / page * page);
+  if (!memory.ok()) return memory.status();
   return session->AttachSharedMemory(request.region, *std::move(memory));
 }
 

@@ -233,26 +233,22 @@ SharedMemoryListener::~SharedMemoryListener() {
 SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Connection>& c,
                                                         v1::wire::ReceivedRecord received) {
   if (!v1::wire::IsChannelRecord(received.record)) {
-    if (!c->ticket.empty()) {  // a bound channel carries channel records only
-      v1::wire::ClosePassed(received.fds);
-      return Next::kClose;
-    }
+    if (!c->ticket.empty()) return Next::kClose;  // a bound channel carries channel records only
     absl::StatusOr<v1::wire::SharedMemoryAttach> request =
         v1::wire::ParseSharedMemory(std::move(received));
     if (!request.ok()) {
       c->Send(v1::wire::EncodeSharedMemoryAnswer(0, request.status()));
       return Next::kClose;
     }
-    if (c->in_flight.exchange(true)) {
-      v1::wire::ClosePassed(request->fd);
-      return Next::kClose;  // a second request while the first is taken
-    }
+    if (c->in_flight.exchange(true)) return Next::kClose;  // a second one while the first is taken
     // Taken on a worker (importing a large region into the device may take a while); the
-    // connection ends with its answer (one region per connection).
-    auto job = [this, c, request = *std::move(request)]() mutable {
-      const uint64_t region = request.region;
+    // connection ends with its answer (one region per connection). A job dropped as the listener
+    // stops closes the request's descriptor with it.
+    auto job = [this, c,
+                request = std::make_shared<v1::wire::SharedMemoryAttach>(*std::move(request))] {
+      const uint64_t region = request->region;
       const std::string answer =
-          v1::wire::EncodeSharedMemoryAnswer(region, handlers_.take(std::move(request)));
+          v1::wire::EncodeSharedMemoryAnswer(region, handlers_.take(std::move(*request)));
       c->Send(answer);
       c->Hangup();
     };
@@ -264,11 +260,11 @@ SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Co
   absl::string_view payload;
   absl::Status status = v1::wire::DecodeChannelRequest(received.record, &op, &payload);
   if (status.ok() && op == v1::wire::ChannelOp::kRing) {
-    return AttachRing(c, std::move(received.fds));
+    return AttachRing(c, std::move(received.fd));
   }
-  v1::wire::ClosePassed(received.fds);
-  const bool had_fds = !received.fds.empty();
-  if (status.ok() && had_fds) {
+  const bool had_fd = static_cast<bool>(received.fd);
+  received.fd.reset();
+  if (status.ok() && had_fd) {
     status = absl::InvalidArgumentError("a channel record with descriptors");
   }
   if (!status.ok()) {
@@ -307,11 +303,10 @@ SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Co
 }
 
 SharedMemoryListener::Next SharedMemoryListener::AttachRing(const std::shared_ptr<Connection>& c,
-                                                            std::vector<int> fds) {
+                                                            v1::wire::PassedFd fd) {
   absl::Status status;
-  if (fds.size() != 1) {
-    status = absl::InvalidArgumentError(
-        absl::StrCat("a ring record with ", fds.size(), " descriptors (it takes one)"));
+  if (!fd) {
+    status = absl::InvalidArgumentError("a ring record without its descriptor");
   } else if (c->ticket.empty()) {
     status = absl::FailedPreconditionError("a ring on a channel bound to no session");
   } else if (c->ring != nullptr) {
@@ -320,16 +315,14 @@ SharedMemoryListener::Next SharedMemoryListener::AttachRing(const std::shared_pt
     status = absl::FailedPreconditionError("a ring while the channel's eval still runs");
   }
   if (!status.ok()) {
-    v1::wire::ClosePassed(fds);
     c->Send(v1::wire::EncodeChannelReply(status, {}));
     return Next::kClose;
   }
   const uint64_t page = core::SharedMemory::PageSize();
   const uint64_t size = (v1::wire::kRingBytes + page - 1) / page * page;
   absl::StatusOr<std::shared_ptr<core::SharedMemory>> memory =
-      core::SharedMemory::Adopt(fds[0], size, size);
+      core::SharedMemory::Adopt(fd.get(), size, size);
   if (!memory.ok()) {
-    v1::wire::ClosePassed(fds[0]);
     c->Send(v1::wire::EncodeChannelReply(memory.status(), {}));
     return Next::kClose;
   }

@@ -79,8 +79,8 @@ class SharedMemoryListener {
   Next Submit(const std::shared_ptr<Connection>& c, absl::string_view payload);
   // Reads the record waiting on `c` and handles it (kKeep when none had come after all).
   Next Serve(const std::shared_ptr<Connection>& c);
-  // A kRing record's descriptors (taken: closed whatever happens).
-  Next AttachRing(const std::shared_ptr<Connection>& c, std::vector<int> fds);
+  // A kRing record's descriptor (taken: closed whatever happens, once mapped).
+  Next AttachRing(const std::shared_ptr<Connection>& c, v1::wire::PassedFd fd);
   // Runs the request waiting in the ring of `c`, if one is (`*served` then true).
   Next ServeRing(const std::shared_ptr<Connection>& c, bool* served);
 

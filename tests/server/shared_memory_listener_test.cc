@@ -3,7 +3,11 @@
 
 #include "shared_memory_listener.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <functional>
 #include <memory>
@@ -13,6 +17,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "komputed/v1/shared_memory_wire.h"
@@ -128,6 +134,107 @@ TEST(SharedMemoryListenerTest, AtMostSixtyFourSubmitsAreInFlightOnAChannel) {
   ASSERT_TRUE(other.Send(wire::EncodeChannelSubmit(1, "other")));
   EXPECT_TRUE(evals.AwaitHeld(kLimit + 2));
   evals.AnswerAll();
+}
+
+// What descriptor `fd` of this process names (/proc/self/fd), e.g. "pipe:[1234]".
+std::string Target(int fd) {
+  char buf[256];
+  const ssize_t n = readlink(absl::StrCat("/proc/self/fd/", fd).c_str(), buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+// How many descriptors of this process name `target`.
+int Holders(const std::string& target) {
+  int n = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    int fd = 0;
+    if (!absl::SimpleAtoi(e->d_name, &fd) || fd == dirfd(dir)) continue;
+    if (Target(fd) == target) ++n;
+  }
+  closedir(dir);
+  return n;
+}
+
+// Whether no descriptor of this process names `target` within 10 s (a passed file that is not a
+// memfd is closed on a thread of its own).
+bool Released(const std::string& target) {
+  for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {
+    if (Holders(target) == 0) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return false;
+}
+
+TEST(SharedMemoryListenerTest, EveryPassedDescriptorIsClosedWhateverTheAnswer) {
+  const std::string ticket(wire::kSharedMemoryTicketSize, 't');
+  HeldEvals evals;
+  absl::StatusOr<std::unique_ptr<SharedMemoryListener>> listener =
+      SharedMemoryListener::Start(evals.Handlers(ticket), 1);
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  const std::string name = (*listener)->name();
+
+  // Each way of passing a descriptor that the daemon refuses, with a memfd (closed at once) and
+  // with a pipe (closed on a thread): the daemon's copy of it (this process's, the listener being
+  // in it) goes once the answer has come. The test's own copy is closed first.
+  struct Case {
+    const char* what;
+    std::function<absl::Status(int fd)> pass;
+  };
+  const std::vector<Case> cases = {
+      {"a region that the handler refuses",
+       [&](int fd) {
+         return wire::PassSharedMemory(name, ticket, 1, fd, 4096, absl::Seconds(10));
+       }},
+      {"a shared-memory request of the wrong size",
+       [&](int fd) { return RawChannel(name).Ask(std::string(8, 'x'), fd).status(); }},
+      {"a bind record with a descriptor",
+       [&](int fd) {
+         return RawChannel(name)
+             .Ask(wire::EncodeChannelRequest(wire::ChannelOp::kBind, ticket), fd)
+             .status();
+       }},
+      {"a ring on an unbound channel",
+       [&](int fd) {
+         return RawChannel(name)
+             .Ask(wire::EncodeChannelRequest(wire::ChannelOp::kRing, ""), fd)
+             .status();
+       }},
+      {"a ring that is not a memfd of the ring's size",
+       [&](int fd) {
+         RawChannel c(name);
+         absl::Status bound =
+             c.Ask(wire::EncodeChannelRequest(wire::ChannelOp::kBind, ticket)).status();
+         if (!bound.ok()) return bound;
+         return c.Ask(wire::EncodeChannelRequest(wire::ChannelOp::kRing, ""), fd).status();
+       }},
+  };
+  for (const Case& c : cases) {
+    for (const bool memfd : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(c.what, memfd ? ", a memfd" : ", a pipe"));
+      int fd = -1;
+      int other = -1;
+      if (memfd) {
+        fd = memfd_create(absl::StrCat("passed-", c.what).c_str(), MFD_CLOEXEC);
+        ASSERT_GE(fd, 0);
+        ASSERT_EQ(ftruncate(fd, 4096), 0);
+      } else {
+        int p[2];
+        ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
+        fd = p[0];
+        other = p[1];
+      }
+      const std::string target = Target(fd);
+      ASSERT_FALSE(target.empty());
+      const absl::Status answer = c.pass(fd);
+      EXPECT_FALSE(answer.ok());
+      close(fd);
+      if (other >= 0) close(other);
+      EXPECT_TRUE(Released(target)) << "the daemon still holds " << target << " (" << answer << ")";
+    }
+  }
 }
 
 }  // namespace

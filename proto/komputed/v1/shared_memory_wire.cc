@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -51,26 +52,41 @@ class PassedClosers {
   }
 
   void Close(int fd) {
-    {
-      absl::MutexLock lock(&mu_);
-      ++closing_;
-    }
-    std::thread([this, fd] {
-      pthread_setname_np(pthread_self(), "kd-close");
-      close(fd);
-      absl::MutexLock lock(&mu_);
-      --closing_;
-    }).detach();
+    absl::MutexLock lock(&mu_);
+    waiting_.push_back(fd);
+    StartLocked();
   }
 
   size_t closing() {
     absl::MutexLock lock(&mu_);
-    return closing_;
+    StartLocked();
+    return closing_ + waiting_.size();
   }
 
  private:
+  // Starts a closing thread for each descriptor waiting for one. One that cannot be started yet
+  // (the process is out of threads) stays waiting, and counted, for the next call to try again.
+  void StartLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!waiting_.empty()) {
+      const int fd = waiting_.back();
+      try {
+        std::thread([this, fd] {
+          pthread_setname_np(pthread_self(), "kd-close");
+          close(fd);
+          absl::MutexLock lock(&mu_);
+          --closing_;
+        }).detach();
+      } catch (const std::system_error&) {
+        return;
+      }
+      waiting_.pop_back();
+      ++closing_;
+    }
+  }
+
   absl::Mutex mu_;
-  size_t closing_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t closing_ ABSL_GUARDED_BY(mu_) = 0;        // threads started that have not closed theirs
+  std::vector<int> waiting_ ABSL_GUARDED_BY(mu_);  // descriptors without a thread yet
 };
 
 // The abstract address of `name`: a NUL, then the name (no terminator).
@@ -175,10 +191,6 @@ void ClosePassed(int fd) {
   PassedClosers::Get().Close(fd);
 }
 
-void ClosePassed(const std::vector<int>& fds) {
-  for (int fd : fds) ClosePassed(fd);
-}
-
 size_t PassedClosesPending() { return PassedClosers::Get().closing(); }
 
 absl::StatusOr<int> ListenSharedMemory(const std::string& socket_name) {
@@ -213,62 +225,55 @@ absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection, bool take_descripto
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
     return absl::UnavailableError("again");
   }
+  // Each descriptor is owned from here on: any that a refusal below leaves is closed with it.
+  std::vector<PassedFd> fds;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
     for (size_t i = 0; i < count; ++i) {
       int fd;
       std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      received.fds.push_back(fd);
+      fds.emplace_back(fd);
     }
   }
-  auto refuse = [&](absl::Status status) {
-    ClosePassed(received.fds);
-    return status;
-  };
-  if (n <= 0) return refuse(absl::UnavailableError("the client closed the connection"));
+  if (n <= 0) return absl::UnavailableError("the client closed the connection");
   if (static_cast<size_t>(n) > kMaxChannelRecord || (msg.msg_flags & MSG_TRUNC)) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("a record over the daemon's ", kMaxChannelRecord, " bytes")));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a record over the daemon's ", kMaxChannelRecord, " bytes"));
   }
   if ((msg.msg_flags & MSG_CTRUNC) && !take_descriptors) {
-    return refuse(absl::ResourceExhaustedError(
+    return absl::ResourceExhaustedError(
         "the daemon takes no descriptors for now: too many that clients passed wait for their "
-        "close (files whose file system does not answer, such as a client's FUSE mount)"));
+        "close (files whose file system does not answer, such as a client's FUSE mount)");
   }
-  if (msg.msg_flags & MSG_CTRUNC) {
-    return refuse(absl::InvalidArgumentError("a record with more than one descriptor"));
+  if ((msg.msg_flags & MSG_CTRUNC) || fds.size() > 1) {
+    return absl::InvalidArgumentError("a record with more than one descriptor");
   }
+  if (!fds.empty()) received.fd = std::move(fds.front());
   received.record.assign(buffer.data(), static_cast<size_t>(n));
   return received;
 }
 
 absl::StatusOr<SharedMemoryAttach> ParseSharedMemory(ReceivedRecord received) {
-  auto refuse = [&](absl::Status status) {
-    ClosePassed(received.fds);
-    return status;
-  };
   Request request{};
   if (received.record.size() != sizeof(request)) {
-    return refuse(absl::InvalidArgumentError(
-        absl::StrCat("a shared-memory request of ", received.record.size(),
-                     " bytes; the daemon takes ", sizeof(request))));
+    return absl::InvalidArgumentError(absl::StrCat("a shared-memory request of ",
+                                                   received.record.size(),
+                                                   " bytes; the daemon takes ", sizeof(request)));
   }
   std::memcpy(&request, received.record.data(), sizeof(request));
   if (request.magic != kMagic || request.version != kVersion) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-        "a shared-memory request of version ", request.version, "; the daemon takes ", kVersion)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a shared-memory request of version ", request.version, "; the daemon takes ", kVersion));
   }
-  if (received.fds.size() != 1) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat("a shared-memory request with ",
-                                                          received.fds.size(),
-                                                          " descriptors; it takes exactly one")));
+  if (!received.fd) {
+    return absl::InvalidArgumentError("a shared-memory request without its descriptor");
   }
   SharedMemoryAttach attach;
   attach.ticket.assign(request.ticket, kSharedMemoryTicketSize);
   attach.region = request.region;
   attach.size = request.size;
-  attach.fd = received.fds[0];
+  attach.fd = std::move(received.fd);
   return attach;
 }
 

@@ -23,13 +23,49 @@ namespace komputed::v1::wire {
 // Tickets are this many characters (hex).
 inline constexpr size_t kSharedMemoryTicketSize = 32;
 
+// Daemon: closes a descriptor that a peer passed. A memfd (any shmem file: F_GET_SEALS answers
+// for it) is closed at once. Any other may be a file of the peer's own FUSE mount, whose close
+// waits, uninterruptibly, until the peer answers (FUSE_FLUSH): it is closed on a thread of its
+// own, so that no serving thread waits on a peer and the descriptor leaves the process's table at
+// once (a child forked meanwhile would otherwise inherit it, and wait in its exec or exit).
+void ClosePassed(int fd);
+// How many such closes have not returned yet (counting any whose thread could not be started
+// yet: it is started by a later ClosePassed or PassedClosesPending).
+size_t PassedClosesPending();
+
+// Daemon: a descriptor that a peer passed, closed with ClosePassed when it goes. Every path that
+// receives one holds it in this, so that none can leak it or close it on a serving thread.
+class PassedFd {
+ public:
+  PassedFd() = default;
+  explicit PassedFd(int fd) : fd_(fd) {}
+  PassedFd(PassedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  PassedFd& operator=(PassedFd&& other) noexcept {
+    if (this != &other) {
+      reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  PassedFd(const PassedFd&) = delete;
+  PassedFd& operator=(const PassedFd&) = delete;
+  ~PassedFd() { reset(); }
+
+  int get() const { return fd_; }
+  explicit operator bool() const { return fd_ >= 0; }
+  void reset() { ClosePassed(std::exchange(fd_, -1)); }
+
+ private:
+  int fd_ = -1;
+};
+
 // What a client asks: to take `fd`, `size` bytes of shared memory, as region `region` of the
 // session whose ticket is `ticket`.
 struct SharedMemoryAttach {
   std::string ticket;
   uint64_t region = 0;
   uint64_t size = 0;
-  int fd = -1;  // owned by the receiver once received (closed with ClosePassed)
+  PassedFd fd;
 };
 
 // A SOCK_SEQPACKET connection (close-on-exec) to the abstract socket `socket_name`: its
@@ -47,34 +83,22 @@ absl::Status PassSharedMemory(const std::string& socket_name, absl::string_view 
 // not -1 (SCM_RIGHTS); false unless the whole record went.
 bool SendRecord(int connection, const void* data, size_t size, int fd);
 
-// Daemon: closes a descriptor that a peer passed. A memfd (any shmem file: F_GET_SEALS answers
-// for it) is closed at once. Any other may be a file of the peer's own FUSE mount, whose close
-// waits, uninterruptibly, until the peer answers (FUSE_FLUSH): it is closed on a thread of its
-// own, so that no serving thread waits on a peer and the descriptor leaves the process's table at
-// once (a child forked meanwhile would otherwise inherit it, and wait in its exec or exit).
-void ClosePassed(int fd);
-void ClosePassed(const std::vector<int>& fds);
-// How many such closes have not returned yet.
-size_t PassedClosesPending();
-
 // Daemon: a listening SOCK_SEQPACKET socket at the abstract name `socket_name` (non-blocking,
 // close-on-exec), or the error.
 absl::StatusOr<int> ListenSharedMemory(const std::string& socket_name);
-// Daemon: a record received with the descriptors that came with it (the receiver's to close, with
-// ClosePassed).
+// Daemon: a record received, with the descriptor that came with it, if one did.
 struct ReceivedRecord {
   std::string record;
-  std::vector<int> fds;
+  PassedFd fd;
 };
 // Daemon: reads the record waiting on `connection` (non-blocking), with the one descriptor that
 // may come with it unless `take_descriptors` is false (then the kernel drops any, unseen).
 // UNAVAILABLE when the peer closed the connection, UNAVAILABLE with "again" when nothing is there
 // yet; INVALID_ARGUMENT for a record over kMaxChannelRecord bytes or with more than one
-// descriptor; RESOURCE_EXHAUSTED naming why for one that came with a descriptor not taken. A record
-// refused has its descriptors closed (ClosePassed).
+// descriptor; RESOURCE_EXHAUSTED naming why for one that came with a descriptor not taken.
 absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection, bool take_descriptors);
 // Daemon: the shared-memory request in `received`. INVALID_ARGUMENT for a record of another size
-// or version, or one without exactly one descriptor (every descriptor that came is then closed).
+// or version, or one without a descriptor.
 absl::StatusOr<SharedMemoryAttach> ParseSharedMemory(ReceivedRecord received);
 // Daemon: the answer record to the request of `region`: `status`, its message cut to fit.
 std::string EncodeSharedMemoryAnswer(uint64_t region, const absl::Status& status);

@@ -22,9 +22,9 @@ class SharedMemory {
                                                               absl::string_view name);
   // Maps the region another process made and passed as `fd`, after checking that it is a memfd
   // of exactly `size` bytes (whole pages, at most `max_size`) that is sealed against shrinking and
-  // growing and can be written. The mapping is all that is kept: the descriptor is closed. Else
-  // INVALID_ARGUMENT naming what is wrong, and `fd` stays the caller's (it may be any file, whose
-  // close may wait on its file system: v1::wire::ClosePassed).
+  // growing and can be written. The mapping is all that is kept; else INVALID_ARGUMENT naming what
+  // is wrong. `fd` stays the caller's either way (it may be any file, whose close may wait on its
+  // file system: v1::wire::PassedFd).
   static absl::StatusOr<std::shared_ptr<SharedMemory>> Adopt(int fd, uint64_t size,
                                                              uint64_t max_size);
   ~SharedMemory();
