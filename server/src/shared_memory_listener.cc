@@ -31,10 +31,12 @@ constexpr size_t kMaxConnections = 8192;
 constexpr size_t kMaxUnbound = 256;
 constexpr absl::Duration kRequestTime = absl::Seconds(2);
 // Closes of passed descriptors that may wait (v1::wire::ClosePassed, a thread each) before the
-// socket takes no more descriptors: records still come, and any descriptor with them is dropped
-// by the kernel unseen. This bounds the threads (and files) that clients whose files do not let go
-// can make the daemon hold.
-constexpr size_t kMaxPassedClosesPending = 16;
+// socket takes no more descriptors from the user who passed them, and from anyone: records still
+// come, and any descriptor with them is dropped by the kernel unseen. This bounds the threads (and
+// files) that clients whose files do not let go can make the daemon hold, and keeps one user's
+// from stopping the others' shared memory.
+constexpr size_t kMaxPassedClosesPerUser = 16;
+constexpr size_t kMaxPassedClosesPending = 64;
 
 // A kEval's answer record: the serialized EvalResponse, or the error.
 std::string AnswerRecord(const absl::StatusOr<std::string>& response) {
@@ -65,7 +67,7 @@ std::string NewSharedMemoryTicket() { return RandomHex(v1::wire::kSharedMemoryTi
 // One connection. The listener's thread owns it; an answer sent from another thread takes the
 // lock, and finds the descriptor closed (and sends nothing) once the listener has closed it.
 struct SharedMemoryListener::Connection {
-  explicit Connection(int fd, absl::Time deadline) : fd(fd), deadline(deadline) {}
+  Connection(int fd, uid_t user, absl::Time deadline) : fd(fd), user(user), deadline(deadline) {}
   // Closes the descriptor (once).
   void Close() {
     absl::MutexLock lock(&mu);
@@ -115,6 +117,7 @@ struct SharedMemoryListener::Connection {
 
   absl::Mutex mu;
   int fd ABSL_GUARDED_BY(mu);
+  const uid_t user;  // the peer's (SO_PEERCRED)
   // Listener thread only:
   absl::Time deadline;  // unbound connections: closed past it
   std::string ticket;   // set once bound
@@ -234,6 +237,10 @@ SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Co
                                                         v1::wire::ReceivedRecord received) {
   if (!v1::wire::IsChannelRecord(received.record)) {
     if (!c->ticket.empty()) return Next::kClose;  // a bound channel carries channel records only
+    if (received.descriptor_dropped) {
+      c->Send(v1::wire::RefuseSharedMemory(received.record, v1::wire::DescriptorsNotTaken()));
+      return Next::kClose;
+    }
     absl::StatusOr<v1::wire::SharedMemoryAttach> request =
         v1::wire::ParseSharedMemory(std::move(received));
     if (!request.ok()) {
@@ -259,6 +266,10 @@ SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Co
   v1::wire::ChannelOp op;
   absl::string_view payload;
   absl::Status status = v1::wire::DecodeChannelRequest(received.record, &op, &payload);
+  if (received.descriptor_dropped) {
+    c->Send(v1::wire::EncodeChannelReply(v1::wire::DescriptorsNotTaken(), {}));
+    return Next::kClose;
+  }
   if (status.ok() && op == v1::wire::ChannelOp::kRing) {
     return AttachRing(c, std::move(received.fd));
   }
@@ -399,10 +410,13 @@ SharedMemoryListener::Next SharedMemoryListener::Submit(const std::shared_ptr<Co
   return Next::kKeep;
 }
 
-SharedMemoryListener::Next SharedMemoryListener::Serve(const std::shared_ptr<Connection>& c) {
-  const bool take = v1::wire::PassedClosesPending() < kMaxPassedClosesPending;
-  if (refusing_descriptors_.exchange(!take) != !take) {
-    if (take) {
+bool SharedMemoryListener::TakesDescriptors(uid_t user) {
+  const bool all = v1::wire::PassedClosesPending() < kMaxPassedClosesPending;
+  const bool users = v1::wire::PassedClosesPending(user) < kMaxPassedClosesPerUser;
+  absl::MutexLock lock(&refusing_mu_);
+  if (refusing_all_ == all) {
+    refusing_all_ = !all;
+    if (all) {
       spdlog::info("shared-memory socket @{}: passed descriptors closed; taking them again", name_);
     } else {
       spdlog::warn(
@@ -412,11 +426,25 @@ SharedMemoryListener::Next SharedMemoryListener::Serve(const std::shared_ptr<Con
           name_, kMaxPassedClosesPending);
     }
   }
+  if (!users && refusing_users_.insert(user).second) {
+    spdlog::warn(
+        "shared-memory socket @{}: {} descriptors that user {} passed wait for their close "
+        "(files whose file system does not answer, such as a FUSE mount of theirs); none of that "
+        "user's is taken until fewer do (their clients keep their tensors on gRPC)",
+        name_, kMaxPassedClosesPerUser, user);
+  } else if (users && refusing_users_.erase(user) > 0) {
+    spdlog::info("shared-memory socket @{}: descriptors of user {} closed; taking theirs again",
+                 name_, user);
+  }
+  return all && users;
+}
+
+SharedMemoryListener::Next SharedMemoryListener::Serve(const std::shared_ptr<Connection>& c) {
   absl::StatusOr<v1::wire::ReceivedRecord> received =
-      v1::wire::ReceiveRecord(c->fd_for_listener(), take);
+      v1::wire::ReceiveRecord(c->fd_for_listener(), TakesDescriptors(c->user), c->user);
   if (received.ok()) return Handle(c, *std::move(received));
   if (received.status().message() == "again") return Next::kKeep;  // nothing there yet
-  if (absl::IsInvalidArgument(received.status()) || absl::IsResourceExhausted(received.status())) {
+  if (absl::IsInvalidArgument(received.status())) {
     c->Send(v1::wire::EncodeChannelReply(received.status(), {}));
   }
   return Next::kClose;
@@ -568,8 +596,13 @@ void SharedMemoryListener::Run() {
           close(fd);
           continue;
         }
+        absl::StatusOr<uid_t> user = v1::wire::PeerUser(fd);
+        if (!user.ok()) {
+          close(fd);
+          continue;
+        }
         ++unbound;
-        connections.push_back(std::make_shared<Connection>(fd, now + kRequestTime));
+        connections.push_back(std::make_shared<Connection>(fd, *user, now + kRequestTime));
       }
     }
   }

@@ -12,6 +12,8 @@
 // of shared memory (kRing): its evals then come and go through the ring, which its reactor looks at
 // on every turn (and, where it polls, between two polls), and the socket carries only doorbells.
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -96,9 +99,12 @@ class SharedMemoryListener {
   bool stopping_ ABSL_GUARDED_BY(jobs_mu_) = false;
   std::thread worker_;
   std::vector<std::unique_ptr<Reactor>> reactors_;
-  // Whether records are read without their descriptors (too many passed ones wait for their
-  // close); logged as it changes.
-  std::atomic<bool> refusing_descriptors_{false};
+  // Whether records of user `user` are read with their descriptors: not while too many that the
+  // user passed, or that all users passed, wait for their close. Logged as it changes.
+  bool TakesDescriptors(uid_t user) ABSL_LOCKS_EXCLUDED(refusing_mu_);
+  absl::Mutex refusing_mu_;
+  bool refusing_all_ ABSL_GUARDED_BY(refusing_mu_) = false;
+  absl::flat_hash_set<uid_t> refusing_users_ ABSL_GUARDED_BY(refusing_mu_);
   absl::Duration spin_ = absl::ZeroDuration();
   size_t next_reactor_ = 0;  // the listener's thread only
 };

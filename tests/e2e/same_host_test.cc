@@ -3,6 +3,7 @@
 // daemon makes the tensors' host-data buffers over it. The real daemon binary, the kp client.
 #include <fcntl.h>
 #include <gmock/gmock.h>
+#include <grp.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -14,12 +15,15 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <kompute/Kompute.hpp>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -366,6 +370,56 @@ int Memfd(uint64_t size, int seals) {
 }
 
 constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+
+// A child process running as user `uid` that, when told to (Go), passes a new memfd of `size`
+// bytes as region `region` of the session with `ticket` on `socket`. It is forked when made, so
+// that it inherits no descriptor opened later (a file whose close would hold its exit).
+class PassAsUser {
+ public:
+  PassAsUser(uid_t uid, const std::string& socket, const std::string& ticket, uint64_t region,
+             uint64_t size) {
+    int go[2];
+    if (pipe2(go, O_CLOEXEC) != 0) return;
+    child_ = fork();
+    if (child_ == 0) {
+      close(go[1]);
+      if (setgroups(0, nullptr) != 0 || setresgid(uid, uid, uid) != 0 ||
+          setresuid(uid, uid, uid) != 0) {
+        _exit(2);
+      }
+      char byte;
+      if (read(go[0], &byte, 1) != 1) _exit(3);  // not told to
+      const int fd = Memfd(size, kSizeSeals);
+      const absl::Status passed =
+          v1::wire::PassSharedMemory(socket, ticket, region, fd, size, absl::Seconds(10));
+      if (!passed.ok()) std::fprintf(stderr, "as user %u: %s\n", uid, passed.ToString().c_str());
+      _exit(passed.ok() ? 0 : 1);
+    }
+    close(go[0]);
+    go_ = go[1];
+  }
+  ~PassAsUser() {
+    if (go_ >= 0) close(go_);  // a child not told ends
+    if (child_ > 0) waitpid(child_, nullptr, 0);
+  }
+
+  // The child's exit status once told: 0 taken, 1 refused (its reason on stderr), 2 it could not
+  // become the user; -1 when it did not end within 15 s or never started.
+  int Go() {
+    if (child_ <= 0 || write(go_, "g", 1) != 1) return -1;
+    int status = 0;
+    if (!Within(15, [&] { return waitpid(child_, &status, WNOHANG) == child_; })) {
+      kill(child_, SIGKILL);
+      return -1;
+    }
+    child_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  pid_t child_ = -1;
+  int go_ = -1;
+};
 
 class SameHostWire : public ::testing::Test {
  protected:
@@ -791,6 +845,13 @@ TEST_F(SameHostWire, ARingIsTakenOnlyAsItShouldBeAndCarriesEvals) {
 // in the daemon's descriptor table (where a child it forks would inherit it). Once 16 such closes
 // wait, the socket takes no descriptor (the kernel drops them unseen) until they are done.
 TEST_F(SameHostWire, AFileWhoseCloseHangsHoldsNoServingThread) {
+  // Started first: it must not inherit the FUSE file (its exit would wait on the held flush).
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  std::optional<PassAsUser> other_user;
+  if (geteuid() == 0) {
+    other_user.emplace(65534, session_.shared_memory_socket(), session_.shared_memory_ticket(), 3,
+                       page);
+  }
   StallingFuse fuse;
   if (!fuse.mounted()) GTEST_SKIP() << "no FUSE mount can be made here: " << fuse.error();
   const int file = open(fuse.file().c_str(), O_RDWR | O_CLOEXEC);
@@ -804,7 +865,6 @@ TEST_F(SameHostWire, AFileWhoseCloseHangsHoldsNoServingThread) {
   const std::string bind =
       v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kBind, session_.shared_memory_ticket());
   const std::string ring_record = v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kRing, {});
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t ring_size = (v1::wire::kRingBytes + page - 1) / page * page;
 
   // As a region (taken on the import worker), as a bound channel's ring (on a channel reactor),
@@ -858,10 +918,19 @@ TEST_F(SameHostWire, AFileWhoseCloseHangsHoldsNoServingThread) {
     EXPECT_EQ(bound.status().code(), absl::StatusCode::kResourceExhausted) << bound.status();
     EXPECT_THAT(std::string(bound.status().message()), HasSubstr("takes no descriptors"));
   }
-  EXPECT_FALSE(Pass(2, memfd, page).ok());
+  const absl::Status refused = Pass(2, memfd, page);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("takes no descriptors")) << refused;
   EXPECT_TRUE(RawChannel(name).Ask(bind).ok());
   EXPECT_EQ(fuse.flushes(), 16);
   EXPECT_EQ(OpenDescriptors(d_.daemon().pid(), fuse.file()), 0);
+  // The closes that wait are counted by the user who passed the files: another user's memory is
+  // still taken (this needs root, to run a child as another user).
+  if (other_user.has_value()) {
+    EXPECT_EQ(other_user->Go(), 0) << "another user's memfd was not taken";
+  } else {
+    std::cout << "not root: the other user's region was not tried\n";
+  }
 
   // Answered, every close ends, and descriptors are taken again.
   fuse.Release();

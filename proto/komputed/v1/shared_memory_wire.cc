@@ -13,9 +13,11 @@
 #include <cstring>
 #include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 
@@ -51,9 +53,10 @@ class PassedClosers {
     return *closers;
   }
 
-  void Close(int fd) {
+  void Close(int fd, uid_t owner) {
     absl::MutexLock lock(&mu_);
-    waiting_.push_back(fd);
+    waiting_.emplace_back(fd, owner);
+    ++by_owner_[owner];
     StartLocked();
   }
 
@@ -63,18 +66,27 @@ class PassedClosers {
     return closing_ + waiting_.size();
   }
 
+  size_t closing(uid_t owner) {
+    absl::MutexLock lock(&mu_);
+    StartLocked();
+    auto it = by_owner_.find(owner);
+    return it == by_owner_.end() ? 0 : it->second;
+  }
+
  private:
   // Starts a closing thread for each descriptor waiting for one. One that cannot be started yet
   // (the process is out of threads) stays waiting, and counted, for the next call to try again.
   void StartLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     while (!waiting_.empty()) {
-      const int fd = waiting_.back();
+      const int fd = waiting_.back().first;
+      const uid_t owner = waiting_.back().second;
       try {
-        std::thread([this, fd] {
+        std::thread([this, fd, owner] {
           pthread_setname_np(pthread_self(), "kd-close");
           close(fd);
           absl::MutexLock lock(&mu_);
           --closing_;
+          if (--by_owner_[owner] == 0) by_owner_.erase(owner);
         }).detach();
       } catch (const std::system_error&) {
         return;
@@ -85,8 +97,11 @@ class PassedClosers {
   }
 
   absl::Mutex mu_;
-  size_t closing_ ABSL_GUARDED_BY(mu_) = 0;        // threads started that have not closed theirs
-  std::vector<int> waiting_ ABSL_GUARDED_BY(mu_);  // descriptors without a thread yet
+  size_t closing_ ABSL_GUARDED_BY(mu_) = 0;  // threads started that have not closed theirs
+  // Descriptors without a thread yet, and their owners.
+  std::vector<std::pair<int, uid_t>> waiting_ ABSL_GUARDED_BY(mu_);
+  // Closes not returned yet (waiting or started) by owner; none at 0.
+  absl::flat_hash_map<uid_t, size_t> by_owner_ ABSL_GUARDED_BY(mu_);
 };
 
 // The abstract address of `name`: a NUL, then the name (no terminator).
@@ -181,17 +196,28 @@ absl::Status PassSharedMemory(const std::string& socket_name, absl::string_view 
   return absl::Status(code, reply.message);
 }
 
-void ClosePassed(int fd) {
+void ClosePassed(int fd, uid_t owner) {
   if (fd < 0) return;
   // A shmem file has no flush to wait on; F_GET_SEALS asks no file system.
   if (fcntl(fd, F_GET_SEALS) >= 0) {
     close(fd);
     return;
   }
-  PassedClosers::Get().Close(fd);
+  PassedClosers::Get().Close(fd, owner);
 }
 
 size_t PassedClosesPending() { return PassedClosers::Get().closing(); }
+
+size_t PassedClosesPending(uid_t owner) { return PassedClosers::Get().closing(owner); }
+
+absl::StatusOr<uid_t> PeerUser(int connection) {
+  ucred credentials{};
+  socklen_t size = sizeof(credentials);
+  if (getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &credentials, &size) != 0) {
+    return absl::UnavailableError(Errno("the peer's credentials (SO_PEERCRED)"));
+  }
+  return credentials.uid;
+}
 
 absl::StatusOr<int> ListenSharedMemory(const std::string& socket_name) {
   auto address = Address(socket_name);
@@ -207,7 +233,7 @@ absl::StatusOr<int> ListenSharedMemory(const std::string& socket_name) {
   return s;
 }
 
-absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection, bool take_descriptors) {
+absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection, bool take_descriptors, uid_t owner) {
   ReceivedRecord received;
   // Received into a buffer kept by the thread (a record may be up to kMaxChannelRecord bytes;
   // most are a few hundred), then copied at its size.
@@ -233,7 +259,7 @@ absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection, bool take_descripto
     for (size_t i = 0; i < count; ++i) {
       int fd;
       std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      fds.emplace_back(fd);
+      fds.emplace_back(fd, owner);
     }
   }
   if (n <= 0) return absl::UnavailableError("the client closed the connection");
@@ -241,12 +267,8 @@ absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection, bool take_descripto
     return absl::InvalidArgumentError(
         absl::StrCat("a record over the daemon's ", kMaxChannelRecord, " bytes"));
   }
-  if ((msg.msg_flags & MSG_CTRUNC) && !take_descriptors) {
-    return absl::ResourceExhaustedError(
-        "the daemon takes no descriptors for now: too many that clients passed wait for their "
-        "close (files whose file system does not answer, such as a client's FUSE mount)");
-  }
-  if ((msg.msg_flags & MSG_CTRUNC) || fds.size() > 1) {
+  received.descriptor_dropped = (msg.msg_flags & MSG_CTRUNC) && !take_descriptors;
+  if (((msg.msg_flags & MSG_CTRUNC) && take_descriptors) || fds.size() > 1) {
     return absl::InvalidArgumentError("a record with more than one descriptor");
   }
   if (!fds.empty()) received.fd = std::move(fds.front());
@@ -275,6 +297,18 @@ absl::StatusOr<SharedMemoryAttach> ParseSharedMemory(ReceivedRecord received) {
   attach.size = request.size;
   attach.fd = std::move(received.fd);
   return attach;
+}
+
+absl::Status DescriptorsNotTaken() {
+  return absl::ResourceExhaustedError(
+      "the daemon takes no descriptors from this user for now: too many that were passed wait for "
+      "their close (files whose file system does not answer, such as a FUSE mount)");
+}
+
+std::string RefuseSharedMemory(absl::string_view record, const absl::Status& status) {
+  Request request{};
+  if (record.size() == sizeof(request)) std::memcpy(&request, record.data(), sizeof(request));
+  return EncodeSharedMemoryAnswer(request.region, status);
 }
 
 std::string EncodeSharedMemoryAnswer(uint64_t region, const absl::Status& status) {

@@ -5,6 +5,8 @@
 // record with exactly one descriptor (SCM_RIGHTS), and one reply; then it is closed. The
 // session's ticket (OpenSessionResponse.shared_memory_ticket) says whose memory it is.
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -28,22 +30,27 @@ inline constexpr size_t kSharedMemoryTicketSize = 32;
 // waits, uninterruptibly, until the peer answers (FUSE_FLUSH): it is closed on a thread of its
 // own, so that no serving thread waits on a peer and the descriptor leaves the process's table at
 // once (a child forked meanwhile would otherwise inherit it, and wait in its exec or exit).
-void ClosePassed(int fd);
-// How many such closes have not returned yet (counting any whose thread could not be started
-// yet: it is started by a later ClosePassed or PassedClosesPending).
+// `owner`: the user (uid) of the peer that passed it, by whom such closes are counted.
+void ClosePassed(int fd, uid_t owner);
+// How many such closes have not returned yet, of every owner or of `owner` (counting any whose
+// thread could not be started yet: it is started by a later ClosePassed or PassedClosesPending).
 size_t PassedClosesPending();
+size_t PassedClosesPending(uid_t owner);
+// The user (uid) of the peer of the Unix socket `connection` (SO_PEERCRED), or the error.
+absl::StatusOr<uid_t> PeerUser(int connection);
 
 // Daemon: a descriptor that a peer passed, closed with ClosePassed when it goes. Every path that
 // receives one holds it in this, so that none can leak it or close it on a serving thread.
 class PassedFd {
  public:
   PassedFd() = default;
-  explicit PassedFd(int fd) : fd_(fd) {}
-  PassedFd(PassedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  PassedFd(int fd, uid_t owner) : fd_(fd), owner_(owner) {}
+  PassedFd(PassedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)), owner_(other.owner_) {}
   PassedFd& operator=(PassedFd&& other) noexcept {
     if (this != &other) {
       reset();
       fd_ = std::exchange(other.fd_, -1);
+      owner_ = other.owner_;
     }
     return *this;
   }
@@ -53,10 +60,11 @@ class PassedFd {
 
   int get() const { return fd_; }
   explicit operator bool() const { return fd_ >= 0; }
-  void reset() { ClosePassed(std::exchange(fd_, -1)); }
+  void reset() { ClosePassed(std::exchange(fd_, -1), owner_); }
 
  private:
   int fd_ = -1;
+  uid_t owner_ = 0;
 };
 
 // What a client asks: to take `fd`, `size` bytes of shared memory, as region `region` of the
@@ -90,18 +98,26 @@ absl::StatusOr<int> ListenSharedMemory(const std::string& socket_name);
 struct ReceivedRecord {
   std::string record;
   PassedFd fd;
+  // A descriptor came with the record and was dropped unseen (not taken): the record is to be
+  // refused with RESOURCE_EXHAUSTED and DescriptorsNotTaken's message.
+  bool descriptor_dropped = false;
 };
 // Daemon: reads the record waiting on `connection` (non-blocking), with the one descriptor that
-// may come with it unless `take_descriptors` is false (then the kernel drops any, unseen).
-// UNAVAILABLE when the peer closed the connection, UNAVAILABLE with "again" when nothing is there
-// yet; INVALID_ARGUMENT for a record over kMaxChannelRecord bytes or with more than one
-// descriptor; RESOURCE_EXHAUSTED naming why for one that came with a descriptor not taken.
-absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection, bool take_descriptors);
+// may come with it (passed by user `owner`) unless `take_descriptors` is false (then the kernel
+// drops any, unseen, and says so in descriptor_dropped). UNAVAILABLE when the peer closed the
+// connection, UNAVAILABLE with "again" when nothing is there yet; INVALID_ARGUMENT for a record
+// over kMaxChannelRecord bytes or with more than one descriptor.
+absl::StatusOr<ReceivedRecord> ReceiveRecord(int connection, bool take_descriptors, uid_t owner);
+// The refusal of a record whose descriptor was not taken.
+absl::Status DescriptorsNotTaken();
 // Daemon: the shared-memory request in `received`. INVALID_ARGUMENT for a record of another size
 // or version, or one without a descriptor.
 absl::StatusOr<SharedMemoryAttach> ParseSharedMemory(ReceivedRecord received);
 // Daemon: the answer record to the request of `region`: `status`, its message cut to fit.
 std::string EncodeSharedMemoryAnswer(uint64_t region, const absl::Status& status);
+// Daemon: the refusal `status` of the shared-memory request `record`, as the answer to its region
+// (to region 0 where the record is not one).
+std::string RefuseSharedMemory(absl::string_view record, const absl::Status& status);
 
 // The same-host eval channel: a connection to the same socket that first binds itself to a
 // session (its ticket), then carries EvalRequests and their answers, as records of at most
