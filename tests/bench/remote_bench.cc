@@ -928,8 +928,8 @@ void RemoteBench::RegisterLatencyBenchmarks() {
                                  TinyEvalInterleaved(
                                      state,
                                      {{kTinyEvalInterleavedRemote, &s->tiny_remote},
-                                      {kTinyEvalInterleavedTokenSent, &s->tiny_token_sent},
                                       {kTinyEvalInterleavedToken, &s->tiny_token},
+                                      {kTinyEvalInterleavedTokenSent, &s->tiny_token_sent},
                                       {kTinyEvalInterleavedTls, &s->tiny_tls}},
                                      nullptr);
                                })

@@ -84,9 +84,11 @@ inline constexpr char kTinyEvalInterleavedRemote[] = "remote_us";
 inline constexpr char kTinyEvalInterleavedSameHost[] = "same_host_us";
 inline constexpr char kTinyEvalInterleavedPing[] = "ping_us";
 // The remote tiny eval in turn, as tiny_eval/interleaved takes them, on the plain daemon
-// (remote_us), on it again with a bearer token that it does not check (token_sent_us: what sending
-// one costs the client and the wire), on a daemon that checks the token (token_us) and on one that
-// serves TLS (tls_us).
+// (remote_us), on a daemon that checks a bearer token (token_us), on the plain daemon again with
+// the token, which it does not check (token_sent_us: what sending one costs the client and the
+// wire), and on a daemon that serves TLS (tls_us). Each run of evals follows one on another
+// daemon: on a GPU, a run that follows one of another process (another device context) is slower
+// throughout than one that follows its own.
 inline constexpr char kTinyEvalSecureInterleaved[] = "tiny_eval/secure_interleaved";
 inline constexpr char kTinyEvalInterleavedTokenSent[] = "token_sent_us";
 inline constexpr char kTinyEvalInterleavedToken[] = "token_us";
