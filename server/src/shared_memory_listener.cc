@@ -263,19 +263,18 @@ SharedMemoryListener::Next SharedMemoryListener::Handle(const std::shared_ptr<Co
     jobs_.push_back(std::move(job));
     return Next::kKeep;
   }
-  v1::wire::ChannelOp op;
-  absl::string_view payload;
-  absl::Status status = v1::wire::DecodeChannelRequest(received.record, &op, &payload);
   if (received.descriptor_dropped) {
     c->Send(v1::wire::EncodeChannelReply(v1::wire::DescriptorsNotTaken(), {}));
     return Next::kClose;
   }
+  v1::wire::ChannelOp op;
+  absl::string_view payload;
+  absl::Status status = v1::wire::DecodeChannelRequest(received.record, &op, &payload);
   if (status.ok() && op == v1::wire::ChannelOp::kRing) {
     return AttachRing(c, std::move(received.fd));
   }
-  const bool had_fd = static_cast<bool>(received.fd);
-  received.fd.reset();
-  if (status.ok() && had_fd) {
+  // A descriptor here is refused; it is closed with `received` as this returns.
+  if (status.ok() && received.fd) {
     status = absl::InvalidArgumentError("a channel record with descriptors");
   }
   if (!status.ok()) {
@@ -411,8 +410,9 @@ SharedMemoryListener::Next SharedMemoryListener::Submit(const std::shared_ptr<Co
 }
 
 bool SharedMemoryListener::TakesDescriptors(uid_t user) {
-  const bool all = v1::wire::PassedClosesPending() < kMaxPassedClosesPending;
-  const bool users = v1::wire::PassedClosesPending(user) < kMaxPassedClosesPerUser;
+  const v1::wire::PassedCloses pending = v1::wire::PassedClosesPending(user);
+  const bool all = pending.all < kMaxPassedClosesPending;
+  const bool users = pending.of_owner < kMaxPassedClosesPerUser;
   absl::MutexLock lock(&refusing_mu_);
   if (refusing_all_ == all) {
     refusing_all_ = !all;

@@ -60,17 +60,12 @@ class PassedClosers {
     StartLocked();
   }
 
-  size_t closing() {
-    absl::MutexLock lock(&mu_);
-    StartLocked();
-    return closing_ + waiting_.size();
-  }
-
-  size_t closing(uid_t owner) {
+  PassedCloses closing(uid_t owner) {
     absl::MutexLock lock(&mu_);
     StartLocked();
     auto it = by_owner_.find(owner);
-    return it == by_owner_.end() ? 0 : it->second;
+    return PassedCloses{.all = closing_ + waiting_.size(),
+                        .of_owner = it == by_owner_.end() ? 0 : it->second};
   }
 
  private:
@@ -206,9 +201,7 @@ void ClosePassed(int fd, uid_t owner) {
   PassedClosers::Get().Close(fd, owner);
 }
 
-size_t PassedClosesPending() { return PassedClosers::Get().closing(); }
-
-size_t PassedClosesPending(uid_t owner) { return PassedClosers::Get().closing(owner); }
+PassedCloses PassedClosesPending(uid_t owner) { return PassedClosers::Get().closing(owner); }
 
 absl::StatusOr<uid_t> PeerUser(int connection) {
   ucred credentials{};

@@ -32,10 +32,13 @@ inline constexpr size_t kSharedMemoryTicketSize = 32;
 // once (a child forked meanwhile would otherwise inherit it, and wait in its exec or exit).
 // `owner`: the user (uid) of the peer that passed it, by whom such closes are counted.
 void ClosePassed(int fd, uid_t owner);
-// How many such closes have not returned yet, of every owner or of `owner` (counting any whose
+// How many such closes have not returned yet, of every owner and of `owner` (counting any whose
 // thread could not be started yet: it is started by a later ClosePassed or PassedClosesPending).
-size_t PassedClosesPending();
-size_t PassedClosesPending(uid_t owner);
+struct PassedCloses {
+  size_t all = 0;
+  size_t of_owner = 0;
+};
+PassedCloses PassedClosesPending(uid_t owner);
 // The user (uid) of the peer of the Unix socket `connection` (SO_PEERCRED), or the error.
 absl::StatusOr<uid_t> PeerUser(int connection);
 
