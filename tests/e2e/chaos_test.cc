@@ -40,6 +40,7 @@
 #include "komputed/v1/komputed.grpc.pb.h"
 #include "support/daemon_process.h"
 #include "support/metrics.h"
+#include "support/poll.h"
 #include "support/process.h"
 #include "support/slow_kernel.h"
 #include "support/stubs.h"
@@ -49,6 +50,7 @@ namespace {
 namespace ts = komputed::test_support;
 namespace v1 = komputed::v1;
 using ts::DaemonProcess;
+using ts::PollUntil;
 using ts::Samples;
 
 // out[i] = in[i] * 2654435761 + k (wrapping): exact in integers, so every element is checked.
@@ -246,16 +248,6 @@ double ResidentMiB(pid_t pid) {
     }
   }
   return 0;
-}
-
-// Polls `done` every 20 ms until it holds or `timeout` passes; whether it held.
-bool PollUntil(absl::Duration timeout, const std::function<bool()>& done) {
-  const absl::Time until = absl::Now() + timeout;
-  while (true) {
-    if (done()) return true;
-    if (absl::Now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
 }
 
 std::string ChaosClient() {

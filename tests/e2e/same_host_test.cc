@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,7 +24,6 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -33,6 +31,7 @@
 #include "komputed/v1/shared_memory_wire.h"
 #include "support/daemon_process.h"
 #include "support/metrics.h"
+#include "support/poll.h"
 #include "support/process.h"
 #include "support/raw_channel.h"
 #include "support/scoped_env.h"
@@ -43,6 +42,7 @@ namespace {
 
 namespace v1 = komputed::v1;
 using komputed::test_support::DaemonProcess;
+using komputed::test_support::PollUntil;
 using komputed::test_support::RawChannel;
 using komputed::test_support::Samples;
 using komputed::test_support::ScopedEnv;
@@ -96,22 +96,13 @@ int SharedMappings(pid_t pid, const char* what = kTensorMemory) {
   return n;
 }
 
-// Asks `done` until it says true, for up to `seconds`; whether it did.
-bool Within(int seconds, const std::function<bool()>& done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
-bool Within10s(const std::function<bool()>& done) { return Within(10, done); }
+bool Within10s(const std::function<bool()>& done) { return PollUntil(absl::Seconds(10), done); }
 
 // Waits up to 30 s for the process `pid` to have no mapping of shared memory named `what` (a call
 // that has answered may still hold a tensor for a moment); returns how many it has at the end.
 int MappingsAfterRelease(pid_t pid, const char* what = kTensorMemory) {
   int mappings = 0;
-  Within(30, [&] { return (mappings = SharedMappings(pid, what)) == 0; });
+  PollUntil(absl::Seconds(30), [&] { return (mappings = SharedMappings(pid, what)) == 0; });
   return mappings;
 }
 
@@ -408,7 +399,8 @@ class PassAsUser {
   int Go() {
     if (child_ <= 0 || write(go_, "g", 1) != 1) return -1;
     int status = 0;
-    if (!Within(15, [&] { return waitpid(child_, &status, WNOHANG) == child_; })) {
+    if (!PollUntil(absl::Seconds(15),
+                   [&] { return waitpid(child_, &status, WNOHANG) == child_; })) {
       kill(child_, SIGKILL);
       return -1;
     }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "support/daemon_process.h"
 #include "support/metrics.h"
+#include "support/poll.h"
 #include "test_util.h"
 
 namespace komputed::server::testing {
@@ -19,14 +20,9 @@ constexpr int kWindow = 4;
 constexpr uint32_t kEventFloats = (1 << 20) / 4;  // each event brings back 1 MiB
 constexpr int kRequests = 200;
 
-// Waits until `condition` holds; false after `timeout`.
+// Waits until `condition` holds, looking every 5 ms; false after `timeout`.
 bool Eventually(const std::function<bool()>& condition, absl::Duration timeout) {
-  const absl::Time until = absl::Now() + timeout;
-  while (!condition()) {
-    if (absl::Now() > until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
+  return test_support::PollUntil(timeout, condition, absl::Milliseconds(5));
 }
 
 // The value of `read` once it has stayed the same for `quiet` (the daemon has settled: a window

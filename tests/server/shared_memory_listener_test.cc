@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "komputed/v1/shared_memory_wire.h"
+#include "support/poll.h"
 #include "support/raw_channel.h"
 
 namespace komputed::server {
@@ -161,11 +162,8 @@ int Holders(const std::string& target) {
 // Whether no descriptor of this process names `target` within 10 s (a passed file that is not a
 // memfd is closed on a thread of its own).
 bool Released(const std::string& target) {
-  for (absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;) {
-    if (Holders(target) == 0) return true;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return false;
+  return test_support::PollUntil(
+      absl::Seconds(10), [&] { return Holders(target) == 0; }, absl::Milliseconds(5));
 }
 
 TEST(SharedMemoryListenerTest, EveryPassedDescriptorIsClosedWhateverTheAnswer) {
