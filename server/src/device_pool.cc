@@ -200,12 +200,14 @@ void PooledDevice::AddMemory(int64_t bytes) {
 }
 
 void PooledDevice::Submitted(size_t queue) {
+  in_flight_.fetch_add(1, std::memory_order_relaxed);
   if (queue >= queue_metrics_.size()) return;
   queue_metrics_[queue].submissions->Increment();
   queue_metrics_[queue].depth->Increment();
 }
 
 void PooledDevice::Completed(size_t queue, uint64_t gpu_ns) {
+  in_flight_.fetch_sub(1, std::memory_order_relaxed);
   if (queue >= queue_metrics_.size()) return;
   queue_metrics_[queue].depth->Decrement();
   if (gpu_ns > 0) queue_metrics_[queue].gpu_seconds->Increment(static_cast<double>(gpu_ns) * 1e-9);
@@ -376,6 +378,13 @@ void DevicePool::Recovery() {
 bool DevicePool::any_gpu() const {
   for (const auto& device : devices_) {
     if (!device->is_cpu()) return true;
+  }
+  return false;
+}
+
+bool DevicePool::cpu_device_busy() const {
+  for (const auto& device : devices_) {
+    if (device->is_cpu() && device->in_flight() > 0) return true;
   }
   return false;
 }

@@ -94,6 +94,8 @@ class PooledDevice {
   // the queue; its evaluation completed after `gpu_ns` nanoseconds of GPU time (0: unknown).
   void Submitted(size_t queue);
   void Completed(size_t queue, uint64_t gpu_ns);
+  // Submissions made and not yet completed, on all queues.
+  int64_t in_flight() const { return in_flight_.load(std::memory_order_relaxed); }
 
   // Threads waiting inline for a submission (Session::Eval's fast path): Begin admits one while
   // fewer than `limit` are; End follows each admitted Begin.
@@ -142,6 +144,7 @@ class PooledDevice {
   std::atomic<int64_t> memory_in_use_{0};
   std::atomic<int32_t> sessions_{0};
   std::atomic<int> inline_waits_{0};
+  std::atomic<int64_t> in_flight_{0};
   mutable absl::Mutex queues_mu_;
   std::vector<uint32_t> queue_sessions_ ABSL_GUARDED_BY(queues_mu_);  // by device queue index
   std::function<void()> on_lost_;  // set by the pool before any session exists
@@ -189,6 +192,9 @@ class DevicePool {
   // Whether any served device is a GPU (not a CPU implementation such as lavapipe): where one is,
   // threads that wait for the device or for a client's next request may poll briefly.
   bool any_gpu() const;
+  // Whether a CPU device (lavapipe) has submissions in flight: its work then runs on the host's
+  // cores, which a polling thread would take from it.
+  bool cpu_device_busy() const;
 
  private:
   DevicePool() = default;

@@ -81,10 +81,12 @@ SessionManager::SessionManager(DevicePool* pool, const ServerOptions& options, M
     handlers.ring_taken = [this] { metrics_->same_host_rings_total().Increment(); };
     handlers.ring_eval = [this] { metrics_->same_host_ring_evals_total().Increment(); };
     // The reactors poll briefly for a channel's next record, as an inline wait polls its fence,
-    // where a GPU is served (CPU devices need the cores).
+    // but not while a CPU device works: its work needs the cores. Between two evals it does not,
+    // and a client's next eval follows its answer closely.
+    handlers.may_poll = [this] { return !pool_->cpu_device_busy(); };
     absl::StatusOr<std::unique_ptr<SharedMemoryListener>> listener = SharedMemoryListener::Start(
         std::move(handlers), static_cast<size_t>(std::max(options_.eval_inline_waiters, 0)) + 1,
-        pool_->any_gpu() ? options_.eval_spin : absl::ZeroDuration());
+        options_.eval_spin);
     if (listener.ok()) {
       shared_memory_ = *std::move(listener);
       spdlog::info("same-host clients pass shared memory on the abstract socket @{}",

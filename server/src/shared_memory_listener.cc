@@ -490,7 +490,7 @@ void SharedMemoryListener::React(Reactor& reactor) {
     for (const auto& c : connections) polled.push_back({c->fd_for_listener(), POLLIN, 0});
     int ready;
     while (true) {
-      bool sleep = absl::Now() >= spin_until;
+      bool sleep = absl::Now() >= spin_until || (handlers_.may_poll && !handlers_.may_poll());
       // A client that publishes a request after this looks at the flag and rings; one that
       // published before is seen by the second look.
       if (sleep && set_sleeping(true) && rings_have_work()) {

@@ -52,11 +52,14 @@ class SharedMemoryListener {
     // through one; either may be empty.
     std::function<void()> ring_taken;
     std::function<void()> ring_eval;
+    // Whether a reactor may poll now (empty: always). Asked while a reactor polls, so that it
+    // stops where the cores are wanted elsewhere (a CPU device's work in flight).
+    std::function<bool()> may_poll;
   };
   // Listens on a new abstract name (komputed-<pid>-<random>), with `reactors` threads (at least
   // 1) that serve the bound channels. After serving a record, a reactor polls its channels
   // without sleeping for up to `spin` before it blocks (a client's next eval often follows its
-  // answer closely; a blocked thread wakes tens of microseconds late).
+  // answer closely; a blocked thread wakes tens of microseconds late), while `may_poll` lets it.
   static absl::StatusOr<std::unique_ptr<SharedMemoryListener>> Start(
       Handlers handlers, size_t reactors, absl::Duration spin = absl::ZeroDuration());
   // Stops the thread and closes every connection (answers still to come are dropped).

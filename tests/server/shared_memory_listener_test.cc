@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -233,6 +234,47 @@ TEST(SharedMemoryListenerTest, EveryPassedDescriptorIsClosedWhateverTheAnswer) {
       EXPECT_TRUE(Released(target)) << "the daemon still holds " << target << " (" << answer << ")";
     }
   }
+}
+
+// After serving a record a reactor polls for the next one, but only while `may_poll` lets it (a
+// CPU device's work in flight needs the cores): told no, it sleeps, and still serves what comes.
+TEST(SharedMemoryListenerTest, AReactorPollsOnlyWhileItMay) {
+  const std::string ticket(wire::kSharedMemoryTicketSize, 't');
+  HeldEvals evals;
+  SharedMemoryListener::Handlers handlers = evals.Handlers(ticket);
+  std::atomic<bool> allowed{true};
+  std::atomic<int64_t> asked{0};
+  handlers.may_poll = [&] {
+    asked.fetch_add(1);
+    return allowed.load();
+  };
+  // A poll far longer than the test: only `may_poll` ends it.
+  absl::StatusOr<std::unique_ptr<SharedMemoryListener>> listener =
+      SharedMemoryListener::Start(std::move(handlers), 1, absl::Seconds(60));
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  RawChannel c((*listener)->name());
+  ASSERT_TRUE(c.connected());
+  auto bind = [&] { return c.Ask(wire::EncodeChannelRequest(wire::ChannelOp::kBind, ticket)); };
+  absl::StatusOr<std::string> bound = bind();
+  ASSERT_TRUE(bound.ok()) << bound.status();
+
+  // Polling: asked again and again.
+  const int64_t before = asked.load();
+  EXPECT_TRUE(test_support::PollUntil(absl::Seconds(10), [&] {
+    return asked.load() > before + 100;
+  })) << "the reactor did not poll after serving a record";
+
+  // Told no: it stops asking (at most a look or two in between), and sleeps.
+  allowed.store(false);
+  absl::SleepFor(absl::Milliseconds(50));
+  const int64_t stopped = asked.load();
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_LE(asked.load(), stopped + 2) << "the reactor went on polling when told not to";
+
+  // Asleep, it still answers the next record at once (a second bind: refused, but answered).
+  bound = bind();
+  EXPECT_EQ(bound.status().code(), absl::StatusCode::kFailedPrecondition) << bound.status();
+  evals.AnswerAll();
 }
 
 }  // namespace
