@@ -190,7 +190,7 @@ class DevicePool {
   absl::StatusOr<PooledDevice*> Get(uint32_t index) const;
   PooledDevice& at(size_t index) const { return *devices_[index]; }
   // Whether any served device is a GPU (not a CPU implementation such as lavapipe): where one is,
-  // threads that wait for the device or for a client's next request may poll briefly.
+  // threads that wait for the device or for a client's next gRPC call may poll briefly.
   bool any_gpu() const;
   // Whether a CPU device (lavapipe) has submissions in flight: its work then runs on the host's
   // cores, which a polling thread would take from it.
