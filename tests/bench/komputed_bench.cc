@@ -1535,7 +1535,11 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
               << " mean; its stages in us: " << stages_text(kb::kTinyEvalSameHostStages)
               << " (the request's stage ends where the daemon begins the eval)\n";
   }
-  std::cout << "async evals: same host " << PerSecond(async_same) << "\n";
+  std::cout << "async evals: same host " << PerSecond(async_same);
+  if (const auto share = r.MeanCounter(kb::kAsyncSameHost, kb::kChannelShare); share.has_value()) {
+    std::cout << absl::StrFormat(", %.0f%% of them taken on the same-host channel", 100 * *share);
+  }
+  std::cout << "\n";
   std::cout << "upload 256 MiB: same host " << GBps(up_same) << ", kp in-process "
             << GBps(r.MeanBytesPerSecond(kUploadKp)) << "\n";
   std::cout << "download 256 MiB: same host " << GBps(down_same) << ", kp in-process "

@@ -312,6 +312,10 @@ class BenchDaemon {
     if (server_ != nullptr) return server_->metrics().same_host_rings_total().Value();
     return Scraped("komputed_same_host_rings_total");
   }
+  std::optional<double> SameHostEvals() const {
+    if (server_ != nullptr) return server_->metrics().same_host_evals_total().Value();
+    return Scraped("komputed_same_host_evals_total");
+  }
   std::optional<double> SubmittedTogether() const {
     if (server_ != nullptr) return server_->metrics().submitted_together_total().Value();
     return Scraped("komputed_submitted_together_total");
@@ -997,7 +1001,19 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark(
       kAsyncSameHost,
-      [s](benchmark::State& state) { RunKpAsync(state, s->async_same_host, kAsyncSameHost); })
+      [s](benchmark::State& state) {
+        // The share of the evals that the daemon took on the channel, not the Execute stream.
+        const std::optional<double> before = s->same_host_server->SameHostEvals();
+        RunKpAsync(state, s->async_same_host, kAsyncSameHost);
+        const std::optional<double> after =
+            before.has_value() ? s->same_host_server->SameHostEvals() : std::nullopt;
+        // Each of the iterations submitted one, after the lanes' first ones.
+        const auto submitted = static_cast<double>(state.iterations()) +
+                               static_cast<double>(s->async_same_host.size());
+        if (after.has_value() && state.iterations() > 0) {
+          state.counters[kChannelShare] = (*after - *before) / submitted;
+        }
+      })
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);

@@ -61,6 +61,9 @@ inline constexpr char kAsyncRemoteUnbatched[] = "async_evals/remote_unbatched";
 inline constexpr char kAsyncRemoteAlone[] = "async_evals/remote_alone";
 // async_evals/remote's counter: the share of its evals that shared a vkQueueSubmit with others.
 inline constexpr char kSubmittedTogether[] = "submitted_together";
+// async_evals/same_host's counter: the share of its evals that the daemon took on the same-host
+// channel (komputed_same_host_evals_total); the rest went over the Execute stream.
+inline constexpr char kChannelShare[] = "channel_share";
 // The async evals again with copy-only sequences (sync up, sync back: KpTiny without dispatch), on
 // which the device spends next to no time: what remains is the path of an eval through the
 // client and the daemon.
