@@ -92,12 +92,19 @@ struct SharedMemoryListener::Connection {
   // Only the listener's thread changes fd (Close): it reads it without the lock.
   int fd_for_listener() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return fd; }
 
-  // Publishes `record` as the answer to ring request `seq`, and rings the client's doorbell if it
-  // may be asleep.
+  // Publishes `record` as the answer to ring request `seq`, and wakes the client if it may be
+  // asleep: on the answer's number, or on the socket (a doorbell record).
   void RingAnswer(uint32_t seq, const std::string& record) {
     ring->PutAnswer(seq, record);
-    if (ring->client_sleeping()) {
-      Send(v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kDoorbell, {}));
+    switch (ring->client_sleeping()) {
+      case v1::wire::ChannelRing::Sleep::kAwake:
+        break;
+      case v1::wire::ChannelRing::Sleep::kOnAnswerWord:
+        ring->WakeAnswerWaiters();
+        break;
+      case v1::wire::ChannelRing::Sleep::kOnSocket:
+        Send(v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kDoorbell, {}));
+        break;
     }
   }
   // Whether a request waits in the ring (reactor thread only). A number once seen to differ from
@@ -339,6 +346,7 @@ SharedMemoryListener::Next SharedMemoryListener::AttachRing(const std::shared_pt
   void* base = (*memory)->data();
   c->ring = std::make_unique<v1::wire::ChannelRing>(base, *std::move(memory));
   c->ring_seen = c->ring->request_seq();
+  c->ring->set_wakes_answer_word();
   if (handlers_.ring_taken) handlers_.ring_taken();
   c->Send(v1::wire::EncodeChannelReply(absl::OkStatus(), {}));
   return Next::kKeep;

@@ -19,11 +19,13 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <iostream>
 #include <kompute/Kompute.hpp>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -291,6 +293,57 @@ TEST(SameHost, EvalsGoThroughTheChannelsRingUnlessTurnedOff) {
     }
     EXPECT_EQ(MappingsAfterRelease(d.daemon().pid(), kRingMemory), 0);
   }
+}
+
+// Runs for tens of seconds on lavapipe (which ends an invocation's loops after 65535 steps, so
+// the length comes from many workgroups): each of its invocations adds v[0] times to v[1].
+constexpr char kLongShader[] = R"(
+  #version 450
+  layout(local_size_x = 1) in;
+  layout(set = 0, binding = 0) buffer Data { uint v[]; };
+  void main() {
+    for (uint i = 0; i < v[0]; ++i) atomicAdd(v[1], 1u);
+  }
+)";
+
+// A client asleep on its ring (on the answer's number, which the daemon wakes) still looks at the
+// socket now and then: when the daemon dies during its eval, the eval fails within moments, not
+// at its timeout (it has none here).
+TEST(SameHost, AClientAsleepOnTheRingLearnsThatTheDaemonIsGone) {
+  SocketDaemon d({"--max_kernel_time=0"});
+  ASSERT_TRUE(d.daemon().started());
+  ScopedEnv spin("KOMPUTED_FENCE_SPIN_US", std::string("0"));  // asleep at once
+  auto mgr = std::make_shared<kp::Manager>(d.address());
+  auto t = mgr->tensorT<uint32_t>(std::vector<uint32_t>{60000u, 0u});
+  auto algo = mgr->algorithm({t}, kp::compileSource(kLongShader), kp::Workgroup{20000, 1, 1});
+  auto quick = mgr->sequence();
+  quick->eval<kp::OpTensorSyncDevice>({t});  // the ring is passed with the channel's first eval
+  const double before = Samples::From(d.daemon()).Get("komputed_same_host_ring_evals_total");
+  ASSERT_GE(before, 1);
+  auto seq = mgr->sequence();
+  seq->record<kp::OpAlgoDispatch>(algo);
+  auto outcome = std::make_shared<std::promise<std::string>>();
+  std::future<std::string> ended = outcome->get_future();
+  // Holds the Manager: should the eval never end, the thread is left behind with it.
+  std::thread evaluating([mgr, seq, outcome] {
+    try {
+      seq->eval();
+      outcome->set_value("completed");
+    } catch (const std::exception& e) {
+      outcome->set_value(e.what());
+    }
+  });
+  ASSERT_TRUE(Within10s([&] {
+    return Samples::From(d.daemon()).Get("komputed_same_host_ring_evals_total") > before;
+  }));
+  absl::SleepFor(absl::Milliseconds(200));  // the client asleep by now
+  ASSERT_EQ(kill(d.daemon().pid(), SIGKILL), 0);
+  if (ended.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    evaluating.detach();
+    FAIL() << "the eval still waits 60 s after the daemon was killed";
+  }
+  evaluating.join();
+  EXPECT_THAT(ended.get(), HasSubstr("same-host channel"));
 }
 
 TEST(SameHost, TurnedOffByTheClientTheDataGoesOverGrpc) {
@@ -686,6 +739,7 @@ TEST_F(SameHostWire, TheEvalChannelTakesOnlyWhatItShould) {
 // eval in it is answered in it; one that the channel does not take is refused there with its
 // reason; a request in it that is malformed ends the channel.
 TEST_F(SameHostWire, ARingIsTakenOnlyAsItShouldBeAndCarriesEvals) {
+  using Sleep = v1::wire::ChannelRing::Sleep;
   const std::string& name = session_.shared_memory_socket();
   const std::string bind =
       v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kBind, session_.shared_memory_ticket());
@@ -760,13 +814,13 @@ TEST_F(SameHostWire, ARingIsTakenOnlyAsItShouldBeAndCarriesEvals) {
   // for the daemon's doorbell. Returns the decoded answer.
   int doorbells = 0;
   auto ask = [&](uint32_t seq, const std::string& record) -> absl::StatusOr<std::string> {
-    ring.set_client_sleeping(true);
+    ring.set_client_sleeping(Sleep::kOnSocket);
     ring.PutRequest(seq, record);
     if (ring.daemon_sleeping()) {
       EXPECT_TRUE(c.Send(doorbell));
     }
     absl::StatusOr<std::string> rung = c.Record();
-    ring.set_client_sleeping(false);
+    ring.set_client_sleeping(Sleep::kAwake);
     if (!rung.ok()) return rung.status();
     v1::wire::ChannelOp op;
     absl::string_view payload;
@@ -801,8 +855,42 @@ TEST_F(SameHostWire, ARingIsTakenOnlyAsItShouldBeAndCarriesEvals) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("creates objects"));
   EXPECT_TRUE(ask(5, EvalRecord(nothing)).ok());
+  // The daemon said, when it took the ring, that it wakes a client asleep on the answer's number:
+  // one asleep so is woken there, and gets no doorbell on the socket. The request goes while the
+  // daemon sleeps, and its doorbell from another thread once this one is asleep, so that the answer
+  // comes during the sleep. (The sleep is bounded by 20 s: one that lasts 10 s was not woken.)
+  ASSERT_TRUE(ring.wakes_answer_word());
+  {
+    const absl::Time asleep_until = absl::Now() + absl::Seconds(10);
+    while (!ring.daemon_sleeping() && absl::Now() < asleep_until) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    ASSERT_TRUE(ring.daemon_sleeping());
+    ring.set_client_sleeping(Sleep::kOnAnswerWord);
+    const uint32_t seen = ring.answer_seq();
+    ASSERT_EQ(seen, 5u);
+    ring.PutRequest(6, EvalRecord(nothing));
+    std::thread ring_later([&] {
+      absl::SleepFor(absl::Milliseconds(100));
+      EXPECT_TRUE(c.Send(doorbell));
+    });
+    const absl::Time slept = absl::Now();
+    ring.WaitAnswer(seen, absl::Seconds(20));
+    EXPECT_LT(absl::Now() - slept, absl::Seconds(10)) << "the answer's number was not woken";
+    ring_later.join();
+    ring.set_client_sleeping(Sleep::kAwake);
+    const absl::Time until6 = absl::Now() + absl::Seconds(10);
+    while (ring.answer_seq() != 6 && absl::Now() < until6) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_EQ(ring.answer_seq(), 6u);
+    absl::StatusOr<std::string> answer = ring.TakeAnswer();
+    ASSERT_TRUE(answer.ok());
+    EXPECT_TRUE(v1::wire::DecodeChannelReply(*answer).ok());
+    EXPECT_EQ(c.Record(absl::Milliseconds(200)).status().code(),
+              absl::StatusCode::kDeadlineExceeded)
+        << "a doorbell on the socket for a client asleep on the answer's number";
+  }
   // A record in the ring that is not an eval ends the channel, answered with why.
-  absl::StatusOr<std::string> not_eval = ask(6, bind);
+  absl::StatusOr<std::string> not_eval = ask(7, bind);
   EXPECT_EQ(not_eval.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(not_eval.status().message()), HasSubstr("not an eval"));
   EXPECT_TRUE(c.Closed());

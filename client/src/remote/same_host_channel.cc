@@ -106,6 +106,8 @@ bool SameHostChannel::Takes(const v1::EvalRequest& request) {
          request.ByteSizeLong() + 64 <= v1::wire::kMaxChannelRecord;
 }
 
+using Sleep = v1::wire::ChannelRing::Sleep;
+
 absl::StatusOr<std::string> SameHostChannel::RingRoundTrip(const std::string& record,
                                                            absl::Duration timeout,
                                                            komputed::core::SpinWindow& spin,
@@ -137,20 +139,30 @@ absl::StatusOr<std::string> SameHostChannel::RingRoundTrip(const std::string& re
   while (ring_->answer_seq() != seq && absl::Now() < spin_until) komputed::core::CpuRelax();
   thread_local std::vector<char> buffer(v1::wire::kMaxChannelRecord + 1);
   bool hung_up = false;  // the daemon closed its end (after answering, where the answer is there)
+  // Asleep on the answer's number where the daemon wakes it so, else on the socket.
+  const bool on_word = ring_->wakes_answer_word();
   while (ring_->answer_seq() != seq && !hung_up) {
-    // Asleep from here: the daemon rings after its answer. Looked at again after saying so, in
+    // Asleep from here: the daemon wakes it after its answer. Looked at again after saying so, in
     // case the answer came in between.
-    ring_->set_client_sleeping(true);
-    if (ring_->answer_seq() == seq) {
-      ring_->set_client_sleeping(false);
+    ring_->set_client_sleeping(on_word ? Sleep::kOnAnswerWord : Sleep::kOnSocket);
+    const uint32_t seen = ring_->answer_seq();
+    if (seen == seq) {
+      ring_->set_client_sleeping(Sleep::kAwake);
       break;
     }
     const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
-    const timespec wait = absl::ToTimespec(left);
+    if (on_word) {
+      ring_->WaitAnswer(seen, std::min(left, v1::wire::kAnswerWordCheck));
+      ring_->set_client_sleeping(Sleep::kAwake);
+      if (ring_->answer_seq() == seq) break;
+    }
+    // On the socket: until a doorbell or the deadline. After a sleep on the answer's number: a
+    // look, whether the daemon is gone.
+    const timespec wait = absl::ToTimespec(on_word ? absl::ZeroDuration() : left);
     pollfd p{fd_, POLLIN, 0};
     const int ready = ppoll(&p, 1, &wait, nullptr);
     const int error = errno;
-    ring_->set_client_sleeping(false);
+    ring_->set_client_sleeping(Sleep::kAwake);
     if (ready < 0 && error == EINTR) continue;
     if (ready < 0) {
       Break();  // the daemon may still take the request: sent stays true

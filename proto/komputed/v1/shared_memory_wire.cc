@@ -1,14 +1,17 @@
 #include "komputed/v1/shared_memory_wire.h"
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstddef>
 #include <cstring>
 #include <system_error>
@@ -508,6 +511,29 @@ void ChannelRing::PutAnswer(uint32_t seq, absl::string_view record) {
 }
 
 uint32_t ChannelRing::answer_seq() const { return Word(kAnswerSeq).load(); }
+
+ChannelRing::Sleep ChannelRing::client_sleeping() const {
+  switch (Word(kClientSleeping).load()) {
+    case static_cast<uint32_t>(Sleep::kAwake):
+      return Sleep::kAwake;
+    case static_cast<uint32_t>(Sleep::kOnAnswerWord):
+      return Sleep::kOnAnswerWord;
+    default:
+      return Sleep::kOnSocket;
+  }
+}
+
+// The answer's number is a futex word on a page that two processes map: not FUTEX_PRIVATE.
+void ChannelRing::WaitAnswer(uint32_t seen, absl::Duration up_to) const {
+  const timespec wait = absl::ToTimespec(std::max(up_to, absl::ZeroDuration()));
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(base_ + kAnswerSeq), FUTEX_WAIT, seen, &wait,
+          nullptr, 0);
+}
+
+void ChannelRing::WakeAnswerWaiters() const {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(base_ + kAnswerSeq), FUTEX_WAKE, INT_MAX, nullptr,
+          nullptr, 0);
+}
 
 absl::StatusOr<std::string> ChannelRing::TakeAnswer() const {
   const uint32_t size = Word(kAnswerSize).load(std::memory_order_relaxed);

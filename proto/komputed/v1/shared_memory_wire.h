@@ -171,9 +171,15 @@ absl::StatusOr<std::string> DecodeChannelSubmitReply(absl::string_view record, u
 // number; the daemon writes the answer record (EncodeChannelReply) and publishes it under the
 // request's number. Each side says when it may sleep instead of looking at the ring; the other then
 // sends it a kDoorbell record on the socket, which also tells a sleeper that the peer is gone (the
-// socket closes). The daemon copies a request out of the ring before it reads it: the client may
-// write the memory at any time.
+// socket closes). A client may instead sleep on the answer's number itself (a futex on the shared
+// page) where the daemon said, before it answered kRing, that it wakes such a sleeper: a wake-up
+// then costs each side one system call, where a doorbell costs a send, a poll and two receives.
+// Such a client still looks at the socket now and then (kAnswerWordCheck), to learn that the daemon
+// is gone. The daemon copies a request out of the ring before it reads it: the client may write
+// the memory at any time.
 inline constexpr size_t kRingHeaderBytes = 4096;
+// How long a client asleep on the answer's number sleeps at most before it looks at the socket.
+inline constexpr absl::Duration kAnswerWordCheck = absl::Milliseconds(20);
 inline constexpr size_t kRingBytes = kRingHeaderBytes + 2 * kMaxChannelRecord;
 
 class ChannelRing {
@@ -207,8 +213,21 @@ class ChannelRing {
   // after publishing, so that of a publish and a sleep that cross, one side sees the other.
   void set_daemon_sleeping(bool sleeping) { Word(kDaemonSleeping).store(sleeping ? 1 : 0); }
   bool daemon_sleeping() const { return Word(kDaemonSleeping).load() != 0; }
-  void set_client_sleeping(bool sleeping) { Word(kClientSleeping).store(sleeping ? 1 : 0); }
-  bool client_sleeping() const { return Word(kClientSleeping).load() != 0; }
+  // How the client may be asleep: not at all, on the socket (woken by a kDoorbell record), or on
+  // the answer's number (woken by WakeAnswerWaiters). The daemon reads any other value the client
+  // wrote as kOnSocket.
+  enum class Sleep : uint32_t { kAwake = 0, kOnSocket = 1, kOnAnswerWord = 2 };
+  void set_client_sleeping(Sleep how) { Word(kClientSleeping).store(static_cast<uint32_t>(how)); }
+  Sleep client_sleeping() const;
+
+  // Daemon: says, before it answers kRing, that it wakes a client asleep on the answer's number.
+  // Client: whether the daemon said so (else it sleeps on the socket).
+  void set_wakes_answer_word() { Word(kDaemonWakes).store(1); }
+  bool wakes_answer_word() const { return Word(kDaemonWakes).load() == 1; }
+  // Client: sleeps while the answer's number is `seen`, for `up_to` at most; it may return early
+  // (a wake-up, a signal). Daemon: wakes the clients asleep so (after PutAnswer).
+  void WaitAnswer(uint32_t seen, absl::Duration up_to) const;
+  void WakeAnswerWaiters() const;
 
   // The header's words (native-endian uint32), each number on a cache line of its own; the
   // request's record at kRingHeaderBytes, the answer's kMaxChannelRecord bytes after it.
@@ -220,6 +239,7 @@ class ChannelRing {
     kDaemonSleeping = 128,
     kClientSleeping = 192,
     kTakenSeq = 256,
+    kDaemonWakes = 320,
   };
 
  private:
