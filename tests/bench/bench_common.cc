@@ -148,40 +148,47 @@ void RunKpTinyPaced(benchmark::State& state, KpTiny& t, const char* what, absl::
   }
 }
 
+void AsyncLanes::Fill() {
+  steps_.clear();
+  next_ = 0;
+  for (KpTiny& lane : lanes_) {
+    steps_.emplace_back(i_++);
+    lane.tensor->data()[steps_.back().k] = steps_.back().v;
+    lane.sequence->evalAsync();
+  }
+}
+
+bool AsyncLanes::Step() {
+  KpTiny& lane = lanes_[next_];
+  lane.sequence->evalAwait();
+  float* data = lane.tensor->data();
+  if (data[steps_[next_].k] != lane.Expected(steps_[next_])) return false;
+  steps_[next_] = TinyStep(i_++);
+  data[steps_[next_].k] = steps_[next_].v;
+  lane.sequence->evalAsync();
+  next_ = next_ + 1 == lanes_.size() ? 0 : next_ + 1;
+  return true;
+}
+
+void AsyncLanes::Drain() {
+  for (KpTiny& lane : lanes_) {
+    try {
+      lane.sequence->evalAwait();
+    } catch (const kp::Error&) {
+    }
+  }
+}
+
 void RunKpAsync(benchmark::State& state, std::vector<KpTiny>& lanes, const char* what) {
-  const size_t k = lanes.size();
-  std::vector<TinyStep> steps;
-  steps.reserve(k);
-  uint64_t i = 0;
-  // Awaits every lane still in flight (an error leaves the sequences idle for the next run).
-  auto drain = [&] {
-    for (KpTiny& lane : lanes) {
-      try {
-        lane.sequence->evalAwait();
-      } catch (const kp::Error&) {
-      }
-    }
-  };
+  AsyncLanes async(lanes);
   try {
-    for (KpTiny& lane : lanes) {  // untimed: fill the pipeline
-      steps.emplace_back(i++);
-      lane.tensor->data()[steps.back().k] = steps.back().v;
-      lane.sequence->evalAsync();
-    }
-    size_t next = 0;
+    async.Fill();  // untimed: fills the pipeline
     const ProcessUsage before = ProcessUsage::Now();
     for (auto _ : state) {
-      KpTiny& lane = lanes[next];
-      lane.sequence->evalAwait();
-      float* data = lane.tensor->data();
-      if (data[steps[next].k] != lane.Expected(steps[next])) {
+      if (!async.Step()) {
         state.SkipWithError(absl::StrCat(what, ": wrong result").c_str());
         break;
       }
-      steps[next] = TinyStep(i++);
-      data[steps[next].k] = steps[next].v;
-      lane.sequence->evalAsync();
-      next = next + 1 == k ? 0 : next + 1;
     }
     state.SetItemsProcessed(state.iterations());
     if (state.iterations() > 0) {
@@ -191,7 +198,7 @@ void RunKpAsync(benchmark::State& state, std::vector<KpTiny>& lanes, const char*
   } catch (const kp::Error& e) {
     state.SkipWithError(absl::StrCat(what, ": ", e.what()).c_str());
   }
-  drain();
+  async.Drain();
 }
 
 void RunKpUpload(benchmark::State& state, kp::Manager& mgr, const char* what, uint64_t bytes) {

@@ -98,6 +98,23 @@ void RunKpTiny(benchmark::State& state, KpTiny& tiny, const char* what);
 // between submissions as it does between the evals of a client one round trip away.
 void RunKpTinyPaced(benchmark::State& state, KpTiny& tiny, const char* what, absl::Duration gap);
 
+// Keeps one sequence of each of `lanes` in flight: Fill evalAsync's each; Step awaits the oldest
+// (round robin), checks its result and submits it again; Drain awaits every one still in flight.
+// Fill and Step throw kp::Error; Drain ignores errors (the sequences are left idle).
+class AsyncLanes {
+ public:
+  explicit AsyncLanes(std::vector<KpTiny>& lanes) : lanes_(lanes) {}
+  void Fill();
+  bool Step();  // false: a wrong result
+  void Drain();
+
+ private:
+  std::vector<KpTiny>& lanes_;
+  std::vector<TinyStep> steps_;
+  uint64_t i_ = 0;
+  size_t next_ = 0;
+};
+
 // Pipelined asynchronous evals: every lane's sequence is evalAsync'ed, then each iteration awaits
 // the oldest (round robin), checks its result and submits it again, so that lanes.size() evals
 // are always in flight. One item per completed eval; the counter kProcessCpuPerEval is the

@@ -777,6 +777,38 @@ void RemoteBench::TinyEvalInterleaved(benchmark::State& state, std::vector<TinyL
   if (ping != nullptr) state.counters[kTinyEvalInterleavedPing] = total_us.back() / n;
 }
 
+void RemoteBench::AsyncEvalsInterleaved(benchmark::State& state, std::vector<AsyncLane> lanes) {
+  std::vector<double> seconds(lanes.size(), 0.0);
+  std::vector<double> evals(lanes.size(), 0.0);
+  for (auto _ : state) {
+    for (size_t k = 0; k < lanes.size(); ++k) {
+      AsyncLanes async(*lanes[k].lanes);
+      const size_t n = kAsyncInterleavedRounds * lanes[k].lanes->size();
+      std::string error;
+      try {
+        async.Fill();
+        const auto start = std::chrono::steady_clock::now();
+        for (size_t e = 0; e < n && error.empty(); ++e) {
+          if (!async.Step()) error = absl::StrCat(lanes[k].counter, ": wrong result");
+        }
+        seconds[k] +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        evals[k] += static_cast<double>(n);
+      } catch (const kp::Error& e) {
+        error = absl::StrCat(lanes[k].counter, ": ", e.what());
+      }
+      async.Drain();
+      if (!error.empty()) {
+        state.SkipWithError(error.c_str());
+        return;
+      }
+    }
+  }
+  for (size_t k = 0; k < lanes.size(); ++k) {
+    if (seconds[k] > 0) state.counters[lanes[k].counter] = evals[k] / seconds[k];
+  }
+}
+
 // The ceiling for any protocol here: 256 MiB from one buffer into another through a TCP loopback
 // connection, 1 MiB per write() and read(), a receiver thread acknowledging each 256 MiB with one
 // byte (the time includes it).
@@ -996,6 +1028,16 @@ void RemoteBench::RegisterLatencyBenchmarks() {
   benchmark::RegisterBenchmark(
       kAsyncRemoteAlone,
       [s](benchmark::State& state) { RunKpAsync(state, s->async_remote_alone, kAsyncRemoteAlone); })
+      ->UseRealTime()
+      ->MinTime(c.min_time_s)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(kAsyncEvalsInterleaved,
+                               [s](benchmark::State& state) {
+                                 AsyncEvalsInterleaved(
+                                     state, {{kAsyncInterleavedInprocess, &s->async_inprocess},
+                                             {kAsyncInterleavedRemote, &s->async_remote},
+                                             {kAsyncInterleavedSameHost, &s->async_same_host}});
+                               })
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
