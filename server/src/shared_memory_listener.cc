@@ -68,11 +68,15 @@ std::string NewSharedMemoryTicket() { return RandomHex(v1::wire::kSharedMemoryTi
 // lock, and finds the descriptor closed (and sends nothing) once the listener has closed it.
 struct SharedMemoryListener::Connection {
   Connection(int fd, uid_t user, absl::Time deadline) : fd(fd), user(user), deadline(deadline) {}
-  // Closes the descriptor (once).
+  // Closes the descriptor (once), and wakes a client asleep on the ring's answer number: it finds
+  // no answer, and the socket closed.
   void Close() {
-    absl::MutexLock lock(&mu);
-    if (fd >= 0) close(fd);
-    fd = -1;
+    {
+      absl::MutexLock lock(&mu);
+      if (fd >= 0) close(fd);
+      fd = -1;
+    }
+    if (ring != nullptr) ring->WakeAnswerWaiters();
   }
   // Ends the connection's use: the listener sees the hang-up and closes it.
   void Hangup() {

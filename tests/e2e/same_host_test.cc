@@ -337,6 +337,11 @@ TEST(SameHost, AClientAsleepOnTheRingLearnsThatTheDaemonIsGone) {
     return Samples::From(d.daemon()).Get("komputed_same_host_ring_evals_total") > before;
   }));
   absl::SleepFor(absl::Milliseconds(200));  // the client asleep by now
+  if (ended.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+    evaluating.join();
+    GTEST_SKIP() << "the eval ended before the daemon was killed (" << ended.get()
+                 << "): this device runs the long shader too fast for the test";
+  }
   ASSERT_EQ(kill(d.daemon().pid(), SIGKILL), 0);
   if (ended.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
     evaluating.detach();

@@ -140,7 +140,7 @@ absl::StatusOr<std::string> SameHostChannel::RingRoundTrip(const std::string& re
   thread_local std::vector<char> buffer(v1::wire::kMaxChannelRecord + 1);
   bool hung_up = false;  // the daemon closed its end (after answering, where the answer is there)
   // Asleep on the answer's number where the daemon wakes it so, else on the socket.
-  const bool on_word = ring_->wakes_answer_word();
+  bool on_word = ring_->wakes_answer_word();
   while (ring_->answer_seq() != seq && !hung_up) {
     // Asleep from here: the daemon wakes it after its answer. Looked at again after saying so, in
     // case the answer came in between.
@@ -152,9 +152,13 @@ absl::StatusOr<std::string> SameHostChannel::RingRoundTrip(const std::string& re
     }
     const absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
     if (on_word) {
-      ring_->WaitAnswer(seen, std::min(left, v1::wire::kAnswerWordCheck));
+      const bool slept = ring_->WaitAnswer(seen, std::min(left, v1::wire::kAnswerWordCheck));
       ring_->set_client_sleeping(Sleep::kAwake);
       if (ring_->answer_seq() == seq) break;
+      if (!slept) {
+        on_word = false;  // sleeps on the socket from here, after saying so
+        continue;
+      }
     }
     // On the socket: until a doorbell or the deadline. After a sleep on the answer's number: a
     // look, whether the daemon is gone.

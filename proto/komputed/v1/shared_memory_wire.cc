@@ -524,10 +524,14 @@ ChannelRing::Sleep ChannelRing::client_sleeping() const {
 }
 
 // The answer's number is a futex word on a page that two processes map: not FUTEX_PRIVATE.
-void ChannelRing::WaitAnswer(uint32_t seen, absl::Duration up_to) const {
+bool ChannelRing::WaitAnswer(uint32_t seen, absl::Duration up_to) const {
   const timespec wait = absl::ToTimespec(std::max(up_to, absl::ZeroDuration()));
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(base_ + kAnswerSeq), FUTEX_WAIT, seen, &wait,
-          nullptr, 0);
+  if (syscall(SYS_futex, reinterpret_cast<uint32_t*>(base_ + kAnswerSeq), FUTEX_WAIT, seen, &wait,
+              nullptr, 0) == 0) {
+    return true;
+  }
+  // Changed already, past `up_to`, or a signal: all as expected.
+  return errno == EAGAIN || errno == ETIMEDOUT || errno == EINTR;
 }
 
 void ChannelRing::WakeAnswerWaiters() const {

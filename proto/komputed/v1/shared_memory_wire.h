@@ -224,9 +224,11 @@ class ChannelRing {
   // Client: whether the daemon said so (else it sleeps on the socket).
   void set_wakes_answer_word() { Word(kDaemonWakes).store(1); }
   bool wakes_answer_word() const { return Word(kDaemonWakes).load() == 1; }
-  // Client: sleeps while the answer's number is `seen`, for `up_to` at most; it may return early
-  // (a wake-up, a signal). Daemon: wakes the clients asleep so (after PutAnswer).
-  void WaitAnswer(uint32_t seen, absl::Duration up_to) const;
+  // Client: sleeps while the answer's number is `seen`, for `up_to` at most; returns at once when
+  // it differs already, and may return early (a wake-up, a signal). False when the system does not
+  // let it sleep so (the futex call failed otherwise): sleep on the socket instead. Daemon: wakes
+  // the clients asleep so (after PutAnswer, and when it closes the channel).
+  bool WaitAnswer(uint32_t seen, absl::Duration up_to) const;
   void WakeAnswerWaiters() const;
 
   // The header's words (native-endian uint32), each number on a cache line of its own; the
