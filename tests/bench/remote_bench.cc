@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <thread>
 #include <utility>
 
@@ -777,6 +778,24 @@ void RemoteBench::TinyEvalInterleaved(benchmark::State& state, std::vector<TinyL
   if (ping != nullptr) state.counters[kTinyEvalInterleavedPing] = total_us.back() / n;
 }
 
+namespace {
+
+// RunKpAsync, with `counter` set to the share of its evals by which the daemon's counter that
+// `read` returns grew (none where it returns nothing): the lanes' first evals and one per
+// iteration.
+void RunKpAsyncCounting(benchmark::State& state, std::vector<KpTiny>& lanes, const char* what,
+                        const char* counter, const std::function<std::optional<double>()>& read) {
+  const std::optional<double> before = read();
+  RunKpAsync(state, lanes, what);
+  const std::optional<double> after = before.has_value() ? read() : std::nullopt;
+  if (after.has_value() && state.iterations() > 0) {
+    state.counters[counter] =
+        (*after - *before) / static_cast<double>(state.iterations() + lanes.size());
+  }
+}
+
+}  // namespace
+
 void RemoteBench::AsyncEvalsInterleaved(benchmark::State& state, std::vector<AsyncLane> lanes) {
   std::vector<double> seconds(lanes.size(), 0.0);
   std::vector<double> evals(lanes.size(), 0.0);
@@ -999,21 +1018,15 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark(kAsyncRemote,
-                               [s](benchmark::State& state) {
-                                 // The share of the evals that went to the device with others in
-                                 // one vkQueueSubmit (known of the benchmark's own daemon).
-                                 std::optional<double> before;
-                                 if (s->server != nullptr) before = s->server->SubmittedTogether();
-                                 RunKpAsync(state, s->async_remote, kAsyncRemote);
-                                 const std::optional<double> after =
-                                     before.has_value() ? s->server->SubmittedTogether()
-                                                        : std::nullopt;
-                                 if (after.has_value() && state.iterations() > 0) {
-                                   state.counters[kSubmittedTogether] =
-                                       (*after - *before) / static_cast<double>(state.iterations());
-                                 }
-                               })
+  benchmark::RegisterBenchmark(
+      kAsyncRemote,
+      [s](benchmark::State& state) {
+        // The share of the evals that went to the device with others in
+        // one vkQueueSubmit (known of the benchmark's own daemon).
+        RunKpAsyncCounting(state, s->async_remote, kAsyncRemote, kSubmittedTogether, [s] {
+          return s->server != nullptr ? s->server->SubmittedTogether() : std::nullopt;
+        });
+      })
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
@@ -1041,21 +1054,14 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark(
-      kAsyncSameHost,
-      [s](benchmark::State& state) {
-        // The share of the evals that the daemon took on the channel, not the Execute stream.
-        const std::optional<double> before = s->same_host_server->SameHostEvals();
-        RunKpAsync(state, s->async_same_host, kAsyncSameHost);
-        const std::optional<double> after =
-            before.has_value() ? s->same_host_server->SameHostEvals() : std::nullopt;
-        // Each of the iterations submitted one, after the lanes' first ones.
-        const auto submitted = static_cast<double>(state.iterations()) +
-                               static_cast<double>(s->async_same_host.size());
-        if (after.has_value() && state.iterations() > 0) {
-          state.counters[kChannelShare] = (*after - *before) / submitted;
-        }
-      })
+  benchmark::RegisterBenchmark(kAsyncSameHost,
+                               [s](benchmark::State& state) {
+                                 // The share of the evals that the daemon took on the channel, not
+                                 // the Execute stream.
+                                 RunKpAsyncCounting(
+                                     state, s->async_same_host, kAsyncSameHost, kChannelShare,
+                                     [s] { return s->same_host_server->SameHostEvals(); });
+                               })
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
