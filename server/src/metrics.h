@@ -36,6 +36,7 @@ inline const prometheus::Histogram::BucketBoundaries kRpcDurationBuckets = {
 //   result     ok, error
 //   tenant     a tenant's name (from the tenants file, a client certificate, or "default")
 //   quota      a quota's name (tenants.h QuotaFields)
+//   way        answer_word, socket
 #define KOMPUTED_METRICS(COUNTER, GAUGE, HISTOGRAM)                                               \
   COUNTER(rpcs_total, "komputed_rpcs_total", "RPCs finished, by method and gRPC status code.",    \
           "method", "code")                                                                       \
@@ -64,6 +65,11 @@ inline const prometheus::Histogram::BucketBoundaries kRpcDurationBuckets = {
           "go through it, without a system call while both ends poll.")                           \
   COUNTER(same_host_ring_evals_total, "komputed_same_host_ring_evals_total",                      \
           "Eval requests that came through same-host channels' rings, refused ones too.")         \
+  COUNTER(same_host_ring_wakes_total, "komputed_same_host_ring_wakes_total",                      \
+          "Ring answers after which the daemon woke a client that slept, by how: answer_word "    \
+          "(a futex wake on the ring's answer number), socket (a doorbell record on the "         \
+          "channel's socket, for a client that sleeps there).",                                   \
+          "way")                                                                                  \
   GAUGE(device_memory_used_bytes, "komputed_device_memory_used_bytes",                            \
         "Tensor memory that sessions hold on the device, in bytes (a device tensor counts its "   \
         "buffer and its staging buffer).",                                                        \

@@ -80,6 +80,11 @@ SessionManager::SessionManager(DevicePool* pool, const ServerOptions& options, M
     };
     handlers.ring_taken = [this] { metrics_->same_host_rings_total().Increment(); };
     handlers.ring_eval = [this] { metrics_->same_host_ring_evals_total().Increment(); };
+    handlers.ring_wake = [&word = metrics_->same_host_ring_wakes_total("answer_word"),
+                          &socket = metrics_->same_host_ring_wakes_total("socket")](
+                             SharedMemoryListener::RingWake way) {
+      (way == SharedMemoryListener::RingWake::kAnswerWord ? word : socket).Increment();
+    };
     // The reactors poll briefly for a channel's next record, as an inline wait polls its fence,
     // but not while a CPU device works: its work needs the cores. Between two evals it does not,
     // and a client's next eval follows its answer closely.

@@ -105,9 +105,11 @@ struct SharedMemoryListener::Connection {
         break;
       case v1::wire::ChannelRing::Sleep::kOnAnswerWord:
         ring->WakeAnswerWaiters();
+        if (ring_wake) ring_wake(RingWake::kAnswerWord);
         break;
       case v1::wire::ChannelRing::Sleep::kOnSocket:
         Send(v1::wire::EncodeChannelRequest(v1::wire::ChannelOp::kDoorbell, {}));
+        if (ring_wake) ring_wake(RingWake::kSocket);
         break;
     }
   }
@@ -139,6 +141,7 @@ struct SharedMemoryListener::Connection {
   // The channel's ring, once passed (set on its reactor before any eval that answers into it),
   // mapped as long as an answer may still be written there.
   std::unique_ptr<v1::wire::ChannelRing> ring;
+  std::function<void(RingWake)> ring_wake;  // set with `ring` (Handlers::ring_wake)
   // Reactor thread only: the last request taken from it, and the next one once noticed.
   uint32_t ring_seen = 0;
   uint32_t ring_next = 0;
@@ -349,6 +352,7 @@ SharedMemoryListener::Next SharedMemoryListener::AttachRing(const std::shared_pt
   }
   void* base = (*memory)->data();
   c->ring = std::make_unique<v1::wire::ChannelRing>(base, *std::move(memory));
+  c->ring_wake = handlers_.ring_wake;
   c->ring_seen = c->ring->request_seq();
   c->ring->set_wakes_answer_word();
   if (handlers_.ring_taken) handlers_.ring_taken();

@@ -35,6 +35,9 @@ namespace komputed::server {
 
 class SharedMemoryListener {
  public:
+  // How the daemon woke a same-host client asleep for a ring's answer: on the ring's answer
+  // number (a futex wake), or with a doorbell record on the channel's socket.
+  enum class RingWake { kAnswerWord, kSocket };
   struct Handlers {
     // Takes a request's region (its descriptor is the callee's, open or closed, once called) and
     // says how it went; the client receives the status.
@@ -52,6 +55,8 @@ class SharedMemoryListener {
     // through one; either may be empty.
     std::function<void()> ring_taken;
     std::function<void()> ring_eval;
+    // Called after a ring's answer that woke its client, with how (may be empty; from any thread).
+    std::function<void(RingWake way)> ring_wake;
     // Whether a reactor may poll now (empty: always). Asked while a reactor polls, so that it
     // stops where the cores are wanted elsewhere (a CPU device's work in flight).
     std::function<bool()> may_poll;

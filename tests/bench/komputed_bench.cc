@@ -1544,6 +1544,14 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
             << ")\n";
   std::cout << "tiny eval, mean: in-process " << Micros(tiny_in) << ", same host "
             << Micros(tiny_same) << "\n";
+  const auto word_wakes = r.MeanCounter(kb::kTinyEvalSameHost, kb::kWordWakeShare);
+  const auto socket_wakes = r.MeanCounter(kb::kTinyEvalSameHost, kb::kSocketWakeShare);
+  if (word_wakes.has_value() && socket_wakes.has_value()) {
+    std::cout << absl::StrFormat(
+        "same-host tiny evals whose answer woke the client: %.0f%% on the ring's answer word, "
+        "%.0f%% with a doorbell on the socket (the rest found it polling)\n",
+        100 * *word_wakes, 100 * *socket_wakes);
+  }
   if (const auto stages = r.MeanSeconds(kb::kTinyEvalSameHostStages); stages.has_value()) {
     std::cout << "tiny eval on the same-host channel alone, " << Micros(stages)
               << " mean; its stages in us: " << stages_text(kb::kTinyEvalSameHostStages)

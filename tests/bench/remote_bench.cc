@@ -18,8 +18,12 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <optional>
+#include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -317,6 +321,10 @@ class BenchDaemon {
     if (server_ != nullptr) return server_->metrics().same_host_evals_total().Value();
     return Scraped("komputed_same_host_evals_total");
   }
+  std::optional<double> SameHostRingWakes(const std::string& way) const {
+    if (server_ != nullptr) return server_->metrics().same_host_ring_wakes_total(way).Value();
+    return Scraped("komputed_same_host_ring_wakes_total", {{"way", way}});
+  }
   std::optional<double> SubmittedTogether() const {
     if (server_ != nullptr) return server_->metrics().submitted_together_total().Value();
     return Scraped("komputed_submitted_together_total");
@@ -324,10 +332,11 @@ class BenchDaemon {
 
  private:
   BenchDaemon() = default;
-  std::optional<double> Scraped(const std::string& name) const {
+  std::optional<double> Scraped(const std::string& name,
+                                const std::map<std::string, std::string>& labels = {}) const {
     const std::string text = komputed::test_support::ScrapeMetrics(metrics_address_);
     if (text.empty()) return std::nullopt;
-    return komputed::test_support::Samples(text).Get(name);  // 0 while the counter never moved
+    return komputed::test_support::Samples(text).Get(name, labels);  // 0 while it never moved
   }
   std::unique_ptr<komputed::server::Server> server_;
   std::unique_ptr<komputed::test_support::DaemonProcess> process_;
@@ -780,18 +789,36 @@ void RemoteBench::TinyEvalInterleaved(benchmark::State& state, std::vector<TinyL
 
 namespace {
 
-// RunKpAsync, with `counter` set to the share of its evals by which the daemon's counter that
-// `read` returns grew (none where it returns nothing): the lanes' first evals and one per
-// iteration.
-void RunKpAsyncCounting(benchmark::State& state, std::vector<KpTiny>& lanes, const char* what,
-                        const char* counter, const std::function<std::optional<double>()>& read) {
-  const std::optional<double> before = read();
-  RunKpAsync(state, lanes, what);
-  const std::optional<double> after = before.has_value() ? read() : std::nullopt;
-  if (after.has_value() && state.iterations() > 0) {
-    state.counters[counter] =
-        (*after - *before) / static_cast<double>(state.iterations() + lanes.size());
+// A daemon counter read around a row: the counter's name in the row, and how to read it (nothing
+// where the daemon's metrics do not answer).
+struct DaemonShare {
+  const char* counter;
+  std::function<std::optional<double>()> read;
+};
+
+// Runs `row`, then sets each share's counter to how much its daemon counter grew over the row's
+// evals: its iterations and `extra` more.
+void RunCounting(benchmark::State& state, const std::vector<DaemonShare>& shares, size_t extra,
+                 const std::function<void()>& row) {
+  std::vector<std::optional<double>> before;
+  for (const DaemonShare& share : shares) before.push_back(share.read());
+  row();
+  if (state.iterations() <= 0) return;
+  const double evals = static_cast<double>(state.iterations()) + static_cast<double>(extra);
+  for (size_t k = 0; k < shares.size(); ++k) {
+    if (!before[k].has_value()) continue;
+    if (const std::optional<double> after = shares[k].read(); after.has_value()) {
+      state.counters[shares[k].counter] = (*after - *before[k]) / evals;
+    }
   }
+}
+
+// RunKpAsync, with `counter` set to the share of its evals by which the daemon's counter that
+// `read` returns grew: the lanes' first evals and one per iteration.
+void RunKpAsyncCounting(benchmark::State& state, std::vector<KpTiny>& lanes, const char* what,
+                        const char* counter, std::function<std::optional<double>()> read) {
+  RunCounting(state, {{counter, std::move(read)}}, lanes.size(),
+              [&] { RunKpAsync(state, lanes, what); });
 }
 
 }  // namespace
@@ -962,7 +989,14 @@ void RemoteBench::RegisterLatencyBenchmarks() {
 
   benchmark::RegisterBenchmark(
       kTinyEvalSameHost,
-      [s](benchmark::State& state) { RunKpTiny(state, s->tiny_same_host, kTinyEvalSameHost); })
+      [s](benchmark::State& state) {
+        // How the daemon woke the client for the answers: on the ring's word, or on the socket.
+        BenchDaemon& d = *s->same_host_server;
+        RunCounting(state,
+                    {{kWordWakeShare, [&d] { return d.SameHostRingWakes("answer_word"); }},
+                     {kSocketWakeShare, [&d] { return d.SameHostRingWakes("socket"); }}},
+                    0, [&] { RunKpTiny(state, s->tiny_same_host, kTinyEvalSameHost); });
+      })
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);

@@ -64,6 +64,11 @@ inline constexpr char kSubmittedTogether[] = "submitted_together";
 // async_evals/same_host's counter: the share of its evals that the daemon took on the same-host
 // channel (komputed_same_host_evals_total); the rest went over the Execute stream.
 inline constexpr char kChannelShare[] = "channel_share";
+// tiny_eval/same_host's counters: the share of its evals after which the daemon woke the client
+// on the ring's answer number, and with a doorbell on the socket
+// (komputed_same_host_ring_wakes_total); the rest found the client awake, polling.
+inline constexpr char kWordWakeShare[] = "word_wakes";
+inline constexpr char kSocketWakeShare[] = "socket_wakes";
 // The async evals again with copy-only sequences (sync up, sync back: KpTiny without dispatch), on
 // which the device spends next to no time: what remains is the path of an eval through the
 // client and the daemon.

@@ -289,6 +289,17 @@ TEST(SameHost, EvalsGoThroughTheChannelsRingUnlessTurnedOff) {
       } else {
         EXPECT_EQ(through_ring, 0);
       }
+      // A client asleep for a ring's answer sleeps on the answer's number, never on the socket:
+      // the daemon wakes it with a futex wake and sends no doorbell record. (A client that sleeps
+      // at once is asleep for most of 200 evals that each go through the device.)
+      const double word_wakes =
+          samples.Get("komputed_same_host_ring_wakes_total", {{"way", "answer_word"}});
+      EXPECT_EQ(samples.Get("komputed_same_host_ring_wakes_total", {{"way", "socket"}}), 0);
+      if (!ring) {
+        EXPECT_EQ(word_wakes, 0);
+      } else if (c.spin_us == nullptr) {
+        EXPECT_GE(word_wakes, 1);
+      }
       EXPECT_EQ(samples.Get("komputed_rpcs_total", {{"method", "Eval"}, {"code", "OK"}}), 0);
     }
     EXPECT_EQ(MappingsAfterRelease(d.daemon().pid(), kRingMemory), 0);

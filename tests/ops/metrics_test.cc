@@ -39,6 +39,7 @@ const std::map<std::string, std::string> kTable = {
     {"komputed_shared_memory_tensors_total", "counter"},
     {"komputed_same_host_evals_total", "counter"},
     {"komputed_same_host_rings_total", "counter"},
+    {"komputed_same_host_ring_wakes_total", "counter"},
     {"komputed_same_host_ring_evals_total", "counter"},
     {"komputed_sequences_released_total", "counter"},
 };
