@@ -36,7 +36,7 @@ TEST(MetricsTable, NamesTypesAndLabelsFollowTheConventions) {
 #undef KD_GAUGE
 #undef KD_COUNTER
 #undef KD_CHECK
-  EXPECT_EQ(names.size(), 30u);
+  EXPECT_EQ(names.size(), 31u);
   Metrics metrics;
   EXPECT_EQ(metrics.rpcs_total.label_names()[0], std::string("method"));
   EXPECT_EQ(metrics.rpcs_total.label_names()[1], std::string("code"));
