@@ -201,32 +201,55 @@ void RunKpAsync(benchmark::State& state, std::vector<KpTiny>& lanes, const char*
   async.Drain();
 }
 
-void RunKpUpload(benchmark::State& state, kp::Manager& mgr, const char* what, uint64_t bytes) {
-  const uint64_t count = bytes / sizeof(float);
+KpBulk::KpBulk(kp::Manager& mgr, uint64_t bytes, bool downloads)
+    : bytes_(bytes), count_(bytes / sizeof(float)), src_(PatternVector(count_)) {
+  if (downloads) dst_.resize(count_);
+  tensor_ = mgr.tensorT<float>(count_);
+  params_ = {tensor_};
+  sequence_ = mgr.sequence();
+  sequence_->eval<kp::OpTensorSyncDevice>(params_);
+}
+
+KpBulk::~KpBulk() {
   try {
-    auto tensor = mgr.tensorT<float>(count);
-    const std::vector<std::shared_ptr<kp::Tensor>> params = {tensor};
-    auto seq = mgr.sequence();
-    const std::vector<float> src = PatternVector(count);
-    // Untimed: the tensor exists on the device (a remote Manager creates it with its first
-    // eval), so that the loop times transfers, not the allocation; as in the download.
-    seq->eval<kp::OpTensorSyncDevice>(params);
+    sequence_->destroy();
+    tensor_->destroy();
+  } catch (const kp::Error&) {
+  }
+}
+
+void KpBulk::Upload() {
+  tensor_->setRawData(src_.data());
+  sequence_->eval<kp::OpTensorSyncDevice>(params_);
+}
+
+bool KpBulk::Download(uint64_t i) {
+  sequence_->eval<kp::OpTensorSyncLocal>(params_);
+  std::memcpy(dst_.data(), tensor_->data(), bytes_);
+  const uint64_t k = (i * 7919) % count_;
+  return dst_[k] == Pattern(k);
+}
+
+void KpBulk::ClearHost() { std::memset(tensor_->data(), 0, bytes_); }
+
+bool KpBulk::DeviceHoldsPattern() {
+  ClearHost();
+  sequence_->eval<kp::OpTensorSyncLocal>(params_);
+  return MatchesPattern(tensor_->data(), count_);
+}
+
+void RunKpUpload(benchmark::State& state, kp::Manager& mgr, const char* what, uint64_t bytes) {
+  try {
+    KpBulk bulk(mgr, bytes, /*downloads=*/false);
     const ProcessUsage usage = ProcessUsage::Now();
-    for (auto _ : state) {
-      tensor->setRawData(src.data());
-      seq->eval<kp::OpTensorSyncDevice>(params);
-    }
+    for (auto _ : state) bulk.Upload();
     SetTransferCounters(state, usage, state.iterations() * bytes);
     state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
     // Untimed: the data must be on the device.
-    std::memset(tensor->data(), 0, bytes);
-    seq->eval<kp::OpTensorSyncLocal>(params);
-    if (!MatchesPattern(tensor->data(), count)) {
+    if (!bulk.DeviceHoldsPattern()) {
       state.SkipWithError(
           absl::StrCat(what, ": the device does not hold the uploaded data").c_str());
     }
-    seq->destroy();
-    tensor->destroy();
   } catch (const kp::Error& e) {
     state.SkipWithError(absl::StrCat(what, ": ", e.what()).c_str());
   }
@@ -234,33 +257,20 @@ void RunKpUpload(benchmark::State& state, kp::Manager& mgr, const char* what, ui
 }
 
 void RunKpDownload(benchmark::State& state, kp::Manager& mgr, const char* what, uint64_t bytes) {
-  const uint64_t count = bytes / sizeof(float);
   try {
-    auto tensor = mgr.tensorT<float>(count);
-    const std::vector<std::shared_ptr<kp::Tensor>> params = {tensor};
-    auto seq = mgr.sequence();
-    {
-      const std::vector<float> src = PatternVector(count);
-      tensor->setRawData(src.data());
-      seq->eval<kp::OpTensorSyncDevice>(params);
-      std::memset(tensor->data(), 0, bytes);
-    }
-    std::vector<float> dst(count);
+    KpBulk bulk(mgr, bytes, /*downloads=*/true);
+    bulk.Upload();
+    bulk.ClearHost();
     uint64_t i = 0;
     const ProcessUsage usage = ProcessUsage::Now();
     for (auto _ : state) {
-      seq->eval<kp::OpTensorSyncLocal>(params);
-      std::memcpy(dst.data(), tensor->data(), bytes);
-      const uint64_t k = (i++ * 7919) % count;
-      if (dst[k] != Pattern(k)) {
+      if (!bulk.Download(i++)) {
         state.SkipWithError(absl::StrCat(what, ": wrong data").c_str());
         break;
       }
     }
     SetTransferCounters(state, usage, state.iterations() * bytes);
     state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(bytes));
-    seq->destroy();
-    tensor->destroy();
   } catch (const kp::Error& e) {
     state.SkipWithError(absl::StrCat(what, ": ", e.what()).c_str());
   }

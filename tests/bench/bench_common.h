@@ -123,6 +123,37 @@ class AsyncLanes {
 inline constexpr char kProcessCpuPerEval[] = "process_cpu_us";
 void RunKpAsync(benchmark::State& state, std::vector<KpTiny>& lanes, const char* what);
 
+// A tensor of `bytes` (a multiple of 4) through kp, moved one step at a time: what RunKpUpload and
+// RunKpDownload time, for rows that take its transfers in turn with others. The constructor makes
+// the pattern and creates the tensor on the device (untimed: a remote Manager creates it with its
+// first eval); `downloads`: room for Download's copy too. Throws kp::Error, as each step does.
+class KpBulk {
+ public:
+  KpBulk(kp::Manager& mgr, uint64_t bytes, bool downloads);
+  ~KpBulk();  // destroys the sequence and the tensor (errors ignored)
+  KpBulk(const KpBulk&) = delete;
+  KpBulk& operator=(const KpBulk&) = delete;
+
+  // The host memcpy of the pattern into the tensor's host data, then eval<OpTensorSyncDevice>.
+  void Upload();
+  // eval<OpTensorSyncLocal>, then the host memcpy out of the tensor's host data; whether the
+  // element that step `i` looks at (a spread over the tensor) holds the pattern.
+  bool Download(uint64_t i);
+  // Zeroes the tensor's host data, so that a download that follows shows what the device holds.
+  void ClearHost();
+  // Whether the device holds the pattern: the host data zeroed, then all of it downloaded.
+  bool DeviceHoldsPattern();
+
+ private:
+  uint64_t bytes_;
+  uint64_t count_;
+  std::shared_ptr<kp::TensorT<float>> tensor_;
+  std::vector<std::shared_ptr<kp::Tensor>> params_;
+  std::shared_ptr<kp::Sequence> sequence_;
+  std::vector<float> src_;
+  std::vector<float> dst_;
+};
+
 // `bytes` (a multiple of 4) through kp: eval<OpTensorSyncDevice> / eval<OpTensorSyncLocal> on an
 // eDevice tensor, the host memcpy into (out of) the tensor's host data included. `mgr` is
 // in-process or remote.

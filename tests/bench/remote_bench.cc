@@ -855,42 +855,112 @@ void RemoteBench::AsyncEvalsInterleaved(benchmark::State& state, std::vector<Asy
   }
 }
 
-// The ceiling for any protocol here: 256 MiB from one buffer into another through a TCP loopback
-// connection, 1 MiB per write() and read(), a receiver thread acknowledging each 256 MiB with one
-// byte (the time includes it).
+// The ceiling for any protocol here: 256 MiB at a time from one buffer into another through a
+// TCP loopback connection, 1 MiB per write() and read(), a receiver thread acknowledging each
+// 256 MiB with one byte (a move's time includes it) and checking one element of it.
+class LoopbackTransfer {
+ public:
+  LoopbackTransfer() : src_(PatternVector(kBulkCount)), dst_(kBulkCount) {}
+  ~LoopbackTransfer() {
+    if (!rx_.joinable()) return;
+    shutdown(sender_.get(), SHUT_WR);  // the receiver reads EOF and stops
+    rx_.join();
+  }
+  LoopbackTransfer(const LoopbackTransfer&) = delete;
+  LoopbackTransfer& operator=(const LoopbackTransfer&) = delete;
+
+  absl::Status Start() {
+    if (absl::Status st = LoopbackPair(&sender_, &receiver_); !st.ok()) return st;
+    rx_ = std::thread([this, fd = receiver_.get()] {
+      char* p = reinterpret_cast<char*>(dst_.data());
+      uint64_t round = 0;
+      while (ReadAll(fd, p, kBulkBytes)) {
+        const uint64_t k = (round++ * 7919) % kBulkCount;
+        if (dst_[k] != Pattern(k)) wrong_ = true;
+        const char ack = 1;
+        if (write(fd, &ack, 1) != 1) break;
+      }
+    });
+    return absl::OkStatus();
+  }
+  // 256 MiB through, acknowledged; the error where it failed.
+  absl::Status Move() {
+    char ack;
+    if (!WriteAll(sender_.get(), reinterpret_cast<const char*>(src_.data()), kBulkBytes) ||
+        read(sender_.get(), &ack, 1) != 1) {
+      return Errno("tcp_loopback");
+    }
+    return wrong_ ? absl::DataLossError("tcp_loopback: wrong data") : absl::OkStatus();
+  }
+
+ private:
+  const std::vector<float> src_;
+  std::vector<float> dst_;
+  Fd sender_, receiver_;
+  std::atomic<bool> wrong_{false};
+  std::thread rx_;
+};
+
 void RemoteBench::TcpLoopback(benchmark::State& state) {
-  Fd sender, receiver;
-  if (absl::Status st = LoopbackPair(&sender, &receiver); !st.ok()) {
+  LoopbackTransfer tcp;
+  if (absl::Status st = tcp.Start(); !st.ok()) {
     state.SkipWithError(st.ToString().c_str());
     return;
   }
-  const std::vector<float> src = PatternVector(kBulkCount);
-  std::vector<float> dst(kBulkCount);
-  std::atomic<bool> wrong{false};
-  std::thread rx([&, fd = receiver.get()] {
-    char* p = reinterpret_cast<char*>(dst.data());
-    uint64_t round = 0;
-    while (ReadAll(fd, p, kBulkBytes)) {
-      const uint64_t k = (round++ * 7919) % kBulkCount;
-      if (dst[k] != Pattern(k)) wrong = true;
-      const char ack = 1;
-      if (write(fd, &ack, 1) != 1) break;
-    }
-  });
-  const char* p = reinterpret_cast<const char*>(src.data());
   const ProcessUsage usage = ProcessUsage::Now();
   for (auto _ : state) {
-    char ack;
-    if (!WriteAll(sender.get(), p, kBulkBytes) || read(sender.get(), &ack, 1) != 1) {
-      state.SkipWithError(absl::StrCat("tcp_loopback: ", std::strerror(errno)).c_str());
+    if (absl::Status st = tcp.Move(); !st.ok()) {
+      state.SkipWithError(st.ToString().c_str());
       break;
     }
   }
   SetTransferCounters(state, usage, state.iterations() * kBulkBytes);
-  shutdown(sender.get(), SHUT_WR);  // the receiver reads EOF and stops
-  rx.join();
-  if (wrong) state.SkipWithError("tcp_loopback: wrong data");
   state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(kBulkBytes));
+}
+
+void RemoteBench::TransfersInterleaved(benchmark::State& state, kp::Manager& remote) {
+  LoopbackTransfer tcp;
+  if (absl::Status st = tcp.Start(); !st.ok()) {
+    state.SkipWithError(st.ToString().c_str());
+    return;
+  }
+  double seconds[3] = {0, 0, 0};  // loopback, upload, download
+  auto timed = [&seconds](int k, const std::function<void()>& move) {
+    const auto start = std::chrono::steady_clock::now();
+    move();
+    seconds[k] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  try {
+    KpBulk bulk(remote, kBulkBytes, /*downloads=*/true);
+    uint64_t i = 0;
+    for (auto _ : state) {
+      absl::Status st;
+      timed(0, [&] { st = tcp.Move(); });
+      if (!st.ok()) {
+        state.SkipWithError(st.ToString().c_str());
+        break;
+      }
+      timed(1, [&] { bulk.Upload(); });
+      state.PauseTiming();
+      bulk.ClearHost();  // what the download brings back comes from the device
+      state.ResumeTiming();
+      bool right = false;
+      timed(2, [&] { right = bulk.Download(i++); });
+      if (!right) {
+        state.SkipWithError("transfers: the download did not bring back the upload");
+        break;
+      }
+    }
+  } catch (const kp::Error& e) {
+    state.SkipWithError(absl::StrCat("transfers: ", e.what()).c_str());
+  }
+  remote.clear();
+  const double bytes = static_cast<double>(state.iterations()) * static_cast<double>(kBulkBytes);
+  const char* const counters[3] = {kTransfersInterleavedTcp, kTransfersInterleavedUpload,
+                                   kTransfersInterleavedDownload};
+  for (int k = 0; k < 3; ++k) {
+    if (seconds[k] > 0) state.counters[counters[k]] = bytes / seconds[k];
+  }
 }
 
 void RemoteBench::RegisterLatencyBenchmarks() {
@@ -1142,6 +1212,12 @@ void RemoteBench::RegisterDownload() {
       [s](benchmark::State& state) { RunKpDownload(state, *s->same_host, kDownloadSameHost); })
       ->UseRealTime()
       ->Iterations(s->config.same_host_bulk_iterations)
+      ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark(
+      kTransfersInterleaved,
+      [s](benchmark::State& state) { TransfersInterleaved(state, *s->remote); })
+      ->UseRealTime()
+      ->Iterations(s->config.tcp_iterations)
       ->Unit(benchmark::kMillisecond);
 }
 

@@ -35,6 +35,13 @@ inline constexpr char kPingInterleavedKomputed[] = "komputed_us";
 inline constexpr char kPingInterleavedBare[] = "bare_cq_us";
 inline constexpr char kPingInterleavedCallback[] = "bare_callback_us";
 inline constexpr char kTcpLoopback[] = "tcp_loopback";
+// tcp_loopback, upload_256MiB/remote and download_256MiB/remote in turn, one of each per
+// iteration, so that the remote transfers' ratios to the loopback share the host's load of the
+// moment; each one's bytes per second a counter of this benchmark.
+inline constexpr char kTransfersInterleaved[] = "transfers_256MiB/interleaved";
+inline constexpr char kTransfersInterleavedTcp[] = "tcp_bytes_per_second";
+inline constexpr char kTransfersInterleavedUpload[] = "upload_bytes_per_second";
+inline constexpr char kTransfersInterleavedDownload[] = "download_bytes_per_second";
 inline constexpr char kTinyEvalInprocess[] = "tiny_eval/inprocess";
 inline constexpr char kTinyEvalRemote[] = "tiny_eval/remote";
 // In-process, with kTinyEvalPacedGap between two evals (not timed): about what separates the
@@ -197,7 +204,7 @@ class RemoteBench {
   // async_evals/{inprocess,remote,same_host}.
   void RegisterLatencyBenchmarks();
   // upload_256MiB/{remote,same_host}, download_256MiB/{remote,same_host} (each registered where
-  // the caller wants it).
+  // the caller wants it); RegisterDownload also registers transfers_256MiB/interleaved.
   void RegisterUpload();
   void RegisterDownload();
   // upload_1GiB/same_host and download_1GiB/same_host, where config.gib_transfers asks for them.
@@ -224,6 +231,7 @@ class RemoteBench {
   };
   static void AsyncEvalsInterleaved(benchmark::State& state, std::vector<AsyncLane> lanes);
   static void TcpLoopback(benchmark::State& state);
+  static void TransfersInterleaved(benchmark::State& state, kp::Manager& remote);
   std::unique_ptr<State> s_;
 };
 
