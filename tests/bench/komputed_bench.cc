@@ -1451,6 +1451,14 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
   std::cout << "tiny evals taken in turn, mean: in-process " << Micros(turn_in) << ", remote "
             << Micros(turn_remote) << ", same host " << Micros(turn_same) << "; komputed ping "
             << Micros(turn_ping) << "\n";
+  const auto first = [&](const char* counter) {
+    return us(r.MeanCounter(kb::kTinyEvalInterleaved, kb::FirstOfRun(counter)));
+  };
+  std::cout << "the first eval of each run of " << kb::kTinyEvalInterleavedRun
+            << " taken in turn, mean: in-process "
+            << Micros(first(kb::kTinyEvalInterleavedInprocess)) << ", remote "
+            << Micros(first(kb::kTinyEvalInterleavedRemote)) << ", same host "
+            << Micros(first(kb::kTinyEvalInterleavedSameHost)) << "\n";
   PrintInfoRatio("remote/(in-process + ping) (tiny eval), each in its own run",
                  Ratio(tiny_remote, Sum(tiny_in, ping)));
   met &= PrintRatio("remote/(in-process + ping) (tiny eval), in turn",

@@ -98,6 +98,9 @@ inline constexpr char kTinyEvalInterleavedInprocess[] = "inprocess_us";
 inline constexpr char kTinyEvalInterleavedRemote[] = "remote_us";
 inline constexpr char kTinyEvalInterleavedSameHost[] = "same_host_us";
 inline constexpr char kTinyEvalInterleavedPing[] = "ping_us";
+// Beside each lane's mean, the mean of the first eval of each of its runs, named as the lane's
+// counter with "first_" in front: what a path costs when it is taken up again after the others.
+inline std::string FirstOfRun(const char* counter) { return std::string("first_") + counter; }
 // The remote tiny eval in turn, as tiny_eval/interleaved takes them, on the plain daemon
 // (remote_us), on a daemon that checks a bearer token (token_us), on the plain daemon again with
 // the token, which it does not check (token_sent_us: what sending one costs the client and the
