@@ -783,9 +783,8 @@ void RemoteBench::TinyEvalInterleaved(benchmark::State& state, std::vector<TinyL
     state.SkipWithError(e.what());
     return;
   }
-  const double n =
-      static_cast<double>(std::max<int64_t>(1, state.iterations()) * kTinyEvalInterleavedRun);
   const double runs = static_cast<double>(std::max<int64_t>(1, state.iterations()));
+  const double n = runs * kTinyEvalInterleavedRun;
   for (size_t k = 0; k < lanes.size(); ++k) {
     state.counters[lanes[k].counter] = total_us[k] / n;
     state.counters[FirstOfRun(lanes[k].counter)] = first_us[k] / runs;
