@@ -53,6 +53,20 @@ absl::Status Errno(const char* what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
 }
 
+// The steady clock's time since construction: what one lane's turn took in the rows that take
+// their lanes in turn.
+class Stopwatch {
+ public:
+  Stopwatch() : start_(std::chrono::steady_clock::now()) {}
+  double Seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  double Micros() const { return Seconds() * 1e6; }
+
+ private:
+  const std::chrono::steady_clock::time_point start_;
+};
+
 // A socket fd closed on destruction.
 class Fd {
  public:
@@ -723,11 +737,9 @@ void RemoteBench::PingInterleaved(benchmark::State& state, v1::Sessions::Stub* c
   for (auto _ : state) {
     for (int k = 0; k < 3; ++k) {
       grpc::ClientContext context;
-      const auto start = std::chrono::steady_clock::now();
+      const Stopwatch watch;
       const grpc::Status st = stubs[k]->Ping(&context, request, &response);
-      total_us[k] +=
-          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-              .count();
+      total_us[k] += watch.Micros();
       if (!st.ok()) {
         state.SkipWithError(absl::StrCat("ping: ", st.error_message()).c_str());
         return;
@@ -749,26 +761,22 @@ void RemoteBench::TinyEvalInterleaved(benchmark::State& state, std::vector<TinyL
   v1::PingResponse response;
   std::vector<double> total_us(lanes.size() + 1, 0.0);
   std::vector<double> first_us(lanes.size(), 0.0);  // the first eval of each run
-  auto since = [](std::chrono::steady_clock::time_point start) {
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
-        .count();
-  };
   uint64_t i = 0;
   try {
     for (auto _ : state) {
       for (size_t k = 0; k < lanes.size(); ++k) {
-        const auto start = std::chrono::steady_clock::now();
+        const Stopwatch watch;
         for (int e = 0; e < kTinyEvalInterleavedRun; ++e) {
           if (!EvalTinyStep(*lanes[k].tiny, i++)) {
             state.SkipWithError(absl::StrCat(lanes[k].counter, ": wrong result").c_str());
             return;
           }
-          if (e == 0) first_us[k] += since(start);
+          if (e == 0) first_us[k] += watch.Micros();
         }
-        total_us[k] += since(start);
+        total_us[k] += watch.Micros();
       }
       if (ping == nullptr) continue;
-      const auto start = std::chrono::steady_clock::now();
+      const Stopwatch watch;
       for (int e = 0; e < kTinyEvalInterleavedRun; ++e) {
         grpc::ClientContext context;
         const grpc::Status st = ping->Ping(&context, request, &response);
@@ -777,7 +785,7 @@ void RemoteBench::TinyEvalInterleaved(benchmark::State& state, std::vector<TinyL
           return;
         }
       }
-      total_us.back() += since(start);
+      total_us.back() += watch.Micros();
     }
   } catch (const kp::Error& e) {
     state.SkipWithError(e.what());
@@ -838,12 +846,11 @@ void RemoteBench::AsyncEvalsInterleaved(benchmark::State& state, std::vector<Asy
       std::string error;
       try {
         async.Fill();
-        const auto start = std::chrono::steady_clock::now();
+        const Stopwatch watch;
         for (size_t e = 0; e < n && error.empty(); ++e) {
           if (!async.Step()) error = absl::StrCat(lanes[k].counter, ": wrong result");
         }
-        seconds[k] +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        seconds[k] += watch.Seconds();
         evals[k] += static_cast<double>(n);
       } catch (const kp::Error& e) {
         error = absl::StrCat(lanes[k].counter, ": ", e.what());
@@ -931,9 +938,9 @@ void RemoteBench::TransfersInterleaved(benchmark::State& state, kp::Manager& rem
   }
   double seconds[3] = {0, 0, 0};  // loopback, upload, download
   auto timed = [&seconds](int k, const std::function<void()>& move) {
-    const auto start = std::chrono::steady_clock::now();
+    const Stopwatch watch;
     move();
-    seconds[k] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    seconds[k] += watch.Seconds();
   };
   try {
     KpBulk bulk(remote, kBulkBytes, /*downloads=*/true);
