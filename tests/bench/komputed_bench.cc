@@ -1466,6 +1466,10 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
             << Micros(first(kb::kTinyEvalInterleavedInprocess)) << ", remote "
             << Micros(first(kb::kTinyEvalInterleavedRemote)) << ", same host "
             << Micros(first(kb::kTinyEvalInterleavedSameHost)) << "\n";
+  // The ratios in turn divide by the in-process lane as it runs in turn. Where taking turns slows
+  // that lane itself (on a GPU, a run that follows another process's runs its whole length
+  // slower), they flatter the remote paths: this says by how much.
+  PrintInfoRatio("in-process tiny eval, in turn/in its own run", Ratio(turn_in, tiny_in));
   PrintInfoRatio("remote/(in-process + ping) (tiny eval), each in its own run",
                  Ratio(tiny_remote, Sum(tiny_in, ping)));
   met &= PrintRatio("remote/(in-process + ping) (tiny eval), in turn",
