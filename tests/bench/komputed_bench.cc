@@ -36,6 +36,11 @@
 //     token and on one that serves TLS; tiny_eval/secure_interleaved takes them in turn with the
 //     plain one (and the plain daemon's client sending a token it does not check), and their
 //     targets are judged on it.
+//     tiny_eval/{inprocess_beside_process,same_host_beside_session}: the in-process and the
+//     same-host eval while another program (this one, run again with --tiny_eval_loop)
+//     evaluates the tiny sequence in a loop, in-process in its own process (a device context of
+//     its own) or in a session of its own on the same daemon (one context for both): what two
+//     programs sharing a device cost each other on either path (no target; printed as ratios).
 //  7. async_evals/{inprocess,remote}: K tiny sequences kept in flight with evalAsync, awaited
 //     round robin with evalAwait and submitted again; items_per_second = completed evals.
 //     async_copies/{inprocess,remote,same_host}: the same with sequences that only sync up and
@@ -1590,6 +1595,20 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
               << " mean; its stages in us: " << stages_text(kb::kTinyEvalSameHostStages)
               << " (the request's stage ends where the daemon begins the eval)\n";
   }
+  // Two programs at once on one device: in-process each (two device contexts) or both on the
+  // same-host daemon (one). Each lane against itself alone says what sharing costs that path.
+  const auto in_beside = r.MeanSeconds(kb::kTinyEvalInprocessBeside);
+  const auto same_beside = r.MeanSeconds(kb::kTinyEvalSameHostBeside);
+  std::cout << "tiny eval while another program evaluates it too, mean: in-process beside another "
+               "process "
+            << Micros(in_beside) << " (alone " << Micros(tiny_in)
+            << "), same host beside another session of the daemon " << Micros(same_beside)
+            << " (alone " << Micros(tiny_same) << ")\n";
+  PrintInfoRatio("in-process tiny eval, beside another program/alone", Ratio(in_beside, tiny_in));
+  PrintInfoRatio("same-host tiny eval, beside another program/alone",
+                 Ratio(same_beside, tiny_same));
+  PrintInfoRatio("same-host/in-process (tiny eval, each beside another program)",
+                 Ratio(same_beside, in_beside));
   std::cout << "async evals: same host " << PerSecond(async_same);
   if (const auto share = r.MeanCounter(kb::kAsyncSameHost, kb::kChannelShare); share.has_value()) {
     std::cout << absl::StrFormat(", %.0f%% of them taken on the same-host channel", 100 * *share);
@@ -1664,6 +1683,15 @@ int main(int argc, char** argv) {
   if (absl::string_view kind = argc == 2 ? argv[1] : "";
       absl::ConsumePrefix(&kind, absl::StrCat(komputed_bench::kBarePingServe, "="))) {
     return komputed_bench::ServeBarePing(kind);
+  }
+  if (absl::string_view target = argc == 2 ? argv[1] : "";
+      absl::ConsumePrefix(&target, absl::StrCat(komputed_bench::kTinyEvalLoop, "="))) {
+    absl::StatusOr<std::vector<uint32_t>> spirv = core::CompileGlsl(kTinyShader, "tiny.comp");
+    if (!spirv.ok()) {
+      std::cerr << "komputed_bench: " << spirv.status() << "\n";
+      return 1;
+    }
+    return komputed_bench::RunTinyEvalLoop(target, *spirv);
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,7 +28,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench_common.h"
 #include "eval_stages.h"
@@ -402,6 +405,75 @@ class BarePingProcess {
   int stdout_fd_ = -1;
   std::string address_;
 };
+
+// Another program evaluating the tiny sequence in a loop (kTinyEvalLoop): this program run again
+// in a child process, evaluating from the moment Start returns until Stop.
+class TinyEvalLoopProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<TinyEvalLoopProcess>> Start(const std::string& target) {
+    auto p = std::unique_ptr<TinyEvalLoopProcess>(new TinyEvalLoopProcess());
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) return Errno("readlink /proc/self/exe");
+    self[n] = '\0';
+    p->pid_ = komputed::test_support::Spawn({self, absl::StrCat(kTinyEvalLoop, "=", target)},
+                                            &p->stdout_fd_);
+    if (p->pid_ < 0) return Errno("starting the other program's eval loop");
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    std::string line;
+    do {
+      line = komputed::test_support::ReadLine(p->stdout_fd_, deadline);
+    } while (line != kTinyEvalLoopReady && !line.empty() && absl::Now() < deadline);
+    if (line != kTinyEvalLoopReady) {
+      return absl::UnavailableError(absl::StrCat("the other program's eval loop on ", target,
+                                                 " did not start (its stderr says why)"));
+    }
+    return p;
+  }
+  // Ends the loop (it sees its stdout pipe closed) and says whether every eval of it answered
+  // right.
+  absl::Status Stop() {
+    if (pid_ <= 0) return absl::OkStatus();
+    close(stdout_fd_);
+    stdout_fd_ = -1;
+    int status = komputed::test_support::WaitExit(pid_, absl::Seconds(30));
+    if (status == -1) {
+      kill(pid_, SIGKILL);
+      komputed::test_support::WaitExit(pid_, absl::Seconds(10));
+    }
+    pid_ = -1;
+    if (status == -1) return absl::DeadlineExceededError("the other program's eval loop hung");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      return absl::InternalError("the other program's eval loop failed (its stderr says why)");
+    }
+    return absl::OkStatus();
+  }
+  ~TinyEvalLoopProcess() { Stop().IgnoreError(); }
+  TinyEvalLoopProcess(const TinyEvalLoopProcess&) = delete;
+  TinyEvalLoopProcess& operator=(const TinyEvalLoopProcess&) = delete;
+
+ private:
+  TinyEvalLoopProcess() = default;
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+};
+
+// RunKpTiny while another program evaluates the tiny sequence in a loop on `target`
+// (kTinyEvalLoop's).
+void RunKpTinyBeside(benchmark::State& state, KpTiny& tiny, const char* what,
+                     const std::string& target) {
+  absl::StatusOr<std::unique_ptr<TinyEvalLoopProcess>> other = TinyEvalLoopProcess::Start(target);
+  if (!other.ok()) {
+    state.SkipWithError(absl::StrCat(what, ": ", other.status().message()).c_str());
+    for (auto _ : state) {
+    }
+    return;
+  }
+  RunKpTiny(state, tiny, what);
+  if (absl::Status stopped = (*other)->Stop(); !stopped.ok()) {
+    state.SkipWithError(absl::StrCat(what, ": ", stopped.message()).c_str());
+  }
+}
 
 // A bare ping server of a kind (kBarePingCq or kBarePingCallback) in this process.
 struct BareServer {
@@ -1082,6 +1154,26 @@ void RemoteBench::RegisterLatencyBenchmarks() {
       ->UseRealTime()
       ->MinTime(c.min_time_s)
       ->Unit(benchmark::kMicrosecond);
+  // One call each (a fixed count of evals), so that the other program starts once per row.
+  const int64_t beside_evals = std::max<int64_t>(500, static_cast<int64_t>(c.min_time_s * 5000));
+  const std::string inprocess_target =
+      absl::StrCat(kTinyEvalLoopInprocess, ":", c.physical_device, ":", c.session_family);
+  benchmark::RegisterBenchmark(kTinyEvalInprocessBeside,
+                               [s, inprocess_target](benchmark::State& state) {
+                                 RunKpTinyBeside(state, s->tiny_inprocess, kTinyEvalInprocessBeside,
+                                                 inprocess_target);
+                               })
+      ->UseRealTime()
+      ->Iterations(beside_evals)
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(kTinyEvalSameHostBeside,
+                               [s](benchmark::State& state) {
+                                 RunKpTinyBeside(state, s->tiny_same_host, kTinyEvalSameHostBeside,
+                                                 s->same_host_server->address());
+                               })
+      ->UseRealTime()
+      ->Iterations(beside_evals)
+      ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark(kTinyEvalInterleaved,
                                [s](benchmark::State& state) {
                                  TinyEvalInterleaved(
@@ -1252,6 +1344,53 @@ void RemoteBench::RegisterGiBTransfers() {
       ->UseRealTime()
       ->Iterations(s->config.same_host_bulk_iterations)
       ->Unit(benchmark::kMillisecond);
+}
+
+int RunTinyEvalLoop(absl::string_view target, const std::vector<uint32_t>& tiny_spirv) {
+  spdlog::set_level(spdlog::level::warn);
+  const std::string what = absl::StrCat("komputed_bench ", kTinyEvalLoop, "=", target, ": ");
+  try {
+    std::unique_ptr<kp::Manager> mgr;
+    absl::string_view local = target;
+    if (absl::ConsumePrefix(&local, absl::StrCat(kTinyEvalLoopInprocess, ":"))) {
+      const std::vector<absl::string_view> parts = absl::StrSplit(local, ':');
+      uint32_t device = 0;
+      uint32_t family = 0;
+      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &device) ||
+          !absl::SimpleAtoi(parts[1], &family)) {
+        std::fprintf(stderr, "%snot %s:DEVICE:FAMILY\n", what.c_str(), kTinyEvalLoopInprocess);
+        return 1;
+      }
+      mgr = std::make_unique<kp::Manager>(device, std::vector<uint32_t>{family});
+    } else {
+      mgr = std::make_unique<kp::Manager>(std::string(target));
+    }
+    KpTiny tiny = MakeKpTiny(*mgr, tiny_spirv);
+    uint64_t i = 0;
+    if (!EvalTinyStep(tiny, i++)) {
+      std::fprintf(stderr, "%sa wrong result\n", what.c_str());
+      return 1;
+    }
+    std::printf("%s\n", kTinyEvalLoopReady);
+    std::fflush(stdout);
+    // Evaluates until the benchmark closes its end of the stdout pipe (poll reports an error on
+    // this end), looking every 16 evals.
+    const absl::Time until = absl::Now() + kTinyEvalLoopLimit;
+    pollfd out{STDOUT_FILENO, 0, 0};
+    while (absl::Now() < until) {
+      for (int k = 0; k < 16; ++k) {
+        if (!EvalTinyStep(tiny, i++)) {
+          std::fprintf(stderr, "%sa wrong result\n", what.c_str());
+          return 1;
+        }
+      }
+      if (poll(&out, 1, 0) > 0 && (out.revents & (POLLERR | POLLHUP)) != 0) break;
+    }
+  } catch (const kp::Error& e) {
+    std::fprintf(stderr, "%s%s\n", what.c_str(), e.what());
+    return 1;
+  }
+  return 0;
 }
 
 int ServeBarePing(absl::string_view kind) {

@@ -136,6 +136,24 @@ inline constexpr char kBarePingCq[] = "cq";
 inline constexpr char kBarePingCallback[] = "callback";
 int ServeBarePing(absl::string_view kind);
 
+// Two programs evaluating on one device at once, as the users of a shared GPU server do: the tiny
+// eval in-process while another process evaluates it in-process in a loop (each program its own
+// device context, between which a GPU switches), and on the same-host daemon while another
+// process evaluates it there in a loop in a session of its own (one context for both).
+inline constexpr char kTinyEvalInprocessBeside[] = "tiny_eval/inprocess_beside_process";
+inline constexpr char kTinyEvalSameHostBeside[] = "tiny_eval/same_host_beside_session";
+
+// komputed_bench run as `komputed_bench kTinyEvalLoop=TARGET` evaluates the tiny sequence in a
+// loop: TARGET is kTinyEvalLoopInprocess:DEVICE:FAMILY (kp in this process, on that physical device
+// and queue family) or a daemon's address (kp over it). It prints kTinyEvalLoopReady once its first
+// eval has answered right, and evaluates until its stdout pipe closes (the benchmark is done with
+// it or gone) or kTinyEvalLoopLimit has passed; exit status 1 on an error or a wrong result.
+inline constexpr char kTinyEvalLoop[] = "--tiny_eval_loop";
+inline constexpr char kTinyEvalLoopInprocess[] = "inprocess";
+inline constexpr char kTinyEvalLoopReady[] = "evaluating";
+inline constexpr absl::Duration kTinyEvalLoopLimit = absl::Minutes(5);
+int RunTinyEvalLoop(absl::string_view target, const std::vector<uint32_t>& tiny_spirv);
+
 struct RemoteConfig {
   uint32_t physical_device = 0;            // the one device the daemon serves
   std::vector<uint32_t> tiny_spirv;        // the tiny sequence's shader
