@@ -430,10 +430,13 @@ class TinyEvalLoopProcess {
     }
     return p;
   }
-  // Ends the loop (it sees its stdout pipe closed) and says whether every eval of it answered
-  // right.
-  absl::Status Stop() {
-    if (pid_ <= 0) return absl::OkStatus();
+  // Ends the loop (SIGTERM) and returns the mean time of its evals from its first answer to the
+  // end; an error where one of them failed or answered wrong.
+  absl::StatusOr<absl::Duration> Stop() {
+    if (pid_ <= 0) return absl::FailedPreconditionError("the other program's loop has stopped");
+    kill(pid_, SIGTERM);
+    const std::string line =
+        komputed::test_support::ReadLine(stdout_fd_, absl::Now() + absl::Seconds(30));
     close(stdout_fd_);
     stdout_fd_ = -1;
     int status = komputed::test_support::WaitExit(pid_, absl::Seconds(30));
@@ -446,9 +449,20 @@ class TinyEvalLoopProcess {
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       return absl::InternalError("the other program's eval loop failed (its stderr says why)");
     }
-    return absl::OkStatus();
+    absl::string_view counts = line;
+    const std::vector<absl::string_view> parts = absl::StrSplit(counts, ' ');
+    uint64_t evals = 0;
+    double micros = 0;
+    if (parts.size() != 3 || parts[0] != kTinyEvalLoopDone || !absl::SimpleAtoi(parts[1], &evals) ||
+        !absl::SimpleAtod(parts[2], &micros) || evals == 0) {
+      return absl::InternalError(
+          absl::StrCat("the other program's eval loop ended with '", line, "'"));
+    }
+    return absl::Microseconds(micros / static_cast<double>(evals));
   }
-  ~TinyEvalLoopProcess() { Stop().IgnoreError(); }
+  ~TinyEvalLoopProcess() {
+    if (pid_ > 0) Stop().IgnoreError();
+  }
   TinyEvalLoopProcess(const TinyEvalLoopProcess&) = delete;
   TinyEvalLoopProcess& operator=(const TinyEvalLoopProcess&) = delete;
 
@@ -470,9 +484,12 @@ void RunKpTinyBeside(benchmark::State& state, KpTiny& tiny, const char* what,
     return;
   }
   RunKpTiny(state, tiny, what);
-  if (absl::Status stopped = (*other)->Stop(); !stopped.ok()) {
-    state.SkipWithError(absl::StrCat(what, ": ", stopped.message()).c_str());
+  const absl::StatusOr<absl::Duration> other_eval = (*other)->Stop();
+  if (!other_eval.ok()) {
+    state.SkipWithError(absl::StrCat(what, ": ", other_eval.status().message()).c_str());
+    return;
   }
+  state.counters[kOtherEvalMicros] = absl::ToDoubleMicroseconds(*other_eval);
 }
 
 // A bare ping server of a kind (kBarePingCq or kBarePingCallback) in this process.
@@ -1346,6 +1363,10 @@ void RemoteBench::RegisterGiBTransfers() {
       ->Unit(benchmark::kMillisecond);
 }
 
+namespace {
+volatile sig_atomic_t g_tiny_eval_loop_stop = 0;  // set by SIGTERM in RunTinyEvalLoop
+}  // namespace
+
 int RunTinyEvalLoop(absl::string_view target, const std::vector<uint32_t>& tiny_spirv) {
   spdlog::set_level(spdlog::level::warn);
   const std::string what = absl::StrCat("komputed_bench ", kTinyEvalLoop, "=", target, ": ");
@@ -1371,21 +1392,29 @@ int RunTinyEvalLoop(absl::string_view target, const std::vector<uint32_t>& tiny_
       std::fprintf(stderr, "%sa wrong result\n", what.c_str());
       return 1;
     }
+    struct sigaction stop = {};
+    stop.sa_handler = [](int) { g_tiny_eval_loop_stop = 1; };
+    sigaction(SIGTERM, &stop, nullptr);
     std::printf("%s\n", kTinyEvalLoopReady);
     std::fflush(stdout);
-    // Evaluates until the benchmark closes its end of the stdout pipe (poll reports an error on
-    // this end), looking every 16 evals.
-    const absl::Time until = absl::Now() + kTinyEvalLoopLimit;
+    // Evaluates until SIGTERM, or until the benchmark is gone (its end of the stdout pipe closed,
+    // which poll reports as an error on this end), looking every 16 evals.
+    const absl::Time began = absl::Now();
+    const absl::Time until = began + kTinyEvalLoopLimit;
     pollfd out{STDOUT_FILENO, 0, 0};
-    while (absl::Now() < until) {
-      for (int k = 0; k < 16; ++k) {
+    uint64_t evals = 0;
+    while (g_tiny_eval_loop_stop == 0 && absl::Now() < until) {
+      for (int k = 0; k < 16; ++k, ++evals) {
         if (!EvalTinyStep(tiny, i++)) {
           std::fprintf(stderr, "%sa wrong result\n", what.c_str());
           return 1;
         }
       }
-      if (poll(&out, 1, 0) > 0 && (out.revents & (POLLERR | POLLHUP)) != 0) break;
+      if (poll(&out, 1, 0) > 0 && (out.revents & (POLLERR | POLLHUP)) != 0) return 0;
     }
+    std::printf("%s %llu %.1f\n", kTinyEvalLoopDone, static_cast<unsigned long long>(evals),
+                absl::ToDoubleMicroseconds(absl::Now() - began));
+    std::fflush(stdout);
   } catch (const kp::Error& e) {
     std::fprintf(stderr, "%s%s\n", what.c_str(), e.what());
     return 1;

@@ -143,14 +143,20 @@ int ServeBarePing(absl::string_view kind);
 inline constexpr char kTinyEvalInprocessBeside[] = "tiny_eval/inprocess_beside_process";
 inline constexpr char kTinyEvalSameHostBeside[] = "tiny_eval/same_host_beside_session";
 
+// Their counter: the other program's mean eval meanwhile (µs), from its first answer to its end.
+inline constexpr char kOtherEvalMicros[] = "other_us";
+
 // komputed_bench run as `komputed_bench kTinyEvalLoop=TARGET` evaluates the tiny sequence in a
 // loop: TARGET is kTinyEvalLoopInprocess:DEVICE:FAMILY (kp in this process, on that physical device
 // and queue family) or a daemon's address (kp over it). It prints kTinyEvalLoopReady once its first
-// eval has answered right, and evaluates until its stdout pipe closes (the benchmark is done with
-// it or gone) or kTinyEvalLoopLimit has passed; exit status 1 on an error or a wrong result.
+// eval has answered right, and evaluates until SIGTERM, then prints "kTinyEvalLoopDone EVALS
+// MICROSECONDS" (the evals since the first answer and the time they took) and exits 0; it also
+// stops, printing nothing, when its stdout pipe closes (the benchmark is gone) or after
+// kTinyEvalLoopLimit. Exit status 1 on an error or a wrong result.
 inline constexpr char kTinyEvalLoop[] = "--tiny_eval_loop";
 inline constexpr char kTinyEvalLoopInprocess[] = "inprocess";
 inline constexpr char kTinyEvalLoopReady[] = "evaluating";
+inline constexpr char kTinyEvalLoopDone[] = "evaluated";
 inline constexpr absl::Duration kTinyEvalLoopLimit = absl::Minutes(5);
 int RunTinyEvalLoop(absl::string_view target, const std::vector<uint32_t>& tiny_spirv);
 
