@@ -361,6 +361,14 @@ class BenchDaemon {
   std::string metrics_address_;  // of a process
 };
 
+// This program's path (/proc/self/exe), to run it again in a child process.
+absl::StatusOr<std::string> ThisProgram() {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return Errno("readlink /proc/self/exe");
+  return std::string(self, static_cast<size_t>(n));
+}
+
 // A bare ping server (kBarePingServe's kinds) in a child process of this program, as komputed
 // runs in one: started with `/proc/self/exe kBarePingServe=KIND`, it prints its address and
 // serves until it gets SIGTERM.
@@ -368,10 +376,7 @@ class BarePingProcess {
  public:
   static absl::StatusOr<std::unique_ptr<BarePingProcess>> Start(const char* kind) {
     auto p = std::unique_ptr<BarePingProcess>(new BarePingProcess());
-    char self[4096];
-    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (n <= 0) return Errno("readlink /proc/self/exe");
-    self[n] = '\0';
+    KD_ASSIGN_OR_RETURN(const std::string self, ThisProgram());
     p->pid_ = komputed::test_support::Spawn({self, absl::StrCat(kBarePingServe, "=", kind)},
                                             &p->stdout_fd_);
     if (p->pid_ < 0) return Errno("starting the bare ping server");
@@ -412,10 +417,7 @@ class TinyEvalLoopProcess {
  public:
   static absl::StatusOr<std::unique_ptr<TinyEvalLoopProcess>> Start(const std::string& target) {
     auto p = std::unique_ptr<TinyEvalLoopProcess>(new TinyEvalLoopProcess());
-    char self[4096];
-    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (n <= 0) return Errno("readlink /proc/self/exe");
-    self[n] = '\0';
+    KD_ASSIGN_OR_RETURN(const std::string self, ThisProgram());
     p->pid_ = komputed::test_support::Spawn({self, absl::StrCat(kTinyEvalLoop, "=", target)},
                                             &p->stdout_fd_);
     if (p->pid_ < 0) return Errno("starting the other program's eval loop");
