@@ -437,15 +437,19 @@ class TinyEvalLoopProcess {
   absl::StatusOr<absl::Duration> Stop() {
     if (pid_ <= 0) return absl::FailedPreconditionError("the other program's loop has stopped");
     kill(pid_, SIGTERM);
-    const std::string line =
-        komputed::test_support::ReadLine(stdout_fd_, absl::Now() + absl::Seconds(30));
-    close(stdout_fd_);
-    stdout_fd_ = -1;
+    // Its last line counts its evals; lines before it (a log line) are skipped.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    std::string line;
+    do {
+      line = komputed::test_support::ReadLine(stdout_fd_, deadline);
+    } while (!absl::StartsWith(line, kTinyEvalLoopDone) && !line.empty() && absl::Now() < deadline);
     int status = komputed::test_support::WaitExit(pid_, absl::Seconds(30));
     if (status == -1) {
       kill(pid_, SIGKILL);
       komputed::test_support::WaitExit(pid_, absl::Seconds(10));
     }
+    close(stdout_fd_);
+    stdout_fd_ = -1;
     pid_ = -1;
     if (status == -1) return absl::DeadlineExceededError("the other program's eval loop hung");
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
@@ -1366,7 +1370,9 @@ void RemoteBench::RegisterGiBTransfers() {
 }
 
 namespace {
-volatile sig_atomic_t g_tiny_eval_loop_stop = 0;  // set by SIGTERM in RunTinyEvalLoop
+// Set by SIGTERM in RunTinyEvalLoop (a lock-free atomic: safe to store from a signal handler).
+std::atomic<int> g_tiny_eval_loop_stop{0};
+static_assert(std::atomic<int>::is_always_lock_free);
 }  // namespace
 
 int RunTinyEvalLoop(absl::string_view target, const std::vector<uint32_t>& tiny_spirv) {
@@ -1395,7 +1401,8 @@ int RunTinyEvalLoop(absl::string_view target, const std::vector<uint32_t>& tiny_
       return 1;
     }
     struct sigaction stop = {};
-    stop.sa_handler = [](int) { g_tiny_eval_loop_stop = 1; };
+    stop.sa_handler = [](int) { g_tiny_eval_loop_stop.store(1, std::memory_order_relaxed); };
+    stop.sa_flags = SA_RESTART;  // an eval's waits go on where the signal lands in them
     sigaction(SIGTERM, &stop, nullptr);
     std::printf("%s\n", kTinyEvalLoopReady);
     std::fflush(stdout);
@@ -1405,7 +1412,7 @@ int RunTinyEvalLoop(absl::string_view target, const std::vector<uint32_t>& tiny_
     const absl::Time until = began + kTinyEvalLoopLimit;
     pollfd out{STDOUT_FILENO, 0, 0};
     uint64_t evals = 0;
-    while (g_tiny_eval_loop_stop == 0 && absl::Now() < until) {
+    while (g_tiny_eval_loop_stop.load(std::memory_order_relaxed) == 0) {
       for (int k = 0; k < 16; ++k, ++evals) {
         if (!EvalTinyStep(tiny, i++)) {
           std::fprintf(stderr, "%sa wrong result\n", what.c_str());
@@ -1413,6 +1420,13 @@ int RunTinyEvalLoop(absl::string_view target, const std::vector<uint32_t>& tiny_
         }
       }
       if (poll(&out, 1, 0) > 0 && (out.revents & (POLLERR | POLLHUP)) != 0) return 0;
+      // Stopping on its own would leave the benchmark's lane alone for the rest of its row: a
+      // failure, not a count.
+      if (absl::Now() >= until) {
+        std::fprintf(stderr, "%sno SIGTERM within %s\n", what.c_str(),
+                     absl::FormatDuration(kTinyEvalLoopLimit).c_str());
+        return 1;
+      }
     }
     std::printf("%s %llu %.1f\n", kTinyEvalLoopDone, static_cast<unsigned long long>(evals),
                 absl::ToDoubleMicroseconds(absl::Now() - began));

@@ -150,9 +150,9 @@ inline constexpr char kOtherEvalMicros[] = "other_us";
 // loop: TARGET is kTinyEvalLoopInprocess:DEVICE:FAMILY (kp in this process, on that physical device
 // and queue family) or a daemon's address (kp over it). It prints kTinyEvalLoopReady once its first
 // eval has answered right, and evaluates until SIGTERM, then prints "kTinyEvalLoopDone EVALS
-// MICROSECONDS" (the evals since the first answer and the time they took) and exits 0; it also
-// stops, printing nothing, when its stdout pipe closes (the benchmark is gone) or after
-// kTinyEvalLoopLimit. Exit status 1 on an error or a wrong result.
+// MICROSECONDS" (the evals since the first answer and the time they took) and exits 0. It also
+// stops, printing nothing, when its stdout pipe closes (the benchmark is gone; exit status 0), and
+// after kTinyEvalLoopLimit without SIGTERM or on an error or a wrong result (exit status 1).
 inline constexpr char kTinyEvalLoop[] = "--tiny_eval_loop";
 inline constexpr char kTinyEvalLoopInprocess[] = "inprocess";
 inline constexpr char kTinyEvalLoopReady[] = "evaluating";
