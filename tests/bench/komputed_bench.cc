@@ -1262,10 +1262,6 @@ std::optional<double> Sum(std::optional<double> a, std::optional<double> b) {
 std::string Micros(std::optional<double> seconds) {
   return seconds ? absl::StrFormat("%.1f us", *seconds * 1e6) : "n/a";
 }
-// A counter that is already in microseconds.
-std::string MicrosCounter(std::optional<double> micros) {
-  return micros ? absl::StrFormat("%.1f us", *micros) : "n/a";
-}
 std::string GBps(std::optional<double> bytes_per_second) {
   return bytes_per_second ? absl::StrFormat("%.2f GB/s", *bytes_per_second / 1e9) : "n/a";
 }
@@ -1608,9 +1604,9 @@ bool PrintSummary(const SummaryReporter& r, const std::string& saxpy_name,
             << Micros(in_beside) << " (alone " << Micros(tiny_in)
             << "), same host beside another session of the daemon " << Micros(same_beside)
             << " (alone " << Micros(tiny_same) << "); the other program's evals meanwhile: "
-            << MicrosCounter(r.MeanCounter(kb::kTinyEvalInprocessBeside, kb::kOtherEvalMicros))
+            << Micros(us(r.MeanCounter(kb::kTinyEvalInprocessBeside, kb::kOtherEvalMicros)))
             << " in its own process, "
-            << MicrosCounter(r.MeanCounter(kb::kTinyEvalSameHostBeside, kb::kOtherEvalMicros))
+            << Micros(us(r.MeanCounter(kb::kTinyEvalSameHostBeside, kb::kOtherEvalMicros)))
             << " in its session\n";
   PrintInfoRatio("in-process tiny eval, beside another program/alone", Ratio(in_beside, tiny_in));
   PrintInfoRatio("same-host tiny eval, beside another program/alone",

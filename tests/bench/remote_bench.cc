@@ -361,13 +361,65 @@ class BenchDaemon {
   std::string metrics_address_;  // of a process
 };
 
-// This program's path (/proc/self/exe), to run it again in a child process.
-absl::StatusOr<std::string> ThisProgram() {
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return Errno("readlink /proc/self/exe");
-  return std::string(self, static_cast<size_t>(n));
-}
+// This program run again in a child process with one argument, its stdout on a pipe: the
+// helpers a benchmark starts beside itself. Stopped (SIGTERM, then SIGKILL) and reaped on
+// destruction at the latest.
+class ChildProgram {
+ public:
+  static absl::StatusOr<std::unique_ptr<ChildProgram>> Start(const std::string& argument) {
+    char self[4096];
+    const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) return Errno("readlink /proc/self/exe");
+    auto c = std::unique_ptr<ChildProgram>(new ChildProgram());
+    c->pid_ = komputed::test_support::Spawn({std::string(self, static_cast<size_t>(n)), argument},
+                                            &c->stdout_fd_);
+    if (c->pid_ < 0) return Errno(absl::StrCat("starting this program with ", argument).c_str());
+    return c;
+  }
+  ~ChildProgram() {
+    if (pid_ > 0) {
+      Signal(SIGTERM);
+      Reap(absl::Seconds(10));
+    }
+    if (stdout_fd_ >= 0) close(stdout_fd_);
+  }
+  ChildProgram(const ChildProgram&) = delete;
+  ChildProgram& operator=(const ChildProgram&) = delete;
+
+  // One line of its stdout (without its '\n'): what came by `deadline`, "" at the pipe's end.
+  std::string ReadLine(absl::Time deadline) {
+    return komputed::test_support::ReadLine(stdout_fd_, deadline);
+  }
+  // Lines of its stdout until one that `wanted` takes, skipping the others (a log line): that
+  // line, or the last one read where none came by the pipe's end or `deadline`.
+  std::string ReadLineWhere(const std::function<bool(absl::string_view)>& wanted,
+                            absl::Time deadline) {
+    std::string line;
+    do {
+      line = ReadLine(deadline);
+    } while (!wanted(line) && !line.empty() && absl::Now() < deadline);
+    return line;
+  }
+  void Signal(int signal) {
+    if (pid_ > 0) kill(pid_, signal);
+  }
+  // Waits up to `timeout` for its exit, then kills it (SIGKILL, up to 10 s more): its wait
+  // status, or -1 where it had not exited within `timeout`. Once only.
+  int Reap(absl::Duration timeout) {
+    const int status = komputed::test_support::WaitExit(pid_, timeout);
+    if (status == -1) {
+      kill(pid_, SIGKILL);
+      komputed::test_support::WaitExit(pid_, absl::Seconds(10));
+    }
+    pid_ = -1;
+    return status;
+  }
+
+ private:
+  ChildProgram() = default;
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+};
 
 // A bare ping server (kBarePingServe's kinds) in a child process of this program, as komputed
 // runs in one: started with `/proc/self/exe kBarePingServe=KIND`, it prints its address and
@@ -376,12 +428,14 @@ class BarePingProcess {
  public:
   static absl::StatusOr<std::unique_ptr<BarePingProcess>> Start(const char* kind) {
     auto p = std::unique_ptr<BarePingProcess>(new BarePingProcess());
-    KD_ASSIGN_OR_RETURN(const std::string self, ThisProgram());
-    p->pid_ = komputed::test_support::Spawn({self, absl::StrCat(kBarePingServe, "=", kind)},
-                                            &p->stdout_fd_);
-    if (p->pid_ < 0) return Errno("starting the bare ping server");
-    const std::string line =
-        komputed::test_support::ReadLine(p->stdout_fd_, absl::Now() + absl::Seconds(30));
+    absl::StatusOr<std::unique_ptr<ChildProgram>> child =
+        ChildProgram::Start(absl::StrCat(kBarePingServe, "=", kind));
+    if (!child.ok()) {
+      return absl::Status(child.status().code(),
+                          absl::StrCat("the bare ping server: ", child.status().message()));
+    }
+    p->child_ = *std::move(child);
+    const std::string line = p->child_->ReadLine(absl::Now() + absl::Seconds(30));
     constexpr absl::string_view kListening = "listening on ";
     if (!absl::StartsWith(line, kListening)) {
       return absl::UnavailableError(
@@ -390,24 +444,11 @@ class BarePingProcess {
     p->address_ = line.substr(kListening.size());
     return p;
   }
-  ~BarePingProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      if (komputed::test_support::WaitExit(pid_, absl::Seconds(10)) == -1) {
-        kill(pid_, SIGKILL);
-        komputed::test_support::WaitExit(pid_, absl::Seconds(10));
-      }
-    }
-    if (stdout_fd_ >= 0) close(stdout_fd_);
-  }
-  BarePingProcess(const BarePingProcess&) = delete;
-  BarePingProcess& operator=(const BarePingProcess&) = delete;
   const std::string& address() const { return address_; }
 
  private:
   BarePingProcess() = default;
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
+  std::unique_ptr<ChildProgram> child_;
   std::string address_;
 };
 
@@ -417,15 +458,10 @@ class TinyEvalLoopProcess {
  public:
   static absl::StatusOr<std::unique_ptr<TinyEvalLoopProcess>> Start(const std::string& target) {
     auto p = std::unique_ptr<TinyEvalLoopProcess>(new TinyEvalLoopProcess());
-    KD_ASSIGN_OR_RETURN(const std::string self, ThisProgram());
-    p->pid_ = komputed::test_support::Spawn({self, absl::StrCat(kTinyEvalLoop, "=", target)},
-                                            &p->stdout_fd_);
-    if (p->pid_ < 0) return Errno("starting the other program's eval loop");
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    std::string line;
-    do {
-      line = komputed::test_support::ReadLine(p->stdout_fd_, deadline);
-    } while (line != kTinyEvalLoopReady && !line.empty() && absl::Now() < deadline);
+    KD_ASSIGN_OR_RETURN(p->child_, ChildProgram::Start(absl::StrCat(kTinyEvalLoop, "=", target)));
+    const std::string line =
+        p->child_->ReadLineWhere([](absl::string_view l) { return l == kTinyEvalLoopReady; },
+                                 absl::Now() + absl::Seconds(60));
     if (line != kTinyEvalLoopReady) {
       return absl::UnavailableError(absl::StrCat("the other program's eval loop on ", target,
                                                  " did not start (its stderr says why)"));
@@ -433,30 +469,22 @@ class TinyEvalLoopProcess {
     return p;
   }
   // Ends the loop (SIGTERM) and returns the mean time of its evals from its first answer to the
-  // end; an error where one of them failed or answered wrong.
+  // end; an error where one of them failed or answered wrong. Once only.
   absl::StatusOr<absl::Duration> Stop() {
-    if (pid_ <= 0) return absl::FailedPreconditionError("the other program's loop has stopped");
-    kill(pid_, SIGTERM);
-    // Its last line counts its evals; lines before it (a log line) are skipped.
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    std::string line;
-    do {
-      line = komputed::test_support::ReadLine(stdout_fd_, deadline);
-    } while (!absl::StartsWith(line, kTinyEvalLoopDone) && !line.empty() && absl::Now() < deadline);
-    int status = komputed::test_support::WaitExit(pid_, absl::Seconds(30));
-    if (status == -1) {
-      kill(pid_, SIGKILL);
-      komputed::test_support::WaitExit(pid_, absl::Seconds(10));
-    }
-    close(stdout_fd_);
-    stdout_fd_ = -1;
-    pid_ = -1;
+    if (child_ == nullptr)
+      return absl::FailedPreconditionError("the other program's loop has stopped");
+    child_->Signal(SIGTERM);
+    // Its last line counts its evals.
+    const std::string line = child_->ReadLineWhere(
+        [](absl::string_view l) { return absl::StartsWith(l, kTinyEvalLoopDone); },
+        absl::Now() + absl::Seconds(30));
+    const int status = child_->Reap(absl::Seconds(30));
+    child_.reset();
     if (status == -1) return absl::DeadlineExceededError("the other program's eval loop hung");
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       return absl::InternalError("the other program's eval loop failed (its stderr says why)");
     }
-    absl::string_view counts = line;
-    const std::vector<absl::string_view> parts = absl::StrSplit(counts, ' ');
+    const std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
     uint64_t evals = 0;
     double micros = 0;
     if (parts.size() != 3 || parts[0] != kTinyEvalLoopDone || !absl::SimpleAtoi(parts[1], &evals) ||
@@ -466,16 +494,10 @@ class TinyEvalLoopProcess {
     }
     return absl::Microseconds(micros / static_cast<double>(evals));
   }
-  ~TinyEvalLoopProcess() {
-    if (pid_ > 0) Stop().IgnoreError();
-  }
-  TinyEvalLoopProcess(const TinyEvalLoopProcess&) = delete;
-  TinyEvalLoopProcess& operator=(const TinyEvalLoopProcess&) = delete;
 
  private:
   TinyEvalLoopProcess() = default;
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
+  std::unique_ptr<ChildProgram> child_;  // null once stopped
 };
 
 // RunKpTiny while another program evaluates the tiny sequence in a loop on `target`
